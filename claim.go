@@ -1,0 +1,73 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Lock claims key with one statement (see claimSQL) and returns the Lease,
+// kept alive by the Locker's renewer until Unlock. If another holder has an
+// unexpired lease on key, Lock returns an error wrapping ErrAlreadyLocked
+// (a *HeldError) without writing anything, and does not wait: a scheduler
+// skips its run.
+//
+// Every call is a new claim: two goroutines calling Lock on the same key —
+// with the same Locker or not — get one winner and one ErrAlreadyLocked.
+// The lease does not inherit ctx's cancellation: it lives until Unlock.
+//
+// If ctx ends while the claim is in flight, Lock returns the error and
+// releases, in the background, whatever the claim may have taken.
+func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if l.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("pglease: lock %q: %w", key, err)
+	}
+	token := rand.Int64()
+	sentAt := time.Now()
+	var (
+		acquired  bool
+		fence     int64
+		expiresAt time.Time
+		holder    string
+	)
+	err := l.db.queryRow(ctx, l.sql.claim,
+		[]any{key, l.holder, token, l.cfg.duration.Microseconds()},
+		&acquired, &fence, &expiresAt, &holder)
+	switch {
+	case errors.Is(err, errNoRows):
+		return nil, &HeldError{Key: key}
+	case err != nil:
+		// The claim may have committed before the reply was lost.
+		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.abandon, key, l.holder, token) })
+		return nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
+	case !acquired:
+		return nil, &HeldError{Key: key, Holder: holder, Fence: fence, ExpiresAt: expiresAt}
+	}
+	le := newLease(l, ctx, key, fence, token, expiresAt, sentAt)
+	if !time.Now().Before(le.Deadline()) {
+		le.timer.Stop()
+		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
+		return nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released",
+			key, time.Since(sentAt).Round(time.Millisecond))
+	}
+	if !l.add(le) {
+		le.timer.Stop()
+		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
+		return nil, ErrClosed
+	}
+	return le, nil
+}
+
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}

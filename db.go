@@ -1,0 +1,162 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is the set of connection pools pglease works with: a *sql.DB (with
+// pgx's stdlib driver "pgx", or lib/pq "postgres") or a *pgxpool.Pool.
+// New and Migrate are generic over it, so either can be passed directly:
+//
+//	pglease.New(sqlDB)    // *sql.DB
+//	pglease.New(pgxPool)  // *pgxpool.Pool
+//
+// pglease borrows a connection for each statement and returns it at once; it
+// never holds one between calls, so a pool of one connection is enough.
+type DB interface {
+	*sql.DB | *pgxpool.Pool
+}
+
+var errNoRows = errors.New("pglease: no rows")
+
+// backend is what pglease needs of a pool; one adapter per pool type.
+type backend interface {
+	// queryRow runs a one-row query; it returns errNoRows when there is none.
+	queryRow(ctx context.Context, sql string, args []any, dest ...any) error
+	// query runs a query and calls each once per row.
+	query(ctx context.Context, sql string, args []any, each func(scan func(dest ...any) error) error) error
+	// exec runs a statement and returns the number of rows it affected.
+	exec(ctx context.Context, sql string, args ...any) (int64, error)
+	// inTx runs fn in one transaction, committed when fn returns nil.
+	inTx(ctx context.Context, fn func(b backend) error) error
+}
+
+func newBackend[D DB](db D) (backend, error) {
+	switch d := any(db).(type) {
+	case *sql.DB:
+		if d == nil {
+			return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+		}
+		return sqlBackend{d}, nil
+	case *pgxpool.Pool:
+		if d == nil {
+			return nil, fmt.Errorf("%w: nil *pgxpool.Pool", ErrInvalidOption)
+		}
+		return pgxBackend{d}, nil
+	}
+	panic("unreachable")
+}
+
+// sqlQuerier is what *sql.DB, *sql.Conn and *sql.Tx share.
+type sqlQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+type sqlBackend struct{ q sqlQuerier }
+
+func (b sqlBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	err := b.q.QueryRowContext(ctx, q, args...).Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return errNoRows
+	}
+	return err
+}
+
+func (b sqlBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	rows, err := b.q.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (b sqlBackend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	res, err := b.q.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (b sqlBackend) inTx(ctx context.Context, fn func(backend) error) error {
+	db, ok := b.q.(*sql.DB)
+	if !ok {
+		return errors.New("pglease: nested transaction")
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(sqlBackend{tx}); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// pgxLike is what *pgxpool.Pool and pgx.Tx share.
+type pgxLike interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+type pgxBackend struct{ q pgxLike }
+
+func (b pgxBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	err := b.q.QueryRow(ctx, q, args...).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errNoRows
+	}
+	return err
+}
+
+func (b pgxBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	rows, err := b.q.Query(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (b pgxBackend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := b.q.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (b pgxBackend) inTx(ctx context.Context, fn func(backend) error) error {
+	tx, err := b.q.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(pgxBackend{tx}); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}

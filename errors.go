@@ -1,0 +1,101 @@
+package pglease
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Test for them with errors.Is: the errors pglease returns
+// wrap them with the details (key, holder, fence, the server's error).
+var (
+	// ErrAlreadyLocked: another holder has an unexpired lease on the key.
+	// For a scheduler this means "skip this run".
+	ErrAlreadyLocked = errors.New("pglease: already locked")
+
+	// ErrLeaseLost: the lease ended other than by Unlock — a renew found it
+	// expired, released or taken over, or the local safety deadline passed
+	// without a successful renew. Work done under it must stop.
+	ErrLeaseLost = errors.New("pglease: lease lost")
+
+	// ErrUnlocked is the cause of a lease's Context after Unlock or Close.
+	ErrUnlocked = errors.New("pglease: lease unlocked")
+
+	// ErrClosed: the Locker was closed.
+	ErrClosed = errors.New("pglease: locker closed")
+
+	// ErrInvalidKey: the key is empty, longer than MaxKeyLen bytes, not
+	// valid UTF-8, or contains a NUL byte.
+	ErrInvalidKey = errors.New("pglease: invalid key")
+
+	// ErrInvalidOption: an option given to New or Migrate is out of range.
+	ErrInvalidOption = errors.New("pglease: invalid option")
+
+	// ErrNotMigrated: the lease table does not exist (run Migrate, or
+	// `pglease migrate`), or its schema is older than this library needs.
+	ErrNotMigrated = errors.New("pglease: lease table missing or not migrated")
+
+	// ErrSchemaTooNew: the table was migrated by a newer pglease.
+	ErrSchemaTooNew = errors.New("pglease: schema is newer than this library")
+
+	// ErrReadOnly: the server refused the write (a hot standby, or
+	// default_transaction_read_only). Leases need the primary.
+	ErrReadOnly = errors.New("pglease: server is read-only")
+)
+
+// HeldError is returned (wrapping ErrAlreadyLocked) when another holder has
+// the key. Holder, Fence and ExpiresAt are zero when the claim lost a race
+// it could not attribute.
+type HeldError struct {
+	Key       string
+	Holder    string
+	Fence     int64
+	ExpiresAt time.Time // server clock
+}
+
+func (e *HeldError) Error() string {
+	if e.Holder == "" {
+		return fmt.Sprintf("pglease: %q is already locked by another holder", e.Key)
+	}
+	return fmt.Sprintf("pglease: %q is already locked by %q (fence %d) until %s",
+		e.Key, e.Holder, e.Fence, e.ExpiresAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrAlreadyLocked) true.
+func (e *HeldError) Is(target error) bool { return target == ErrAlreadyLocked }
+
+// LostError is the error (wrapping ErrLeaseLost) that Err, Unlock and the
+// Context's cause report once a lease is lost.
+type LostError struct {
+	Key    string
+	Holder string
+	Fence  int64
+	Reason string
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("pglease: lease on %q (holder %q, fence %d) lost: %s", e.Key, e.Holder, e.Fence, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *LostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// sqlState extracts the SQLSTATE from pgx and lib/pq errors alike.
+func sqlState(err error) string {
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	return ""
+}
+
+// wrapDB turns a server error into one of the sentinels where one applies.
+func (t table) wrapDB(op string, err error) error {
+	switch sqlState(err) {
+	case "25006": // read_only_sql_transaction
+		return fmt.Errorf("%w: %s on %s: %w", ErrReadOnly, op, t.display, err)
+	case "42P01", "42703": // undefined_table, undefined_column
+		return fmt.Errorf("%w: %s on %s (run pglease.Migrate or `pglease migrate`): %w", ErrNotMigrated, op, t.display, err)
+	}
+	return fmt.Errorf("pglease: %s on %s: %w", op, t.display, err)
+}

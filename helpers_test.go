@@ -1,0 +1,152 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fixture: a fresh migrated table and an admin pool to inspect it.
+type fixture struct {
+	t     *testing.T
+	table string
+	admin *sql.DB
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{t: t, table: pgtest.Table(t), admin: pgtest.SQL(t, 4)}
+	if err := Migrate(ctx(t), f.admin, WithTable(f.table)); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return f
+}
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// replica returns a Locker over its own small pool, closed at cleanup.
+func (f *fixture) replica(poolSize int, opts ...Option) *Locker {
+	f.t.Helper()
+	db := pgtest.SQL(f.t, poolSize)
+	return f.locker(db, opts...)
+}
+
+func (f *fixture) locker(db *sql.DB, opts ...Option) *Locker {
+	f.t.Helper()
+	l, err := New(db, append([]Option{WithTable(f.table)}, opts...)...)
+	if err != nil {
+		f.t.Fatalf("New: %v", err)
+	}
+	f.t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+type row struct {
+	Holder   string
+	Token    int64
+	Fence    int64
+	Released bool
+	Live     bool
+}
+
+// row reads a key's lease row; ok=false when there is none.
+func (f *fixture) row(key string) (row, bool) {
+	f.t.Helper()
+	var r row
+	err := f.admin.QueryRowContext(ctx(f.t), `SELECT holder, token, fence, released_at IS NOT NULL,
+		released_at IS NULL AND expires_at > clock_timestamp() FROM "`+f.table+`" WHERE key = $1`, key).
+		Scan(&r.Holder, &r.Token, &r.Fence, &r.Released, &r.Live)
+	if err == sql.ErrNoRows {
+		return r, false
+	}
+	if err != nil {
+		f.t.Fatalf("read row: %v", err)
+	}
+	return r, true
+}
+
+// dump returns the whole table as text, to check that something changed nothing.
+func (f *fixture) dump() string {
+	f.t.Helper()
+	rows, err := f.admin.QueryContext(ctx(f.t), `SELECT key, holder, token, fence, acquired_at, expires_at, released_at FROM "`+f.table+`" ORDER BY key`)
+	if err != nil {
+		f.t.Fatalf("dump: %v", err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var k, h string
+		var tok, fence int64
+		var a, e time.Time
+		var r sql.NullTime
+		if err := rows.Scan(&k, &h, &tok, &fence, &a, &e, &r); err != nil {
+			f.t.Fatal(err)
+		}
+		b.WriteString(strings.Join([]string{k, h, a.String(), e.String(), r.Time.String()}, "|"))
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// expire makes a key's lease expired on the server clock, as if its holder
+// had stopped renewing long ago.
+func (f *fixture) expire(key string) {
+	f.t.Helper()
+	_, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours',
+		expires_at = clock_timestamp() - interval '1 hour' WHERE key = $1`, key)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// logs captures slog records.
+type logs struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logs) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logs) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.recs = append(h.recs, r.Clone())
+	h.mu.Unlock()
+	return nil
+}
+func (h *logs) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logs) WithGroup(string) slog.Handler      { return h }
+
+// find returns the attributes of the first record at level with msg containing s.
+func (h *logs) find(level slog.Level, s string) (map[string]string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.recs {
+		if r.Level == level && strings.Contains(r.Message, s) {
+			attrs := map[string]string{}
+			r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+			return attrs, true
+		}
+	}
+	return nil, false
+}
+
+// waitDone waits for a lease to end, failing the test after a generous bound.
+func waitDone(t *testing.T, le *Lease, within time.Duration) {
+	t.Helper()
+	select {
+	case <-le.Done():
+	case <-time.After(within):
+		t.Fatalf("lease on %q still not done after %v", le.Key(), within)
+	}
+}

@@ -1,0 +1,349 @@
+// Package pgcluster starts a throw-away PostgreSQL server from the local
+// server binaries (initdb and postgres), in a temporary directory, on a free
+// loopback port. The tests, the benchmarks and `pglease demo` use it.
+//
+// When the process runs as root, the data directory is handed to the
+// "postgres" system user and the server runs as that user, because PostgreSQL
+// refuses to run as root.
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// InstallHint names what to install when the server binaries are missing.
+const InstallHint = "install the PostgreSQL server binaries (Debian/Ubuntu: apt-get install postgresql-15; " +
+	"or put initdb and postgres on PATH), or set PGLEASE_TEST_DATABASE_URL to an existing server"
+
+// Options tune a cluster. The zero value is fine.
+type Options struct {
+	// Settings are extra `-c name=value` server settings, applied after the
+	// defaults (fsync=off and friends unless Durable is set).
+	Settings map[string]string
+	// Durable keeps fsync and synchronous_commit on, as users run PostgreSQL.
+	// Benchmarks set it; tests leave it off for speed.
+	Durable bool
+	// Log receives the server's log; nil discards it (it is kept in the data
+	// directory's log file either way).
+	Log func(line string)
+}
+
+// Cluster is a running (or stopped) throw-away server.
+type Cluster struct {
+	dir     string
+	dataDir string
+	sockDir string
+	port    int
+	bin     string
+	cred    *syscall.Credential
+	opts    Options
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FindBinDir returns the directory holding initdb and postgres: PATH first,
+// then the Debian layout /usr/lib/postgresql/<version>/bin (newest first).
+func FindBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool { return versionOf(matches[i]) > versionOf(matches[j]) })
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("pgcluster: initdb/postgres not found: %s", InstallHint)
+}
+
+func versionOf(path string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(path))))
+	return v
+}
+
+// Start creates a new cluster and starts it. Call Remove when done.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	bin, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pglease-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "sock"), bin: bin, opts: opts}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	for _, d := range []string{c.dataDir, c.sockDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: running as root needs a 'postgres' system user to run the server (%v); %s", err, InstallHint)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		for _, d := range []string{dir, c.dataDir, c.sockDir} {
+			if err := os.Chown(d, uid, gid); err != nil {
+				return nil, fmt.Errorf("pgcluster: %w", err)
+			}
+		}
+		// The server user must be able to reach the temporary directory.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
+		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	initdb.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	c.port = port
+	if err := c.start(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgcluster: no free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *Cluster) args() []string {
+	settings := map[string]string{
+		"listen_addresses":        "127.0.0.1",
+		"unix_socket_directories": c.sockDir,
+		"max_connections":         "200",
+		"shared_buffers":          "64MB",
+		"log_min_messages":        "warning",
+		"logging_collector":       "off",
+	}
+	if !c.opts.Durable {
+		settings["fsync"] = "off"
+		settings["synchronous_commit"] = "off"
+		settings["full_page_writes"] = "off"
+	}
+	for k, v := range c.opts.Settings {
+		settings[k] = v
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	args := []string{"-D", c.dataDir, "-p", strconv.Itoa(c.port)}
+	for _, k := range keys {
+		args = append(args, "-c", k+"="+settings[k])
+	}
+	return args
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil {
+		return errors.New("pgcluster: already running")
+	}
+	logFile, err := os.OpenFile(filepath.Join(c.dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	cmd := exec.Command(filepath.Join(c.bin, "postgres"), c.args()...)
+	// Pdeathsig: if the test binary dies, the postmaster goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var out *lineWriter
+	if c.opts.Log != nil {
+		out = &lineWriter{file: logFile, fn: c.opts.Log}
+		cmd.Stdout, cmd.Stderr = out, out
+	} else {
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("pgcluster: starting postgres: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(done)
+	}()
+	c.cmd, c.done = cmd, done
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-done:
+			c.cmd = nil
+			return fmt.Errorf("pgcluster: postgres exited during start-up; log:\n%s", c.tailLog())
+		default:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(pctx, c.URL())
+		if err == nil {
+			err = conn.Ping(pctx)
+			conn.Close(pctx)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			_ = cmd.Process.Kill()
+			<-done
+			c.cmd = nil
+			return fmt.Errorf("pgcluster: postgres did not accept connections: %v; log:\n%s", err, c.tailLog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) tailLog() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// URL is a connection string for the "postgres" database as the "postgres"
+// superuser over TCP.
+func (c *Cluster) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// Port is the server's TCP port on 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
+// Dir is the cluster's temporary directory (data directory, socket, log).
+func (c *Cluster) Dir() string { return c.dir }
+
+// PID is the postmaster's process id, or 0 when it is not running.
+func (c *Cluster) PID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Stop shuts the server down (fast shutdown: sessions are disconnected,
+// a checkpoint is written) and waits for it to exit.
+func (c *Cluster) Stop() error { return c.signal(syscall.SIGINT, 60*time.Second) }
+
+// Crash kills the postmaster with SIGKILL, as a power cut would; the next
+// Restart runs crash recovery.
+func (c *Cluster) Crash() error { return c.signal(syscall.SIGKILL, 30*time.Second) }
+
+// Restart stops the server (fast) and starts it again on the same port.
+func (c *Cluster) Restart(ctx context.Context) error {
+	if err := c.Stop(); err != nil {
+		return err
+	}
+	return c.start(ctx)
+}
+
+// StartAgain starts a stopped or crashed server on the same port.
+func (c *Cluster) StartAgain(ctx context.Context) error { return c.start(ctx) }
+
+func (c *Cluster) signal(sig syscall.Signal, wait time.Duration) error {
+	c.mu.Lock()
+	cmd, done := c.cmd, c.done
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	if sig == syscall.SIGKILL {
+		// Kill the whole process group, so no backend outlives the postmaster.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	} else {
+		_ = cmd.Process.Signal(sig)
+	}
+	select {
+	case <-done:
+	case <-time.After(wait):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	c.mu.Lock()
+	c.cmd = nil
+	c.mu.Unlock()
+	return nil
+}
+
+// Remove stops the server if it runs and deletes its directory.
+func (c *Cluster) Remove() error {
+	if err := c.Stop(); err != nil {
+		return err
+	}
+	return os.RemoveAll(c.dir)
+}
+
+type lineWriter struct {
+	mu   sync.Mutex
+	file *os.File
+	fn   func(string)
+	buf  []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, _ = w.file.Write(p)
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			break
+		}
+		w.fn(string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}

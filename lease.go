@@ -1,0 +1,174 @@
+package pglease
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+type leaseState int
+
+const (
+	stateHeld      leaseState = iota
+	stateUnlocking            // Unlock or Close is sending the release
+	stateLost                 // ended other than by Unlock; err is a *LostError
+	stateReleased             // ended by Unlock or Close
+	stateAbandoned            // the release failed: not renewed, expires by itself
+)
+
+// A Lease is a claim on one key, kept alive by its Locker's renewer until
+// Unlock, Close, or loss.
+//
+// Guarantee: Done closes (and Context is cancelled) no later than the local
+// safety deadline — the monotonic time at which the last successful claim or
+// renew was sent, plus the lease duration, minus the safety margin. The
+// server expires the lease no earlier than send time + lease duration on its
+// own clock, so, as long as the two clocks run at the same rate within the
+// margin, the holder is told to stop before any other holder can claim the
+// key. Limit: a process paused (GC, SIGSTOP, a stalled VM) cannot act on
+// Done while paused; only fencing (see Fence) protects writes made after
+// such a pause.
+type Lease struct {
+	locker *Locker
+	key    string
+	fence  int64
+	token  int64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	unlockMu sync.Mutex // serialises Unlock calls
+
+	mu        sync.Mutex
+	state     leaseState
+	err       error
+	expiresAt time.Time // server clock, as last reported
+	deadline  time.Time // local monotonic safety deadline
+	timer     *time.Timer
+}
+
+func newLease(l *Locker, parent context.Context, key string, fence, token int64, expiresAt, sentAt time.Time) *Lease {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	le := &Lease{
+		locker: l, key: key, fence: fence, token: token,
+		ctx: ctx, cancel: cancel,
+		expiresAt: expiresAt,
+		deadline:  sentAt.Add(l.cfg.duration - l.cfg.margin),
+	}
+	le.timer = time.AfterFunc(time.Until(le.deadline), le.deadlinePassed)
+	return le
+}
+
+// Key is the leased key.
+func (le *Lease) Key() string { return le.key }
+
+// Fence is the fencing token: it strictly increases each time the key is
+// acquired by a new claim (also after a release or an expiry), and never
+// repeats. Pass it to the resources you write to, and have them reject
+// writes with a lower fence (see Guard and FenceGuard).
+func (le *Lease) Fence() int64 { return le.fence }
+
+// Holder is the holder id the lease was claimed under.
+func (le *Lease) Holder() string { return le.locker.holder }
+
+// ExpiresAt is the lease's expiry on the server's clock, as of the last
+// successful claim or renew. Compare it with the server's time, not time.Now.
+func (le *Lease) ExpiresAt() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.expiresAt
+}
+
+// Deadline is the local safety deadline (monotonic clock): the lease is
+// considered lost if no renew succeeds before it.
+func (le *Lease) Deadline() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.deadline
+}
+
+// Done is closed when the lease ends: lost, unlocked, or its Locker closed.
+func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
+
+// Context is cancelled when the lease ends. It carries the values of the
+// context given to Lock, not its cancellation. context.Cause(ctx) tells why:
+// an error wrapping ErrLeaseLost, or ErrUnlocked.
+func (le *Lease) Context() context.Context { return le.ctx }
+
+// Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
+// loss; ErrUnlocked after Unlock or Close.
+func (le *Lease) Err() error {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.err
+}
+
+// renewed records a successful renew sent at sentAt.
+func (le *Lease) renewed(sentAt, expiresAt time.Time) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.state != stateHeld {
+		return
+	}
+	le.expiresAt = expiresAt
+	if d := sentAt.Add(le.locker.cfg.duration - le.locker.cfg.margin); d.After(le.deadline) {
+		le.deadline = d
+		le.timer.Reset(time.Until(d))
+	}
+}
+
+func (le *Lease) deadlinePassed() {
+	le.mu.Lock()
+	early := time.Now().Before(le.deadline)
+	le.mu.Unlock()
+	if early { // renewed meanwhile; the timer was re-armed
+		return
+	}
+	le.lose("no successful renew before the local safety deadline; the server may expire the lease at any moment")
+}
+
+// lose ends a held lease with a loss: Done closes, Err and the context's
+// cause report it, an ERROR is logged. A lease being unlocked is left to
+// Unlock, which learns the outcome from its own statement.
+func (le *Lease) lose(reason string) { le.finishLost(stateHeld, reason) }
+
+func (le *Lease) finishLost(from leaseState, reason string) *LostError {
+	le.mu.Lock()
+	if le.state != from {
+		le.mu.Unlock()
+		return nil
+	}
+	err := &LostError{Key: le.key, Holder: le.locker.holder, Fence: le.fence, Reason: reason}
+	le.state, le.err = stateLost, err
+	le.timer.Stop()
+	le.mu.Unlock()
+	le.cancel(err)
+	le.locker.remove(le)
+	le.locker.log.Error("pglease: lease lost",
+		"key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)
+	return err
+}
+
+// beginUnlock moves a held (or abandoned) lease to unlocking; it reports the
+// state found.
+func (le *Lease) beginUnlock() (leaseState, error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	st, err := le.state, le.err
+	if st == stateHeld || st == stateAbandoned {
+		le.state = stateUnlocking
+		le.timer.Stop()
+	}
+	return st, err
+}
+
+// endUnlock finishes an unlocking lease as released or abandoned.
+func (le *Lease) endUnlock(state leaseState) {
+	le.mu.Lock()
+	if le.state == stateUnlocking {
+		le.state, le.err = state, ErrUnlocked
+	}
+	le.mu.Unlock()
+	le.cancel(ErrUnlocked)
+	le.locker.remove(le)
+}

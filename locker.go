@@ -1,0 +1,141 @@
+package pglease
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// A Locker claims leases on keys for one holder id. It is safe for
+// concurrent use. Its renewer — a single goroutine, started when the first
+// lease is held and stopped when none is — renews every lease it holds
+// with one statement per beat (see renew.go).
+type Locker struct {
+	db     backend
+	cfg    config
+	table  table
+	sql    statements
+	holder string
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	leases  map[*Lease]struct{}
+	running bool            // the renewer goroutine is alive
+	ctx     context.Context // cancelled by Close: stops the renewer
+	stop    context.CancelFunc
+	closed  bool
+	wg      sync.WaitGroup // the renewer and background clean-ups
+}
+
+// New returns a Locker over db (a *sql.DB or a *pgxpool.Pool). It validates
+// the options and does no I/O; run Migrate once before the first Lock.
+//
+// The Locker never holds a connection between calls: each claim, renew and
+// release borrows one connection for one statement.
+func New[D DB](db D, opts ...Option) (*Locker, error) {
+	b, err := newBackend(db)
+	if err != nil {
+		return nil, err
+	}
+	cfg, t, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{
+		db:     b,
+		cfg:    cfg,
+		table:  t,
+		sql:    t.statements(),
+		holder: cfg.holder,
+		log:    cfg.logger,
+		leases: make(map[*Lease]struct{}),
+	}
+	l.ctx, l.stop = context.WithCancel(context.Background())
+	return l, nil
+}
+
+// Holder is the holder id this Locker records in the lease table.
+func (l *Locker) Holder() string { return l.holder }
+
+// LeaseDuration is the lease duration each claim and renew asks for.
+func (l *Locker) LeaseDuration() time.Duration { return l.cfg.duration }
+
+// Table is the lease table's name as configured.
+func (l *Locker) Table() string { return l.table.display }
+
+// Held returns the number of leases currently held by this Locker.
+func (l *Locker) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.leases)
+}
+
+// add registers a freshly claimed lease and makes sure the renewer runs.
+func (l *Locker) add(le *Lease) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.leases[le] = struct{}{}
+	if !l.running {
+		l.running = true
+		l.wg.Add(1)
+		go l.renewLoop()
+	}
+	return true
+}
+
+func (l *Locker) remove(le *Lease) {
+	l.mu.Lock()
+	delete(l.leases, le)
+	l.mu.Unlock()
+}
+
+// background runs fn on the Locker's wait group, so Close waits for it; once
+// the Locker is closed it runs fn synchronously instead.
+func (l *Locker) background(fn func(ctx context.Context)) {
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
+		defer cancel()
+		fn(ctx)
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		run()
+		return
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		run()
+	}()
+}
+
+// Close releases every lease the Locker holds (one statement), stops the
+// renewer and waits for it: no goroutine is left behind. Their Done channels
+// close, with ErrUnlocked as the cause. Lock then returns ErrClosed. Close is
+// bounded by the release timeout and idempotent. An error means the leases
+// could not be released; they expire by themselves, unrenewed.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.stop()
+	held := make([]*Lease, 0, len(l.leases))
+	for le := range l.leases {
+		held = append(held, le)
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
+	defer cancel()
+	return l.releaseMany(ctx, held)
+}

@@ -1,0 +1,88 @@
+package pglease
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// SchemaVersion is the schema version this library creates and expects.
+var SchemaVersion = len(migrations)
+
+// Migrate creates or upgrades the lease table (and its version table) to
+// SchemaVersion. It is idempotent and safe to run from every replica at
+// start-up: concurrent runs are serialised by a transaction-scoped advisory
+// lock, and each applies only what is missing, in one transaction. Only
+// WithTable among the options matters here.
+//
+// A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
+// and change nothing.
+func Migrate[D DB](ctx context.Context, db D, opts ...Option) error {
+	b, err := newBackend(db)
+	if err != nil {
+		return err
+	}
+	_, t, err := buildConfig(opts)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pglease: migrate: %w", err)
+	}
+	st := t.statements()
+	err = b.inTx(ctx, func(tx backend) error {
+		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, st.versionTable); err != nil {
+			return err
+		}
+		var current int
+		if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
+			return err
+		}
+		if current > len(migrations) {
+			return fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d",
+				ErrSchemaTooNew, t.display, current, len(migrations))
+		}
+		for v := current; v < len(migrations); v++ {
+			if _, err := tx.exec(ctx, t.bind(migrations[v])); err != nil {
+				return fmt.Errorf("migration to version %d: %w", v+1, err)
+			}
+			if _, err := tx.exec(ctx, st.recordVersion, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if sqlState(err) != "" {
+			return t.wrapDB("migrate", err)
+		}
+		return fmt.Errorf("pglease: migrate %s: %w", t.display, err)
+	}
+	return nil
+}
+
+// SchemaSQL returns the DDL that Migrate applies to an empty database, for
+// teams that run their own migration tool. table is "" for DefaultTable.
+// The version table is included so that Migrate, run later, finds the
+// schema current and does nothing.
+func SchemaSQL(tableName string) (string, error) {
+	if tableName == "" {
+		tableName = DefaultTable
+	}
+	t, err := parseTable(tableName)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("-- pglease schema version ")
+	fmt.Fprintf(&b, "%d for %s\n", len(migrations), t.quoted)
+	b.WriteString(strings.TrimSpace(t.bind(versionTableSQL)) + ";\n")
+	for v, m := range migrations {
+		b.WriteString(strings.TrimSpace(t.bind(m)) + ";\n")
+		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", t.version, v+1)
+	}
+	return b.String(), nil
+}

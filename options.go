@@ -1,0 +1,165 @@
+package pglease
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits on the options, checked by New.
+const (
+	MinLeaseDuration = 100 * time.Millisecond
+	MaxLeaseDuration = 24 * time.Hour
+	MinHeartbeat     = 10 * time.Millisecond
+	MaxHolderLen     = 256
+)
+
+// Option configures a Locker (New) or a migration (Migrate, which only uses
+// WithTable). Options are validated by New and Migrate.
+type Option func(*config)
+
+type config struct {
+	table          string
+	duration       time.Duration
+	heartbeat      time.Duration // 0: duration/3
+	margin         time.Duration // -1: default
+	holder         string
+	logger         *slog.Logger
+	releaseTimeout time.Duration
+	errs           []error
+}
+
+// WithLeaseDuration sets how long a claim or a renew keeps the lease on the
+// server's clock (default 60s; between MinLeaseDuration and MaxLeaseDuration).
+// A holder that stops renewing loses the key after at most this long.
+func WithLeaseDuration(d time.Duration) Option { return func(c *config) { c.duration = d } }
+
+// WithHeartbeat sets the renew interval (default: lease duration / 3). It
+// must be at most half the lease duration, so that a renew that fails is
+// retried at least once before the lease can expire.
+func WithHeartbeat(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: heartbeat %v must be positive", ErrInvalidOption, d))
+			return
+		}
+		c.heartbeat = d
+	}
+}
+
+// WithSafetyMargin sets how much earlier than the lease duration the local
+// deadline falls (default: 1% of the duration + 10ms). It covers clock-rate
+// drift between this host and the server and the time the job needs to
+// notice Done. Must be below half the lease duration.
+func WithSafetyMargin(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: safety margin %v is negative", ErrInvalidOption, d))
+			return
+		}
+		c.margin = d
+	}
+}
+
+// WithTable sets the lease table: "name" or "schema.name" (default
+// DefaultTable). It is always quoted, so it is case-sensitive; anything but
+// letters, digits and underscores is refused.
+func WithTable(name string) Option { return func(c *config) { c.table = name } }
+
+// WithHolder sets the holder id recorded in the table (default: host name
+// plus a random suffix, fixed when the Locker is created). Two Lockers may
+// share a holder id: each claim also carries a random token, so they still
+// exclude each other.
+func WithHolder(id string) Option {
+	return func(c *config) {
+		if id == "" {
+			c.errs = append(c.errs, fmt.Errorf("%w: empty holder id", ErrInvalidOption))
+			return
+		}
+		c.holder = id
+	}
+}
+
+// WithLogger sets where lease losses (ERROR) and failed renewals (WARN) are
+// logged (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithReleaseTimeout bounds Unlock when the caller's context is already done,
+// and Close (default 5s).
+func WithReleaseTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 || d > time.Hour {
+			c.errs = append(c.errs, fmt.Errorf("%w: release timeout %v must be in (0, 1h]", ErrInvalidOption, d))
+			return
+		}
+		c.releaseTimeout = d
+	}
+}
+
+func buildConfig(opts []Option) (config, table, error) {
+	c := config{table: DefaultTable, duration: 60 * time.Second, margin: -1, releaseTimeout: 5 * time.Second}
+	for _, o := range opts {
+		if o == nil {
+			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		o(&c)
+	}
+	if len(c.errs) > 0 {
+		return c, table{}, c.errs[0]
+	}
+	t, err := parseTable(c.table)
+	if err != nil {
+		return c, t, err
+	}
+	if c.duration < MinLeaseDuration || c.duration > MaxLeaseDuration {
+		return c, t, fmt.Errorf("%w: lease duration %v must be between %v and %v",
+			ErrInvalidOption, c.duration, MinLeaseDuration, MaxLeaseDuration)
+	}
+	if c.heartbeat == 0 {
+		c.heartbeat = c.duration / 3
+	}
+	if c.heartbeat < MinHeartbeat || c.heartbeat > c.duration/2 {
+		return c, t, fmt.Errorf("%w: heartbeat %v must be between %v and half the lease duration (%v)",
+			ErrInvalidOption, c.heartbeat, MinHeartbeat, c.duration/2)
+	}
+	if c.margin < 0 {
+		c.margin = c.duration/100 + 10*time.Millisecond
+	}
+	if c.margin >= c.duration/2 {
+		return c, t, fmt.Errorf("%w: safety margin %v must be below half the lease duration (%v)",
+			ErrInvalidOption, c.margin, c.duration/2)
+	}
+	if c.heartbeat >= c.duration-c.margin {
+		return c, t, fmt.Errorf("%w: heartbeat %v leaves no renew before the local deadline (lease %v - margin %v)",
+			ErrInvalidOption, c.heartbeat, c.duration, c.margin)
+	}
+	if c.holder == "" {
+		c.holder = defaultHolder()
+	}
+	if len(c.holder) > MaxHolderLen || !utf8.ValidString(c.holder) {
+		return c, t, fmt.Errorf("%w: holder id must be valid UTF-8 of at most %d bytes", ErrInvalidOption, MaxHolderLen)
+	}
+	for i := 0; i < len(c.holder); i++ {
+		if c.holder[i] == 0 {
+			return c, t, fmt.Errorf("%w: holder id contains a NUL byte", ErrInvalidOption)
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	return c, t, nil
+}
+
+func defaultHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

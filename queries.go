@@ -1,0 +1,214 @@
+package pglease
+
+import "strings"
+
+// This file holds every SQL statement pglease runs, so that they can be read
+// (and reviewed) in one place. Each is a single round trip. `{T}` is the
+// quoted lease table, `{V}` its version table, `{F}` the fence-guard table.
+//
+// Every expiry decision uses the server's clock_timestamp(), read once per
+// statement in the `now` CTE: no client clock enters any decision.
+
+// claimSQL takes the key if it is free, released or expired, or re-claims it
+// for the same claim (same holder and token: a retry after a lost reply).
+//
+//	$1 key, $2 holder, $3 token, $4 lease duration in microseconds
+//
+// Result: (acquired, fence, expires_at, holder). acquired=false rows describe
+// the current holder. No row at all: a concurrent claim won the race.
+//
+// The `cur` CTE is what keeps the common path cheap: when someone else holds
+// an unexpired lease, the INSERT's SELECT yields no row, so the statement
+// writes nothing — no row lock, no transaction id, no WAL, no durable commit.
+// Only a claim that can succeed reaches ON CONFLICT, whose WHERE re-checks the
+// same condition on the latest row version under its row lock (authoritative
+// under concurrency).
+//
+// The row is never deleted: releasing sets released_at, so the fence keeps
+// counting up across releases (invariant 2).
+const claimSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+cur AS (
+	SELECT l.holder, l.fence, l.expires_at
+	FROM {T} AS l, now
+	WHERE l.key = $1
+	  AND l.released_at IS NULL
+	  AND l.expires_at > now.ts
+	  AND NOT (l.holder = $2 AND l.token = $3)
+),
+claimed AS (
+	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at)
+	SELECT $1, $2, $3, 1, now.ts, now.ts + $4::bigint * interval '1 microsecond'
+	FROM now
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (key) DO UPDATE SET
+		holder      = EXCLUDED.holder,
+		token       = EXCLUDED.token,
+		fence       = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
+		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at
+		               THEN l.fence ELSE l.fence + 1 END,
+		acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
+		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at
+		               THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
+		expires_at  = EXCLUDED.expires_at,
+		released_at = NULL
+	WHERE l.released_at IS NOT NULL
+	   OR l.expires_at <= EXCLUDED.acquired_at
+	   OR (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
+	RETURNING l.fence, l.expires_at
+)
+SELECT true, fence, expires_at, $2::text FROM claimed
+UNION ALL
+SELECT false, fence, expires_at, holder FROM cur`
+
+// renewSQL extends, in one statement, every listed lease that is still this
+// holder's under the same fence and not expired (invariants 3 and 7).
+//
+//	$1 jsonb array of {"k": key, "f": fence}, $2 holder, $3 duration in µs
+//
+// Result rows: (key, fence, expires_at, renewed). renewed=false marks a lease
+// that is valid but whose row is locked by a transaction (a fenced
+// transaction, see Guard): it cannot be taken over while that lock is held,
+// and it is retried at the next beat. A listed lease missing from the result
+// is gone: expired, released or taken over.
+//
+// SKIP LOCKED keeps one busy row from stalling the renewal of all the others.
+const renewSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+want AS (
+	SELECT r.k, r.f FROM jsonb_to_recordset($1::jsonb) AS r(k text, f bigint)
+),
+valid AS (
+	SELECT l.key FROM {T} AS l JOIN want ON l.key = want.k AND l.fence = want.f, now
+	WHERE l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
+),
+mine AS (
+	SELECT l.key FROM {T} AS l JOIN want ON l.key = want.k AND l.fence = want.f, now
+	WHERE l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
+	FOR NO KEY UPDATE OF l SKIP LOCKED
+),
+renewed AS (
+	UPDATE {T} AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
+	FROM mine, now
+	WHERE l.key = mine.key
+	RETURNING l.key, l.fence, l.expires_at
+)
+SELECT key, fence, expires_at, true FROM renewed
+UNION ALL
+SELECT l.key, l.fence, l.expires_at, false
+FROM {T} AS l JOIN valid ON l.key = valid.key
+WHERE l.key NOT IN (SELECT key FROM mine)`
+
+// releaseSQL ends one lease, scoped to key, holder and fence, and only if it
+// has not expired: a late Unlock of an earlier run touches nothing. The row
+// stays, so the fence keeps counting.
+//
+//	$1 key, $2 holder, $3 fence
+const releaseSQL = `
+UPDATE {T} SET released_at = clock_timestamp()
+WHERE key = $1 AND holder = $2 AND fence = $3
+  AND released_at IS NULL AND expires_at > clock_timestamp()`
+
+// releaseManySQL is releaseSQL for a batch (Close).
+//
+//	$1 jsonb array of {"k": key, "f": fence}, $2 holder
+const releaseManySQL = `
+WITH want AS (
+	SELECT r.k, r.f FROM jsonb_to_recordset($1::jsonb) AS r(k text, f bigint)
+)
+UPDATE {T} AS l SET released_at = clock_timestamp()
+FROM want
+WHERE l.key = want.k AND l.fence = want.f AND l.holder = $2
+  AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING l.key, l.fence`
+
+// abandonSQL releases a claim whose reply never arrived (the caller's
+// context ended mid-claim): identified by its token, since its fence is not
+// known. Without it the key would stay blocked for a whole lease.
+//
+//	$1 key, $2 holder, $3 token
+const abandonSQL = `
+UPDATE {T} SET released_at = clock_timestamp()
+WHERE key = $1 AND holder = $2 AND token = $3 AND released_at IS NULL`
+
+// forceReleaseSQL ends the current lease whoever holds it and moves the fence
+// on, so the evicted holder's renew, release and fenced writes all fail.
+// Admin use (`pglease release --force`).
+//
+//	$1 key
+const forceReleaseSQL = `
+WITH old AS (
+	SELECT key, holder, fence, released_at IS NULL AND expires_at > clock_timestamp() AS live
+	FROM {T} WHERE key = $1 FOR UPDATE
+)
+UPDATE {T} AS l SET released_at = clock_timestamp(), fence = l.fence + 1
+FROM old WHERE l.key = old.key
+RETURNING old.holder, old.fence, l.fence, old.live`
+
+// listSQL lists every lease row with its state on the server clock.
+const listSQL = `
+SELECT key, holder, fence, acquired_at, expires_at, released_at,
+       CASE WHEN released_at IS NOT NULL THEN 'released'
+            WHEN expires_at <= clock_timestamp() THEN 'expired'
+            ELSE 'held' END,
+       expires_at - clock_timestamp()
+FROM {T} ORDER BY key`
+
+// migrateLockSQL serialises Migrate across replicas for the rest of its
+// transaction (a transaction-scoped advisory lock: released at COMMIT, no
+// connection pinned afterwards). $1 is the quoted table name.
+const migrateLockSQL = `SELECT pg_advisory_xact_lock(1885827941, hashtext($1))`
+
+const versionTableSQL = `
+CREATE TABLE IF NOT EXISTS {V} (
+	version    integer     PRIMARY KEY,
+	applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)`
+
+const currentVersionSQL = `SELECT coalesce(max(version), 0) FROM {V}`
+
+const recordVersionSQL = `INSERT INTO {V} (version) VALUES ($1)`
+
+// migrations are applied in order; migrations[i] brings the schema to
+// version i+1. Never edit one that has shipped: append a new one.
+var migrations = []string{
+	// v1: the lease table. The row of a key is never deleted by pglease, so
+	// the fence survives releases. fillfactor leaves room on each page so
+	// that renewals (which touch no indexed column) are HOT updates.
+	`CREATE TABLE IF NOT EXISTS {T} (
+	key         text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
+	holder      text        NOT NULL,
+	token       bigint      NOT NULL,
+	fence       bigint      NOT NULL CHECK (fence > 0),
+	acquired_at timestamptz NOT NULL,
+	expires_at  timestamptz NOT NULL,
+	released_at timestamptz,
+	CONSTRAINT lease_validity CHECK (expires_at > acquired_at)
+) WITH (fillfactor = 70)`,
+}
+
+// statements are the SQL texts bound to one table.
+type statements struct {
+	claim, renew, release, releaseMany, abandon, forceRelease, list string
+	versionTable, currentVersion, recordVersion                     string
+	guardLease                                                      string
+}
+
+func (t table) bind(sql string) string {
+	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences).Replace(sql)
+}
+
+func (t table) statements() statements {
+	return statements{
+		claim:          t.bind(claimSQL),
+		renew:          t.bind(renewSQL),
+		release:        t.bind(releaseSQL),
+		releaseMany:    t.bind(releaseManySQL),
+		abandon:        t.bind(abandonSQL),
+		forceRelease:   t.bind(forceReleaseSQL),
+		list:           t.bind(listSQL),
+		versionTable:   t.bind(versionTableSQL),
+		currentVersion: t.bind(currentVersionSQL),
+		recordVersion:  t.bind(recordVersionSQL),
+	}
+}

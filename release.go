@@ -1,0 +1,87 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Unlock ends the lease with one statement scoped to its key, holder and
+// fence (see releaseSQL), stops renewing it and closes Done. The row is kept,
+// so the next claim gets a higher fence.
+//
+//   - If ctx is already done (a scheduler shutting down), Unlock still
+//     releases, under a fresh context bounded by the release timeout.
+//   - Unlock is idempotent: after a successful Unlock, it returns nil.
+//   - After a loss it returns the loss (an error wrapping ErrLeaseLost) and
+//     changes nothing; a late Unlock never touches another holder's lease.
+//   - If the server cannot be reached, the error says so; the lease is no
+//     longer renewed and expires by itself. Calling Unlock again retries.
+func (le *Lease) Unlock(ctx context.Context) error {
+	le.unlockMu.Lock()
+	defer le.unlockMu.Unlock()
+	switch st, err := le.beginUnlock(); st {
+	case stateLost:
+		return err
+	case stateReleased:
+		return nil
+	}
+	l := le.locker
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+		defer cancel()
+	}
+	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence)
+	switch {
+	case err != nil:
+		le.endUnlock(stateAbandoned)
+		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
+			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
+			le.ExpiresAt().UTC().Format("15:04:05.000"))
+	case n == 0:
+		return le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over")
+	}
+	le.endUnlock(stateReleased)
+	return nil
+}
+
+// releaseMany releases leases with one statement (Close).
+func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
+	batch := leases[:0:0]
+	for _, le := range leases {
+		if st, _ := le.beginUnlock(); st == stateHeld || st == stateAbandoned {
+			batch = append(batch, le)
+		}
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	released := make(map[string]int64, len(batch))
+	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeKeyFences(batch), l.holder},
+		func(scan func(...any) error) error {
+			var key string
+			var fence int64
+			if err := scan(&key, &fence); err != nil {
+				return err
+			}
+			released[key] = fence
+			return nil
+		})
+	var lost []error
+	for _, le := range batch {
+		switch f, ok := released[le.key]; {
+		case err != nil:
+			le.endUnlock(stateAbandoned)
+		case ok && f == le.fence:
+			le.endUnlock(stateReleased)
+		default:
+			lost = append(lost, le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over"))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w; %d leases are no longer renewed and expire by themselves",
+			l.table.wrapDB("close", err), len(batch))
+	}
+	return errors.Join(lost...)
+}
