@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
@@ -149,4 +151,20 @@ func waitDone(t *testing.T, le *Lease, within time.Duration) {
 	case <-time.After(within):
 		t.Fatalf("lease on %q still not done after %v", le.Key(), within)
 	}
+}
+
+const levelError = slog.LevelError
+
+func slogLogger(h slog.Handler) *slog.Logger { return slog.New(h) }
+
+func pgxPool(t *testing.T) *pgxpool.Pool { return pgtest.Pgx(t, 2) }
+
+func listAny(c context.Context, db any, table string) ([]LeaseInfo, error) {
+	switch d := db.(type) {
+	case *sql.DB:
+		return List(c, d, WithTable(table))
+	case *pgxpool.Pool:
+		return List(c, d, WithTable(table))
+	}
+	panic("unknown pool")
 }

@@ -151,7 +151,7 @@ SELECT key, holder, fence, acquired_at, expires_at, released_at,
        CASE WHEN released_at IS NOT NULL THEN 'released'
             WHEN expires_at <= clock_timestamp() THEN 'expired'
             ELSE 'held' END,
-       expires_at - clock_timestamp()
+       (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint::text
 FROM {T} ORDER BY key`
 
 // migrateLockSQL serialises Migrate across replicas for the rest of its
