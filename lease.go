@@ -142,10 +142,11 @@ func (le *Lease) finishLost(from leaseState, reason string) *LostError {
 	le.state, le.err = stateLost, err
 	le.timer.Stop()
 	le.mu.Unlock()
-	le.cancel(err)
-	le.locker.remove(le)
+	// Logged before Done closes, so whoever reacts to Done finds the record.
 	le.locker.log.Error("pglease: lease lost",
 		"key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)
+	le.cancel(err)
+	le.locker.remove(le)
 	return err
 }
 

@@ -1,0 +1,103 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
+	table := pgtest.Table(t)
+	c := ctx(t)
+	// Ten replicas start at once, each with its own pool.
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for i := 0; i < 10; i++ {
+		db := pgtest.SQL(t, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- Migrate(c, db, WithTable(table))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Migrate: %v", err)
+		}
+	}
+	admin := pgtest.SQL(t, 1)
+	if err := Migrate(c, admin, WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	var versions, max int
+	if err := admin.QueryRowContext(c, `SELECT count(*), max(version) FROM "`+table+`_version"`).Scan(&versions, &max); err != nil {
+		t.Fatal(err)
+	}
+	if versions != SchemaVersion || max != SchemaVersion {
+		t.Fatalf("version rows %d, max %d; want %d", versions, max, SchemaVersion)
+	}
+	// The validity CHECK of the design is there.
+	_, err := admin.ExecContext(c, `INSERT INTO "`+table+`" (key, holder, token, fence, acquired_at, expires_at)
+		VALUES ('x', 'h', 1, 1, now(), now() - interval '1 second')`)
+	if err == nil || sqlState(err) != "23514" {
+		t.Fatalf("a lease expiring before it starts must violate the CHECK: %v", err)
+	}
+	// A schema from a newer pglease is refused and left alone.
+	if _, err := admin.ExecContext(c, `INSERT INTO "`+table+`_version" (version) VALUES (99)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("newer schema: %v", err)
+	}
+}
+
+func TestSchemaSQLAndQualifiedTable(t *testing.T) {
+	c := ctx(t)
+	admin := pgtest.SQL(t, 1)
+	schema := "pglt_schema_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
+	if _, err := admin.ExecContext(c, `CREATE SCHEMA IF NOT EXISTS "`+schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), `DROP SCHEMA "`+schema+`" CASCADE`) })
+	name := schema + ".MixedCase"
+	ddl, err := SchemaSQL(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ddl, `"`+schema+`"."MixedCase"`) {
+		t.Fatalf("DDL does not quote the name:\n%s", ddl)
+	}
+	if _, err := admin.ExecContext(c, ddl); err != nil {
+		t.Fatalf("exported DDL: %v", err)
+	}
+	// Migrate after the exported DDL finds nothing to do...
+	if err := Migrate(c, admin, WithTable(name)); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM "`+schema+`"."MixedCase_version"`).Scan(&n); err != nil || n != SchemaVersion {
+		t.Fatalf("version rows %d (%v)", n, err)
+	}
+	// ...and the Locker works on it.
+	l, err := New(admin, WithTable(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SchemaSQL(`x"y`); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("SchemaSQL injected: %v", err)
+	}
+}

@@ -1,0 +1,143 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.replica(2), f.replica(2)
+	c := ctx(t)
+	le, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	// A scheduler shutting down unlocks with a dead context: it must still release.
+	if err := le.Unlock(cancelled); err != nil {
+		t.Fatalf("Unlock with cancelled ctx: %v", err)
+	}
+	if r, _ := f.row("job"); !r.Released {
+		t.Fatalf("not released: %+v", r)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatalf("second Unlock: %v", err)
+	}
+	lb, err := b.Lock(c, "job")
+	if err != nil {
+		t.Fatalf("key must be free right after Unlock: %v", err)
+	}
+	// A's late third Unlock is harmless to B.
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := f.row("job"); !r.Live || r.Fence != lb.Fence() || r.Holder != b.Holder() {
+		t.Fatalf("B's lease was touched by A's late Unlock: %+v", r)
+	}
+}
+
+// Invariant 3: the late Unlock of an earlier run — same holder, earlier
+// fence — touches nothing.
+func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
+	f := newFixture(t)
+	a := f.replica(2, WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond))
+	c := ctx(t)
+	first, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.expire("job")
+	waitDone(t, first, 10*time.Second) // the renewer notices
+	second, err := a.Lock(c, "job")    // same holder, new run
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Fence() != first.Fence()+1 {
+		t.Fatalf("fences %d then %d", first.Fence(), second.Fence())
+	}
+	before := f.dump()
+	if err := first.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("late Unlock: %v", err)
+	}
+	if f.dump() != before {
+		t.Fatal("the late Unlock changed the table")
+	}
+	if second.Err() != nil {
+		t.Fatal(second.Err())
+	}
+	// Even the raw statement, bypassing the Lease state, matches nothing.
+	n, err := a.db.exec(c, a.sql.release, "job", a.holder, first.Fence())
+	if err != nil || n != 0 {
+		t.Fatalf("release with an old fence affected %d rows (%v)", n, err)
+	}
+}
+
+func TestUnlockUnreachableServer(t *testing.T) {
+	f := newFixture(t)
+	db := openVia(t, targetAddr(t))
+	l := f.locker(db, WithReleaseTimeout(time.Second))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close() // the pool is gone: the release cannot be sent
+	err = le.Unlock(c)
+	if err == nil {
+		t.Fatal("Unlock over a closed pool reported success")
+	}
+	if le.Err() == nil || errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatalf("after a failed release: Err %v", le.Err())
+	}
+	select {
+	case <-le.Done():
+	default:
+		t.Fatal("Done must close: the job is over and the lease is no longer renewed")
+	}
+	if l.Held() != 0 {
+		t.Fatal("an abandoned lease must not be renewed")
+	}
+}
+
+func TestCloseReleasesEverything(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.replica(2), f.replica(2)
+	c := ctx(t)
+	var leases []*Lease
+	for _, k := range []string{"a", "b", "c"} {
+		le, err := a.Lock(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, le)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	for _, le := range leases {
+		select {
+		case <-le.Done():
+		default:
+			t.Fatalf("%s: Done not closed by Close", le.Key())
+		}
+		if !errors.Is(le.Err(), ErrUnlocked) {
+			t.Fatalf("%s: %v", le.Key(), le.Err())
+		}
+		if err := le.Unlock(c); err != nil {
+			t.Fatalf("Unlock after Close: %v", err)
+		}
+		if _, err := b.Lock(c, le.Key()); err != nil {
+			t.Fatalf("%s not free after Close: %v", le.Key(), err)
+		}
+	}
+	if _, err := a.Lock(c, "d"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lock after Close: %v", err)
+	}
+}

@@ -1,0 +1,250 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/tcpproxy"
+)
+
+// countingBackend counts the statements a Locker sends, by kind.
+type countingBackend struct {
+	backend
+	mu    sync.Mutex
+	count map[string]int
+}
+
+func (c *countingBackend) note(q string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.Contains(q, "jsonb_to_recordset") && strings.Contains(q, "renewed AS"):
+		c.count["renew"]++
+	case strings.Contains(q, "claimed AS"):
+		c.count["claim"]++
+	default:
+		c.count["other"]++
+	}
+}
+
+func (c *countingBackend) get(kind string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.count[kind]
+}
+
+func (c *countingBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	c.note(q)
+	return c.backend.queryRow(ctx, q, args, dest...)
+}
+func (c *countingBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	c.note(q)
+	return c.backend.query(ctx, q, args, each)
+}
+func (c *countingBackend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	c.note(q)
+	return c.backend.exec(ctx, q, args...)
+}
+
+// Invariant 7: renewal cost does not grow with the leases held — one
+// statement per beat for all of them.
+func TestOneRenewStatementPerBeat(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithLeaseDuration(600*time.Millisecond), WithHeartbeat(100*time.Millisecond))
+	cb := &countingBackend{backend: l.db, count: map[string]int{}}
+	l.db = cb
+	c := ctx(t)
+	var leases []*Lease
+	for i := 0; i < 200; i++ {
+		le, err := l.Lock(c, fmt.Sprintf("k%03d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, le)
+	}
+	// Wait until every lease has been renewed at least 5 times over.
+	first := leases[0].ExpiresAt()
+	waitFor(t, 20*time.Second, func() bool { return cb.get("renew") >= 5 })
+	renews := cb.get("renew")
+	if renews > 50 {
+		t.Fatalf("%d renew statements for 200 leases in a few beats: more than one per beat", renews)
+	}
+	if other := cb.get("other"); other != 0 {
+		t.Fatalf("%d unexpected statements", other)
+	}
+	for _, le := range leases {
+		if le.Err() != nil || !le.ExpiresAt().After(first) {
+			t.Fatalf("lease %s not renewed: err %v, expires %v (first %v)", le.Key(), le.Err(), le.ExpiresAt(), first)
+		}
+	}
+	// The renewer is one goroutine; after Close it is gone (TestMain's
+	// goleak check), and with no lease held it stops by itself.
+	for _, le := range leases {
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return !l.running
+	})
+}
+
+// Invariant 3 and 5(a): a renew never extends a lease that expired or
+// changed hands; the holder is told at once (Done, Err, ERROR log).
+func TestRenewFindsLeaseGone(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		break_ func(f *fixture, key string)
+	}{
+		{"expired", func(f *fixture, key string) { f.expire(key) }},
+		{"taken over", func(f *fixture, key string) {
+			_, err := f.admin.Exec(`UPDATE "`+f.table+`" SET holder = 'intruder', fence = fence + 1 WHERE key = $1`, key)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+		{"other fence", func(f *fixture, key string) {
+			_, err := f.admin.Exec(`UPDATE "`+f.table+`" SET fence = fence + 1 WHERE key = $1`, key)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+		{"released", func(f *fixture, key string) {
+			_, err := f.admin.Exec(`UPDATE "`+f.table+`" SET released_at = clock_timestamp() WHERE key = $1`, key)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			logs := &logs{}
+			l := f.replica(2, WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond), WithLogger(slogLogger(logs)))
+			c := ctx(t)
+			le, err := l.Lock(c, "job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep, err := l.Lock(c, "bystander")
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, _ := f.row("job")
+			tc.break_(f, "job")
+			broken := f.dump()
+			waitDone(t, le, 10*time.Second)
+			var lost *LostError
+			if !errors.Is(le.Err(), ErrLeaseLost) || !errors.As(le.Err(), &lost) || lost.Fence != le.Fence() {
+				t.Fatalf("Err after loss: %v", le.Err())
+			}
+			if !errors.Is(context.Cause(le.Context()), ErrLeaseLost) {
+				t.Fatalf("context cause: %v", context.Cause(le.Context()))
+			}
+			attrs, ok := logs.find(levelError, "lease lost")
+			if !ok || attrs["key"] != "job" || attrs["holder"] != l.Holder() || attrs["fence"] != fmt.Sprint(before.Fence) {
+				t.Fatalf("ERROR log with key, holder, fence: %v %v", ok, attrs)
+			}
+			// The renew did not resurrect or extend the broken lease.
+			// (Only the bystander's row may change: compare the job's.)
+			if got, want := rowLine(f.dump(), "job"), rowLine(broken, "job"); got != want {
+				t.Fatalf("renew touched a lease it does not hold:\n got %s\nwant %s", got, want)
+			}
+			if err := le.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("Unlock after loss: %v", err)
+			}
+			if got, want := rowLine(f.dump(), "job"), rowLine(broken, "job"); got != want {
+				t.Fatalf("Unlock after loss changed the row:\n got %s\nwant %s", got, want)
+			}
+			if keep.Err() != nil {
+				t.Fatalf("a bystander lease was hit: %v", keep.Err())
+			}
+		})
+	}
+}
+
+func rowLine(dump, key string) string {
+	for _, line := range strings.Split(dump, "\n") {
+		if strings.HasPrefix(line, key+"|") {
+			return line
+		}
+	}
+	return ""
+}
+
+// Invariant 5(b): with the database unreachable, the holder is told to stop
+// before any other replica can claim the key. Asserted on the order of
+// events, not on durations.
+func TestLocalDeadlineBeatsTakeover(t *testing.T) {
+	f := newFixture(t)
+	cl := pgtest.Cluster()
+	if cl == nil {
+		t.Log("PGLEASE_TEST_DATABASE_URL set: proxying to it")
+	}
+	target := targetAddr(t)
+	proxy, err := tcpproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dbA := openVia(t, proxy.Addr())
+	logs := &logs{}
+	const dur = 800 * time.Millisecond
+	a := f.locker(dbA, WithLeaseDuration(dur), WithHeartbeat(100*time.Millisecond), WithLogger(slogLogger(logs)))
+	b := f.replica(2, WithLeaseDuration(dur))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A renews through the proxy for a while...
+	before := la.ExpiresAt()
+	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+	// ...then the network between A and the database goes dark.
+	proxy.SetMode(tcpproxy.BlackHole)
+
+	var lostAt, takenAt time.Time
+	var mu sync.Mutex
+	go func() {
+		<-la.Done()
+		mu.Lock()
+		lostAt = time.Now()
+		mu.Unlock()
+	}()
+	var lb *Lease
+	for {
+		lb, err = b.Lock(c, "job")
+		if err == nil {
+			takenAt = time.Now()
+			break
+		}
+		if !errors.Is(err, ErrAlreadyLocked) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	la1 := lostAt
+	mu.Unlock()
+	if la1.IsZero() || !la1.Before(takenAt) {
+		t.Fatalf("A was not told before B took over: lost at %v, taken at %v", la1, takenAt)
+	}
+	if !errors.Is(la.Err(), ErrLeaseLost) {
+		t.Fatalf("A's Err: %v", la.Err())
+	}
+	if lb.Fence() != la.Fence()+1 {
+		t.Fatalf("B's fence %d, want %d", lb.Fence(), la.Fence()+1)
+	}
+	if _, ok := logs.find(levelError, "lease lost"); !ok {
+		t.Fatal("no ERROR log for the deadline loss")
+	}
+	proxy.SetMode(tcpproxy.Pass)
+	proxy.DropAll()
+}
