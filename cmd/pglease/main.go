@@ -1,0 +1,129 @@
+// Command pglease is the pglease tool: `pglease demo` reproduces the pooled
+// advisory-lock incident on a throw-away PostgreSQL and shows pglease fixing
+// it; the other commands administer a lease table on a real database.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitError       = 1   // the command failed (database, missing table, unknown key...)
+	exitUsage       = 2   // bad flags or arguments: nothing was done
+	exitInterrupted = 130 // Ctrl-C during the demo
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// env is what the commands take from the process: the output streams and
+// the environment (DATABASE_URL). Tests give their own.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// run executes the command line args and returns the exit code. Every error
+// is printed here, as one line on stderr starting with "pglease: ".
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &env{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, errorLine(err))
+	var ue usageError
+	switch {
+	case errors.As(err, &ue) || isCobraUsageError(err):
+		return exitUsage
+	case errors.Is(err, errInterrupted):
+		return exitInterrupted
+	}
+	return exitError
+}
+
+// usageError marks bad flags or arguments (exit code 2).
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+var errInterrupted = errors.New("interrupted")
+
+// isCobraUsageError recognises the errors cobra itself returns for an
+// unknown command (flag errors go through SetFlagErrorFunc).
+func isCobraUsageError(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "unknown command") || strings.HasPrefix(msg, "unknown flag") ||
+		strings.HasPrefix(msg, "unknown shorthand flag") || strings.Contains(msg, "arg(s), received")
+}
+
+// errorLine renders err as a single line with exactly one "pglease: " prefix.
+func errorLine(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	for strings.HasPrefix(msg, "pglease: ") {
+		msg = strings.TrimPrefix(msg, "pglease: ")
+	}
+	return "pglease: " + msg
+}
+
+func newRootCmd(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pglease",
+		Short: "PostgreSQL leases: the incident demo and admin commands",
+		Long: `pglease is the command-line tool of the pglease library.
+
+  pglease demo      reproduce the pooled advisory-lock incident and its fixes
+                    (starts a throw-away PostgreSQL when no database is given)
+  pglease migrate   create or upgrade the lease table
+  pglease list      show the leases
+  pglease watch     show the leases, refreshed until Ctrl-C
+  pglease release   end a lease by force (--force), moving its fence on
+
+Admin commands connect to --database-url, or to $DATABASE_URL.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version(),
+	}
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.AddCommand(
+		newDemoCmd(e),
+		newMigrateCmd(e),
+		newListCmd(e),
+		newWatchCmd(e),
+		newReleaseCmd(e),
+		newVersionCmd(e),
+	)
+	return root
+}
+
+// noArgs is cobra.NoArgs as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args)
+	}
+	return nil
+}
