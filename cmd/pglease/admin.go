@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/spf13/cobra"
 
@@ -49,6 +50,9 @@ func (f *dbFlags) open(ctx context.Context, e *env) (*sql.DB, error) {
 }
 
 func openDB(ctx context.Context, url string) (*sql.DB, error) {
+	if _, err := pgx.ParseConfig(url); err != nil {
+		return nil, usagef("invalid database URL: %v", err)
+	}
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)

@@ -307,7 +307,7 @@ func printDemoJSON(w io.Writer, cfg *demoConfig, results []result, svg string) e
 			"replicas": cfg.replicas, "pool_size": cfg.poolSize, "jobs": cfg.jobs,
 			"duration": cfg.duration.String(), "tick": cfg.tick.String(),
 			"conn_lifetime": cfg.connLifetime.String(), "lease_duration": cfg.leaseDuration.String(),
-			"seed": cfg.seed,
+			"seed": cfg.seed, "lease_table": cfg.leaseTable, "result_table": strings.Trim(cfg.resultTable, `"`),
 		},
 		Scenarios: results,
 		Timeline:  svg,

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	ctx := testCtx(t)
+	table := pgtest.Table(t)
+	db := pgtest.SQL(t, 2)
+	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	for i := range 2 {
+		r := cli(t, ctx, env, "migrate", "--table", table)
+		if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, table) || !strings.Contains(r.stdout, "schema version") {
+			t.Fatalf("migrate #%d: code %d stdout %q stderr %q", i+1, r.code, r.stdout, r.stderr)
+		}
+	}
+	if !tableExists(t, db, table) {
+		t.Fatal("migrate did not create the table")
+	}
+	// The flag wins over the environment.
+	table2 := pgtest.Table(t)
+	r := cli(t, ctx, map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x"},
+		"migrate", "--table", table2, "--database-url", pgtest.URL())
+	if r.code != 0 || !tableExists(t, db, table2) {
+		t.Fatalf("migrate with --database-url: code %d stderr %q", r.code, r.stderr)
+	}
+}
+
+// leaseFixture: a migrated table with three rows: "held" (held by a live
+// Locker), "released" (unlocked) and "expired" (made to expire in SQL).
+type leaseFixture struct {
+	table  string
+	env    map[string]string
+	locker *pglease.Locker
+	held   *pglease.Lease
+}
+
+func newLeaseFixture(t *testing.T) *leaseFixture {
+	t.Helper()
+	ctx := testCtx(t)
+	f := &leaseFixture{table: pgtest.Table(t), env: map[string]string{"DATABASE_URL": pgtest.URL()}}
+	db := pgtest.SQL(t, 4)
+	if err := pglease.Migrate(ctx, db, pglease.WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := pglease.New(db, pglease.WithTable(f.table), pglease.WithHolder("worker-1"),
+		pglease.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	f.locker = l
+	for _, k := range []string{"held", "released", "expired"} {
+		le, err := l.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch k {
+		case "held":
+			f.held = le
+		case "released":
+			if err := le.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case "expired":
+			if _, err := db.ExecContext(ctx, `UPDATE "`+f.table+`" SET acquired_at = acquired_at - interval '2 minutes',
+				expires_at = acquired_at - interval '1 minute' WHERE key = 'expired'`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return f
+}
+
+func listJSON(t *testing.T, f *leaseFixture) map[string]leaseJSON {
+	t.Helper()
+	r := cli(t, testCtx(t), f.env, "list", "--json", "--table", f.table)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("list --json: code %d stderr %q", r.code, r.stderr)
+	}
+	var ls []leaseJSON
+	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil {
+		t.Fatalf("list --json is not a JSON array of leases: %v\n%s", err, r.stdout)
+	}
+	m := map[string]leaseJSON{}
+	for _, l := range ls {
+		m[l.Key] = l
+	}
+	if len(m) != len(ls) {
+		t.Fatalf("duplicate keys in %s", r.stdout)
+	}
+	return m
+}
+
+func TestList(t *testing.T) {
+	f := newLeaseFixture(t)
+	r := cli(t, testCtx(t), f.env, "list", "--table", f.table)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("list: code %d stderr %q", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want a header and 3 rows, got:\n%s", r.stdout)
+	}
+	for _, col := range []string{"KEY", "HOLDER", "FENCE", "ACQUIRED AT", "EXPIRES"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("header %q lacks %q", lines[0], col)
+		}
+	}
+	want := map[string]string{"expired": "expired ", "held": "in ", "released": "released"}
+	for i, key := range []string{"expired", "held", "released"} { // ordered by key
+		fields := strings.Fields(lines[i+1])
+		if len(fields) < 5 || fields[0] != key || fields[1] != "worker-1" || fields[2] != "1" {
+			t.Errorf("row %d: %q", i+1, lines[i+1])
+		}
+		if !strings.Contains(lines[i+1], want[key]) {
+			t.Errorf("row %q should say %q", lines[i+1], want[key])
+		}
+	}
+
+	m := listJSON(t, f)
+	for key, state := range map[string]string{"held": "held", "released": "released", "expired": "expired"} {
+		l, ok := m[key]
+		switch {
+		case !ok:
+			t.Errorf("%s missing from JSON", key)
+		case l.State != state || l.Holder != "worker-1" || l.Fence != 1:
+			t.Errorf("%s: %+v", key, l)
+		case state == "released" && l.ReleasedAt == nil, state != "released" && l.ReleasedAt != nil:
+			t.Errorf("%s: released_at %v", key, l.ReleasedAt)
+		case state == "held" && l.ExpiresInMS <= 0, state == "expired" && l.ExpiresInMS >= 0:
+			t.Errorf("%s: expires_in_ms %d", key, l.ExpiresInMS)
+		}
+	}
+}
+
+func TestListEmptyAndMissingTable(t *testing.T) {
+	ctx := testCtx(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	table := pgtest.Table(t)
+	db := pgtest.SQL(t, 1)
+
+	// Missing table: an error that suggests migrate, and nothing created.
+	for _, args := range [][]string{
+		{"list"}, {"list", "--json"}, {"watch"}, {"release", "--force", "k"},
+	} {
+		r := cli(t, ctx, env, append(args, "--table", table)...)
+		wantError(t, r, exitError, "does not exist", "pglease migrate --table "+table)
+	}
+	if tableExists(t, db, table) {
+		t.Fatal("a failed command created the table")
+	}
+
+	if r := cli(t, ctx, env, "migrate", "--table", table); r.code != 0 {
+		t.Fatalf("migrate: %q", r.stderr)
+	}
+	r := cli(t, ctx, env, "list", "--table", table)
+	if r.code != 0 || !strings.Contains(r.stdout, "no leases") {
+		t.Errorf("empty list: code %d stdout %q", r.code, r.stdout)
+	}
+	r = cli(t, ctx, env, "list", "--json", "--table", table)
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("empty list --json: code %d stdout %q", r.code, r.stdout)
+	}
+}
+
+func TestReleaseForce(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+
+	// Without --force: refused, exit 2, nothing changed.
+	r := cli(t, ctx, f.env, "release", "--table", f.table, "held")
+	wantError(t, r, exitUsage, "--force", `"held"`)
+	if l := listJSON(t, f)["held"]; l.State != "held" || l.Fence != 1 {
+		t.Fatalf("release without --force changed the lease: %+v", l)
+	}
+
+	// Unknown key: exit 1, nothing changed.
+	r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, "no-such-key")
+	wantError(t, r, exitError, `no lease with key "no-such-key"`)
+	if len(listJSON(t, f)) != 3 {
+		t.Fatal("release of an unknown key added a row")
+	}
+
+	// With --force: evicts the holder, moves the fence on.
+	r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, "held")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("release --force: code %d stderr %q", r.code, r.stderr)
+	}
+	for _, w := range []string{`"held"`, `evicted holder "worker-1"`, "live lease", "fence 1 -> 2"} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("release output %q lacks %q", r.stdout, w)
+		}
+	}
+	if l := listJSON(t, f)["held"]; l.State != "released" || l.Fence != 2 {
+		t.Errorf("after release --force: %+v", l)
+	}
+	// The evicted holder's Unlock reports the loss and changes nothing.
+	if err := f.held.Unlock(ctx); !errors.Is(err, pglease.ErrLeaseLost) {
+		t.Errorf("evicted holder's Unlock: %v, want ErrLeaseLost", err)
+	}
+	// The next claim gets a higher fence still.
+	le, err := f.locker.Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if le.Fence() != 3 {
+		t.Errorf("next claim's fence %d, want 3", le.Fence())
+	}
+	_ = le.Unlock(ctx)
+
+	// An already released lease: works, and says it was not live.
+	r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, "released")
+	if r.code != 0 || !strings.Contains(r.stdout, "already expired or released") || !strings.Contains(r.stdout, "fence 1 -> 2") {
+		t.Errorf("release --force of a released lease: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	f := newLeaseFixture(t)
+	ctx, cancel := context.WithTimeout(testCtx(t), 1500*time.Millisecond)
+	defer cancel()
+	r := cli(t, ctx, f.env, "watch", "--interval", "100ms", "--table", f.table)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("watch: code %d stderr %q", r.code, r.stderr)
+	}
+	frames := strings.Split(r.stdout, clearScreen)
+	if len(frames) < 2 || frames[0] != "" {
+		t.Fatalf("watch should redraw after a clear-screen sequence, got %q", r.stdout)
+	}
+	last := frames[len(frames)-1]
+	for _, w := range []string{"KEY", "held", "released", "expired", "worker-1", f.table} {
+		if !strings.Contains(last, w) {
+			t.Errorf("watch frame lacks %q:\n%s", w, last)
+		}
+	}
+}

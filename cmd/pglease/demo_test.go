@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// TestDemo runs a short demo against the test server. It asserts the
+// outcome that does not depend on timing: pglease never lets two replicas
+// run the same job, and the naive lock's unlocks land on connections that
+// do not hold the lock. (The naive double executions need pool churn and
+// are likely but not asserted.)
+func TestDemo(t *testing.T) {
+	out := t.TempDir()
+	r := cli(t, testCtx(t), nil, "demo", "--database-url", pgtest.URL(),
+		"--replicas", "3", "--jobs", "2", "--duration", "3s", "--tick", "200ms", "--conn-lifetime", "300ms",
+		"--json", "--out", out)
+	if r.code != 0 {
+		t.Fatalf("demo: code %d stderr:\n%s", r.code, r.stderr)
+	}
+	var got struct {
+		Settings  map[string]any `json:"settings"`
+		Scenarios []struct {
+			Scenario         string `json:"scenario"`
+			Title            string `json:"title"`
+			Runs             int    `json:"runs"`
+			DoubleExecutions int    `json:"double_executions"`
+			UnlockWarnings   int64  `json:"unlock_warnings"`
+			PinnedPeak       int64  `json:"pinned_peak"`
+			LeaseLosses      *int64 `json:"lease_losses"`
+			StaleRejected    *int64 `json:"stale_rejected"`
+			OverlapWrites    int64  `json:"overlap_writes"`
+		} `json:"scenarios"`
+		Timeline string `json:"timeline_svg"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("demo --json: %v\n%s", err, r.stdout)
+	}
+	if len(got.Scenarios) != 3 {
+		t.Fatalf("want 3 scenarios, got %d:\n%s", len(got.Scenarios), r.stdout)
+	}
+	for i, id := range []string{"naive", "pinned", "pglease"} {
+		s := got.Scenarios[i]
+		if s.Scenario != id || s.Title == "" {
+			t.Errorf("scenario %d: %q (%q), want %q", i, s.Scenario, s.Title, id)
+		}
+		if s.Runs == 0 {
+			t.Errorf("%s: no job ran", id)
+		}
+	}
+	naive, pinned, leased := got.Scenarios[0], got.Scenarios[1], got.Scenarios[2]
+	if naive.UnlockWarnings == 0 {
+		t.Errorf("naive: no \"you don't own a lock\" warning: %+v", naive)
+	}
+	if pinned.UnlockWarnings != 0 || pinned.DoubleExecutions != 0 || pinned.PinnedPeak == 0 {
+		t.Errorf("pinned: %+v", pinned)
+	}
+	if leased.DoubleExecutions != 0 || leased.UnlockWarnings != 0 || leased.PinnedPeak != 0 || leased.OverlapWrites != 0 {
+		t.Errorf("pglease: %+v", leased)
+	}
+	// Only pglease can signal a loss and reject a stale write.
+	if naive.LeaseLosses != nil || naive.StaleRejected != nil || leased.LeaseLosses == nil || leased.StaleRejected == nil {
+		t.Errorf("which scenarios can signal losses / reject writes: naive %+v, pglease %+v", naive, leased)
+	}
+	t.Logf("naive: %d runs, %d double executions, %d warnings", naive.Runs, naive.DoubleExecutions, naive.UnlockWarnings)
+
+	// The timeline: in --out, well-formed XML, an <svg> root.
+	if filepath.Dir(got.Timeline) != out {
+		t.Errorf("timeline %q not in --out %q", got.Timeline, out)
+	}
+	if !strings.Contains(r.stderr, "[3/3] pglease") {
+		t.Errorf("no progress line on stderr:\n%s", r.stderr)
+	}
+	checkSVG(t, got.Timeline)
+
+	// The demo's tables are gone.
+	db := pgtest.SQL(t, 1)
+	for _, k := range []string{"lease_table", "result_table"} {
+		name, _ := got.Settings[k].(string)
+		if name == "" || tableExists(t, db, name) {
+			t.Errorf("demo table %s %q left behind (or not reported)", k, name)
+		}
+	}
+}
+
+func checkSVG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := xml.NewDecoder(f)
+	root, rects := "", 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("timeline is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+			}
+			if se.Name.Local == "rect" {
+				rects++
+			}
+		}
+	}
+	if root != "svg" || rects < 10 {
+		t.Errorf("timeline: root <%s>, %d rects", root, rects)
+	}
+}
