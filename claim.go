@@ -18,6 +18,11 @@ import (
 // with the same Locker or not — get one winner and one ErrAlreadyLocked.
 // The lease does not inherit ctx's cancellation: it lives until Unlock.
 //
+// Lock waits only in one case: the key's lease has expired while its holder
+// has a fenced transaction open (see Guard); the claim then waits for that
+// transaction to end. If that wait outlasts the lease duration, the claim is
+// released again and Lock returns an error wrapping ErrAlreadyLocked.
+//
 // If ctx ends while the claim is in flight, Lock returns the error and
 // releases, in the background, whatever the claim may have taken.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
@@ -55,8 +60,10 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	if !time.Now().Before(le.Deadline()) {
 		le.timer.Stop()
 		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
-		return nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released",
-			key, time.Since(sentAt).Round(time.Millisecond))
+		// It waited that long for a fenced transaction of the previous
+		// holder: the key was busy, and the reply came too late to trust.
+		return nil, fmt.Errorf("%w: lock %q: the claim took %v (it waited for the previous holder's fenced transaction), past the local safety deadline; released",
+			ErrAlreadyLocked, key, time.Since(sentAt).Round(time.Millisecond))
 	}
 	if !l.add(le) {
 		le.timer.Stop()

@@ -160,3 +160,6 @@ func (b pgxBackend) inTx(ctx context.Context, fn func(backend) error) error {
 	}
 	return tx.Commit(ctx)
 }
+
+// sqlTime scans a timestamptz from any driver.
+type sqlTime = sql.NullTime

@@ -173,3 +173,9 @@ func (le *Lease) endUnlock(state leaseState) {
 	le.cancel(ErrUnlocked)
 	le.locker.remove(le)
 }
+
+func (le *Lease) snapshotState() (leaseState, error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.state, le.err
+}

@@ -24,6 +24,15 @@ import "strings"
 // same condition on the latest row version under its row lock (authoritative
 // under concurrency).
 //
+// Listing the key column in SET (to its own value: the update stays HOT)
+// makes ON CONFLICT lock the row in the strongest mode, FOR UPDATE, which
+// conflicts with the FOR KEY SHARE lock a fenced transaction holds
+// (guardSQL): a takeover waits for the holder's open fenced transactions to
+// end. Renew and release touch no key column and are not held up by them.
+//
+// A takeover may wait for that lock; the new expiry is therefore computed
+// with clock_timestamp() when the row is written, not at statement start.
+//
 // The row is never deleted: releasing sets released_at, so the fence keeps
 // counting up across releases (invariant 2).
 const claimSQL = `
@@ -42,6 +51,7 @@ claimed AS (
 	FROM now
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (key) DO UPDATE SET
+		key         = EXCLUDED.key, -- see below: makes the row lock FOR UPDATE
 		holder      = EXCLUDED.holder,
 		token       = EXCLUDED.token,
 		fence       = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
@@ -49,8 +59,8 @@ claimed AS (
 		               THEN l.fence ELSE l.fence + 1 END,
 		acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
 		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at
-		               THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
-		expires_at  = EXCLUDED.expires_at,
+		               THEN l.acquired_at ELSE clock_timestamp() END,
+		expires_at  = clock_timestamp() + $4::bigint * interval '1 microsecond',
 		released_at = NULL
 	WHERE l.released_at IS NOT NULL
 	   OR l.expires_at <= EXCLUDED.acquired_at
@@ -66,38 +76,22 @@ SELECT false, fence, expires_at, holder FROM cur`
 //
 //	$1 jsonb array of {"k": key, "f": fence}, $2 holder, $3 duration in µs
 //
-// Result rows: (key, fence, expires_at, renewed). renewed=false marks a lease
-// that is valid but whose row is locked by a transaction (a fenced
-// transaction, see Guard): it cannot be taken over while that lock is held,
-// and it is retried at the next beat. A listed lease missing from the result
-// is gone: expired, released or taken over.
+// Result rows: (key, fence, expires_at) of the leases renewed. A listed
+// lease missing from the result is gone: expired, released or taken over.
 //
-// SKIP LOCKED keeps one busy row from stalling the renewal of all the others.
+// The UPDATE touches no key column, so it takes a FOR NO KEY UPDATE row lock,
+// which does not conflict with the FOR KEY SHARE lock of a fenced transaction
+// (guardSQL): the holder's own renew is never blocked by its fenced work.
 const renewSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 want AS (
 	SELECT r.k, r.f FROM jsonb_to_recordset($1::jsonb) AS r(k text, f bigint)
-),
-valid AS (
-	SELECT l.key FROM {T} AS l JOIN want ON l.key = want.k AND l.fence = want.f, now
-	WHERE l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
-),
-mine AS (
-	SELECT l.key FROM {T} AS l JOIN want ON l.key = want.k AND l.fence = want.f, now
-	WHERE l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
-	FOR NO KEY UPDATE OF l SKIP LOCKED
-),
-renewed AS (
-	UPDATE {T} AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
-	FROM mine, now
-	WHERE l.key = mine.key
-	RETURNING l.key, l.fence, l.expires_at
 )
-SELECT key, fence, expires_at, true FROM renewed
-UNION ALL
-SELECT l.key, l.fence, l.expires_at, false
-FROM {T} AS l JOIN valid ON l.key = valid.key
-WHERE l.key NOT IN (SELECT key FROM mine)`
+UPDATE {T} AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
+FROM want, now
+WHERE l.key = want.k AND l.fence = want.f AND l.holder = $2
+  AND l.released_at IS NULL AND l.expires_at > now.ts
+RETURNING l.key, l.fence, l.expires_at`
 
 // releaseSQL ends one lease, scoped to key, holder and fence, and only if it
 // has not expired: a late Unlock of an earlier run touches nothing. The row
@@ -145,6 +139,36 @@ UPDATE {T} AS l SET released_at = clock_timestamp(), fence = l.fence + 1
 FROM old WHERE l.key = old.key
 RETURNING old.holder, old.fence, l.fence, old.live`
 
+// guardSQL checks, inside the caller's transaction, that the lease is still
+// held (same key, holder and fence, not released, not expired on the server
+// clock) and locks its row FOR KEY SHARE until that transaction ends. No
+// claim can take the key over while the lock is held (claimSQL waits for it),
+// so writes made in the transaction exclude every other holder's fenced
+// transactions. The holder's renew and release are not blocked by it.
+//
+//	$1 key, $2 holder, $3 fence
+const guardSQL = `
+SELECT expires_at FROM {T}
+WHERE key = $1 AND holder = $2 AND fence = $3
+  AND released_at IS NULL AND expires_at > clock_timestamp()
+FOR KEY SHARE`
+
+// fenceAdvanceSQL records fence as the highest seen for resource, unless a
+// higher one was seen already: then it returns no row. The same fence may
+// pass any number of times (a job writes many times under one lease); an
+// older one never does. The guard row stays locked until the caller's
+// transaction ends, so writes to one resource are serialised in fence order.
+//
+//	$1 resource, $2 fence
+const fenceAdvanceSQL = `
+INSERT INTO {F} AS g (resource, fence, updated_at) VALUES ($1, $2, clock_timestamp())
+ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, updated_at = EXCLUDED.updated_at
+WHERE g.fence <= EXCLUDED.fence
+RETURNING g.fence`
+
+// fenceCurrentSQL reads a resource's highest fence (for error messages).
+const fenceCurrentSQL = `SELECT fence FROM {F} WHERE resource = $1`
+
 // listSQL lists every lease row with its state on the server clock.
 const listSQL = `
 SELECT key, holder, fence, acquired_at, expires_at, released_at,
@@ -185,13 +209,20 @@ var migrations = []string{
 	released_at timestamptz,
 	CONSTRAINT lease_validity CHECK (expires_at > acquired_at)
 ) WITH (fillfactor = 70)`,
+	// v2: the fence-guard table (FenceGuard): the highest fence accepted
+	// per downstream resource.
+	`CREATE TABLE IF NOT EXISTS {F} (
+	resource   text        PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 512),
+	fence      bigint      NOT NULL CHECK (fence > 0),
+	updated_at timestamptz NOT NULL
+)`,
 }
 
 // statements are the SQL texts bound to one table.
 type statements struct {
 	claim, renew, release, releaseMany, abandon, forceRelease, list string
 	versionTable, currentVersion, recordVersion                     string
-	guardLease                                                      string
+	guard, fenceAdvance, fenceCurrent                               string
 }
 
 func (t table) bind(sql string) string {
@@ -210,5 +241,8 @@ func (t table) statements() statements {
 		versionTable:   t.bind(versionTableSQL),
 		currentVersion: t.bind(currentVersionSQL),
 		recordVersion:  t.bind(recordVersionSQL),
+		guard:          t.bind(guardSQL),
+		fenceAdvance:   t.bind(fenceAdvanceSQL),
+		fenceCurrent:   t.bind(fenceCurrentSQL),
 	}
 }

@@ -12,8 +12,6 @@ import (
 // extends all of them. Per lease, the outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
-//   - busy (valid, row locked by a fenced transaction): nothing changes, the
-//     next beat retries;
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
 //   - the statement failed (network, server down): WARN, retried next beat;
 //     if no beat succeeds before the local deadline, the lease's timer
@@ -71,7 +69,6 @@ func encodeKeyFences(leases []*Lease) string {
 type renewResult struct {
 	fence     int64
 	expiresAt time.Time
-	renewed   bool
 }
 
 func (l *Locker) renewOnce(batch []*Lease) {
@@ -89,7 +86,7 @@ func (l *Locker) renewOnce(batch []*Lease) {
 				key string
 				r   renewResult
 			)
-			if err := scan(&key, &r.fence, &r.expiresAt, &r.renewed); err != nil {
+			if err := scan(&key, &r.fence, &r.expiresAt); err != nil {
 				return err
 			}
 			got[key] = r
@@ -104,14 +101,9 @@ func (l *Locker) renewOnce(batch []*Lease) {
 		return
 	}
 	for _, le := range batch {
-		r, ok := got[le.key]
-		switch {
-		case ok && r.fence == le.fence && r.renewed:
+		if r, ok := got[le.key]; ok && r.fence == le.fence {
 			le.renewed(sentAt, r.expiresAt)
-		case ok && r.fence == le.fence:
-			l.log.Debug("pglease: lease row busy (fenced transaction), renew retried next beat",
-				"key", le.key, "fence", le.fence)
-		default:
+		} else {
 			le.lose("renew found the lease expired, released or taken over")
 		}
 	}

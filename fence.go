@@ -1,0 +1,144 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrStaleFence: a FenceGuard saw a higher fence for the resource already;
+// the write comes from a holder that was superseded and must be rolled back.
+var ErrStaleFence = errors.New("pglease: stale fence")
+
+// StaleFenceError is the error (wrapping ErrStaleFence) FenceGuard returns.
+type StaleFenceError struct {
+	Resource string
+	Fence    int64 // the fence presented
+	Current  int64 // the highest fence accepted so far
+}
+
+func (e *StaleFenceError) Error() string {
+	return fmt.Sprintf("pglease: stale fence %d for resource %q (fence %d already accepted)", e.Fence, e.Resource, e.Current)
+}
+
+// Is makes errors.Is(err, ErrStaleFence) true.
+func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence }
+
+// Guard makes tx a fenced transaction: in one statement (guardSQL) it checks
+// that the lease is still held — same key, holder and fence, not released,
+// not expired on the server's clock — and locks the lease row until tx ends.
+// If the lease is gone it returns an error wrapping ErrLeaseLost: roll back.
+//
+// Guarantee: while tx is open no other holder can claim the key (a claim
+// waits for tx to end, then gets a higher fence), so the writes tx makes
+// after Guard are mutually exclusive with every other holder's fenced
+// transactions — true exclusion, not a time window — provided tx is in the
+// same database as the lease table. The holder's own renewals and Unlock are
+// not blocked by the lock. Keep fenced transactions short: a takeover after
+// expiry waits for them.
+//
+// Guard uses tx's connection only; nothing is kept after tx ends. Use
+// GuardPgx for a pgx.Tx.
+func (le *Lease) Guard(ctx context.Context, tx *sql.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
+	}
+	return le.guard(ctx, sqlBackend{tx})
+}
+
+// GuardPgx is Guard for a pgx transaction.
+func (le *Lease) GuardPgx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("%w: nil pgx.Tx", ErrInvalidOption)
+	}
+	return le.guard(ctx, pgxBackend{tx})
+}
+
+func (le *Lease) guard(ctx context.Context, b backend) error {
+	if st, err := le.snapshotState(); st == stateLost {
+		return err
+	}
+	l := le.locker
+	var exp sqlTime
+	err := b.queryRow(ctx, l.sql.guard, []any{le.key, l.holder, le.fence}, &exp)
+	switch {
+	case errors.Is(err, errNoRows):
+		return &LostError{Key: le.key, Holder: l.holder, Fence: le.fence,
+			Reason: "fenced transaction: the lease is no longer held (expired, released or taken over)"}
+	case err != nil:
+		return l.table.wrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
+	}
+	return nil
+}
+
+// FenceGuard protects a resource that is written outside the lease's
+// transaction (another table, another database) against stale holders: it
+// records the highest fence seen per resource name, in a small table (created
+// by Migrate next to the lease table: <table>_fences), and rejects older
+// fences with ErrStaleFence.
+//
+// Semantics: a fence equal to the highest seen passes (a job writes many
+// times under one lease); a lower one never does. Check runs inside the
+// caller's transaction on the resource's database and keeps the guard row
+// locked until it ends, so the check and the write commit together and
+// writes to one resource are applied in fence order. That database needs the
+// migrated fence table (run Migrate against it with the same WithTable).
+//
+// For a table of your own, the same guarantee is one condition in your
+// UPDATE: `UPDATE t SET ..., last_fence = $f WHERE id = $id AND last_fence <= $f`
+// — zero rows updated means a newer holder already wrote: roll back.
+type FenceGuard struct {
+	table table
+	sql   statements
+}
+
+// NewFenceGuard returns a FenceGuard; only WithTable among the options matters.
+func NewFenceGuard(opts ...Option) (*FenceGuard, error) {
+	_, t, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &FenceGuard{table: t, sql: t.statements()}, nil
+}
+
+// Check records fence for resource in tx, or returns an error wrapping
+// ErrStaleFence (a *StaleFenceError) if a higher fence was accepted already.
+func (g *FenceGuard) Check(ctx context.Context, tx *sql.Tx, resource string, fence int64) error {
+	if tx == nil {
+		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
+	}
+	return g.check(ctx, sqlBackend{tx}, resource, fence)
+}
+
+// CheckPgx is Check for a pgx transaction.
+func (g *FenceGuard) CheckPgx(ctx context.Context, tx pgx.Tx, resource string, fence int64) error {
+	if tx == nil {
+		return fmt.Errorf("%w: nil pgx.Tx", ErrInvalidOption)
+	}
+	return g.check(ctx, pgxBackend{tx}, resource, fence)
+}
+
+func (g *FenceGuard) check(ctx context.Context, b backend, resource string, fence int64) error {
+	if err := checkKey(resource); err != nil {
+		return fmt.Errorf("pglease: fence guard resource: %w", err)
+	}
+	if fence <= 0 {
+		return fmt.Errorf("%w: fence %d (fences start at 1)", ErrInvalidOption, fence)
+	}
+	var got int64
+	err := b.queryRow(ctx, g.sql.fenceAdvance, []any{resource, fence}, &got)
+	if errors.Is(err, errNoRows) {
+		var cur int64
+		if err := b.queryRow(ctx, g.sql.fenceCurrent, []any{resource}, &cur); err != nil && !errors.Is(err, errNoRows) {
+			return g.table.wrapDB("fence guard", err)
+		}
+		return &StaleFenceError{Resource: resource, Fence: fence, Current: cur}
+	}
+	if err != nil {
+		return g.table.wrapDB(fmt.Sprintf("fence guard %q", resource), err)
+	}
+	return nil
+}

@@ -1,0 +1,427 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+func (f *fixture) fenceGuard() *FenceGuard {
+	g, err := NewFenceGuard(WithTable(f.table))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return g
+}
+
+// guardedWrite writes to a resource through a FenceGuard, in one transaction.
+func guardedWrite(c context.Context, db *sql.DB, g *FenceGuard, resource string, fence int64) error {
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := g.Check(c, tx, resource, fence); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// A holds the lease, stops renewing (paused), the lease expires, B claims it
+// with fence+1: A's fenced transaction and A's guarded write are rejected,
+// B's succeed.
+func TestStaleHolderIsFencedOut(t *testing.T) {
+	f := newFixture(t)
+	dbA, dbB := pgtest.SQL(t, 3), pgtest.SQL(t, 3)
+	a := f.locker(dbA, WithLeaseDuration(2*time.Second))
+	b := f.locker(dbB, WithLeaseDuration(2*time.Second))
+	g := f.fenceGuard()
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guardedWrite(c, dbA, g, "report.csv", la.Fence()); err != nil {
+		t.Fatalf("A's write while holding: %v", err)
+	}
+	if err := guardedWrite(c, dbA, g, "report.csv", la.Fence()); err != nil {
+		t.Fatalf("A's second write under the same fence must pass: %v", err)
+	}
+	f.expire("job") // A's process "paused" past its lease
+	lb, err := b.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb.Fence() != la.Fence()+1 {
+		t.Fatalf("B's fence %d", lb.Fence())
+	}
+	if err := guardedWrite(c, dbB, g, "report.csv", lb.Fence()); err != nil {
+		t.Fatalf("B's guarded write: %v", err)
+	}
+	// A resumes, unaware: both its fenced transaction and its guarded write fail.
+	tx, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Straight to the server check, whatever A's renewer has noticed meanwhile.
+	var exp sql.NullTime
+	if err := tx.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("guard statement for a superseded fence: %v", err)
+	}
+	if err := la.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("A's fenced transaction: %v", err)
+	}
+	_ = tx.Rollback()
+	err = guardedWrite(c, dbA, g, "report.csv", la.Fence())
+	var stale *StaleFenceError
+	if !errors.Is(err, ErrStaleFence) || !errors.As(err, &stale) || stale.Current != lb.Fence() {
+		t.Fatalf("A's guarded write: %v", err)
+	}
+	// B's fenced transaction works, with pgx too.
+	pool := pgtest.Pgx(t, 2)
+	ptx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.GuardPgx(c, ptx); err != nil {
+		t.Fatalf("B's fenced pgx transaction: %v", err)
+	}
+	if err := g.CheckPgx(c, ptx, "report.csv", lb.Fence()); err != nil {
+		t.Fatal(err)
+	}
+	if err := ptx.Commit(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.GuardPgx(c, nil); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("nil tx: %v", err)
+	}
+	if err := g.Check(c, nil, "r", 1); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("nil tx: %v", err)
+	}
+	tx2, _ := dbA.BeginTx(c, nil)
+	defer tx2.Rollback()
+	if err := g.Check(c, tx2, "r", 0); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("fence 0: %v", err)
+	}
+	if err := g.Check(c, tx2, "", 1); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("empty resource: %v", err)
+	}
+}
+
+// waitForLockWaiter waits until some backend of the test database waits on a
+// row lock: the event that B's claim is blocked.
+func waitForLockWaiter(t *testing.T, admin *sql.DB, table string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		err := admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND query LIKE '%claimed AS%'`, table).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+}
+
+// A opens a fenced transaction just before expiry; B's claim waits until A
+// commits, then succeeds with a higher fence. Meanwhile A's own renewals are
+// not blocked by A's transaction.
+func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
+	f := newFixture(t)
+	dbA := pgtest.SQL(t, 3)
+	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	b := f.replica(2, WithLeaseDuration(time.Second))
+	c := ctx(t)
+	if _, err := f.admin.Exec(`CREATE TABLE "` + f.table + `_data" (v int)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.admin.Exec(`DROP TABLE "` + f.table + `_data"`) })
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := la.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	// The holder's renewer is not blocked by its own fenced transaction.
+	for i := 0; i < 3; i++ {
+		before := la.ExpiresAt()
+		waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+	}
+	if la.Err() != nil {
+		t.Fatal(la.Err())
+	}
+	f.expire("job") // the lease runs out while the transaction is open
+	type result struct {
+		le  *Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		le, err := b.Lock(c, "job")
+		done <- result{le, err}
+	}()
+	waitForLockWaiter(t, f.admin, f.table)
+	select {
+	case r := <-done:
+		t.Fatalf("B's claim returned while A's fenced transaction was open: %v", r.err)
+	default:
+	}
+	if _, err := tx.Exec(`INSERT INTO "` + f.table + `_data" VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.le.Fence() != la.Fence()+1 {
+		t.Fatalf("B after A's commit: %v", r.err)
+	}
+}
+
+// Releasing while a fenced transaction is open does not open the key: the
+// next claim still waits for the transaction. The release itself is not
+// blocked (no self-deadlock).
+func TestUnlockDuringFencedTransaction(t *testing.T) {
+	f := newFixture(t)
+	dbA := pgtest.SQL(t, 3)
+	a := f.locker(dbA)
+	b := f.replica(2)
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := la.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	uctx, cancel := context.WithTimeout(c, 10*time.Second)
+	defer cancel()
+	if err := la.Unlock(uctx); err != nil {
+		t.Fatalf("Unlock under its own fenced transaction: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(c, "job")
+		done <- err
+	}()
+	waitForLockWaiter(t, f.admin, f.table)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The stress proof: replicas with their own pools, short leases, forced
+// pauses (a holder stops, unaware, for longer than its lease), each doing
+// read-modify-write increments of a counter. Fenced, the counter equals the
+// accepted increments and no older fence is ever accepted; unfenced, the same
+// run loses updates — so the test can fail, and fencing is the difference.
+func TestFencingStress(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.admin.Exec(`CREATE TABLE "` + f.table + `_counter" (mode text PRIMARY KEY, value bigint NOT NULL, last_fence bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.admin.Exec(`DROP TABLE "` + f.table + `_counter"`) })
+	for _, mode := range []string{"guard", "fenceguard", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			st := runCounterStress(t, f, mode)
+			t.Logf("%s: increments accepted %d, rejected %d, final counter %d, lost updates %d, pauses %d, stale fences accepted %d",
+				mode, st.accepted, st.rejected, st.final, st.accepted-st.final, st.pauses, st.staleAccepted)
+			if mode == "none" {
+				if st.final >= st.accepted || st.staleAccepted == 0 {
+					t.Fatalf("without fencing the run should lose updates and accept stale writes: counter %d, accepted %d, stale %d",
+						st.final, st.accepted, st.staleAccepted)
+				}
+				return
+			}
+			if st.final != st.accepted || st.staleAccepted != 0 {
+				t.Fatalf("%s: counter %d != accepted %d, or stale fences accepted %d", mode, st.final, st.accepted, st.staleAccepted)
+			}
+			if st.rejected == 0 {
+				t.Fatalf("%s: no stale write was ever rejected: the pauses did not bite", mode)
+			}
+		})
+	}
+}
+
+type counterStats struct {
+	accepted, rejected, final, pauses, staleAccepted int64
+}
+
+func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
+	const replicas, workers = 3, 2
+	const lease = 300 * time.Millisecond
+	const pause = 2 * lease
+	c := ctx(t)
+	table := `"` + f.table + `_counter"`
+	if _, err := f.admin.ExecContext(c, `INSERT INTO `+table+` VALUES ($1, 0, 0)`, mode); err != nil {
+		t.Fatal(err)
+	}
+	g := f.fenceGuard()
+	var st counterStats
+	var failures atomic.Int64
+	key := "counter-" + mode
+	end := time.Now().Add(4 * time.Second)
+	maxEnd := time.Now().Add(30 * time.Second)
+	var wg sync.WaitGroup
+	var lostSeen atomic.Bool
+	for r := 0; r < replicas; r++ {
+		db := pgtest.SQL(t, 4)
+		l := f.locker(db, WithLeaseDuration(lease), WithHeartbeat(50*time.Millisecond))
+		// A pause stops the whole "process": its renewer too.
+		pb := &pausableBackend{backend: l.db, renewSQL: l.sql.renew}
+		l.db = pb
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(seed uint64) {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, 99))
+				for {
+					now := time.Now()
+					if now.After(maxEnd) || (now.After(end) && (mode != "none" || lostSeen.Load())) {
+						return
+					}
+					le, err := l.Lock(c, key)
+					if errors.Is(err, ErrAlreadyLocked) {
+						time.Sleep(time.Duration(1+rng.IntN(3)) * time.Millisecond)
+						continue
+					}
+					if err != nil {
+						failures.Add(1)
+						t.Errorf("lock: %v", err)
+						return
+					}
+					for i := 0; i < 3; i++ {
+						pauseAt := -1
+						if rng.IntN(4) == 0 {
+							pauseAt = rng.IntN(2) // 0: before the transaction, 1: between read and write
+							atomic.AddInt64(&st.pauses, 1)
+						}
+						ok, err := increment(c, db, le, g, mode, table, pauseAt, func() { pb.pause(pause) }, &st.staleAccepted)
+						switch {
+						case err != nil:
+							failures.Add(1)
+							t.Errorf("increment: %v", err)
+							return
+						case ok:
+							atomic.AddInt64(&st.accepted, 1)
+						default:
+							atomic.AddInt64(&st.rejected, 1)
+						}
+					}
+					_ = le.Unlock(context.Background())
+					if mode == "none" {
+						var v int64
+						_ = f.admin.QueryRowContext(c, `SELECT value FROM `+table+` WHERE mode = $1`, mode).Scan(&v)
+						if v < atomic.LoadInt64(&st.accepted) && atomic.LoadInt64(&st.staleAccepted) > 0 {
+							lostSeen.Store(true)
+						}
+					}
+				}
+			}(uint64(r*10 + w))
+		}
+	}
+	wg.Wait()
+	if err := f.admin.QueryRowContext(c, `SELECT value FROM `+table+` WHERE mode = $1`, mode).Scan(&st.final); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// increment does one read-modify-write; ok=false: rejected as stale.
+func increment(c context.Context, db *sql.DB, le *Lease, g *FenceGuard, mode, table string, pauseAt int, pause func(), staleAccepted *int64) (bool, error) {
+	if pauseAt == 0 {
+		pause() // paused, and not looking at Done
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	switch mode {
+	case "guard":
+		if err := le.Guard(c, tx); errors.Is(err, ErrLeaseLost) {
+			return false, nil
+		} else if err != nil {
+			return false, err
+		}
+	case "fenceguard":
+		if err := g.Check(c, tx, "counter", le.Fence()); errors.Is(err, ErrStaleFence) {
+			return false, nil
+		} else if err != nil {
+			return false, err
+		}
+	}
+	var v, last int64
+	if err := tx.QueryRowContext(c, `SELECT value, last_fence FROM `+table+` WHERE mode = $1`, mode).Scan(&v, &last); err != nil {
+		return false, err
+	}
+	if pauseAt == 1 {
+		pause()
+	}
+	res, err := tx.ExecContext(c, `UPDATE `+table+` SET value = $2, last_fence = greatest(last_fence, $3) WHERE mode = $1`, mode, v+1, le.Fence())
+	if err != nil {
+		return false, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return false, fmt.Errorf("counter row missing")
+	}
+	if err := tx.Commit(); err != nil {
+		if strings.Contains(err.Error(), "serializ") {
+			return false, nil
+		}
+		return false, err
+	}
+	if last > le.Fence() {
+		atomic.AddInt64(staleAccepted, 1) // a write from a superseded holder got in
+	}
+	return true, nil
+}
+
+var _ = pgx.ErrNoRows
+
+// pausableBackend holds back a Locker's renewals while its "process" is
+// paused, as SIGSTOP would.
+type pausableBackend struct {
+	backend
+	renewSQL string
+	mu       sync.RWMutex
+}
+
+func (p *pausableBackend) pause(d time.Duration) {
+	p.mu.Lock()
+	time.Sleep(d)
+	p.mu.Unlock()
+}
+
+func (p *pausableBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	if q == p.renewSQL {
+		p.mu.RLock()
+		defer p.mu.RUnlock()
+	}
+	return p.backend.query(ctx, q, args, each)
+}
