@@ -84,3 +84,66 @@ func ExampleLease_Done() {
 	// true
 	// true
 }
+
+// A fenced transaction: the job's writes to the same database are mutually
+// exclusive with every other holder's, even if this process was paused past
+// its lease.
+func ExampleLease_Guard() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_guard")
+	_ = pglease.Migrate(ctx, db, table)
+	_, _ = db.Exec(`CREATE TABLE example_balance (id int PRIMARY KEY, amount int)`)
+	_, _ = db.Exec(`INSERT INTO example_balance VALUES (1, 100)`)
+	locker, _ := pglease.New(db, table)
+	defer locker.Close()
+	lease, _ := locker.Lock(ctx, "settle-accounts")
+	defer lease.Unlock(ctx)
+
+	tx, _ := db.BeginTx(ctx, nil)
+	if err := lease.Guard(ctx, tx); errors.Is(err, pglease.ErrLeaseLost) {
+		_ = tx.Rollback() // superseded: write nothing
+		return
+	}
+	// Until COMMIT, no other replica can take the lease over.
+	_, _ = tx.Exec(`UPDATE example_balance SET amount = amount - 10 WHERE id = 1`)
+	fmt.Println(tx.Commit())
+
+	_, _ = db.Exec(`DROP TABLE example_balance, example_guard, example_guard_version, example_guard_fences`)
+	// Output:
+	// <nil>
+}
+
+// A fence guard for a resource written outside the lease's transaction (here
+// a table in the same database; it can be another database where Migrate
+// ran): the highest fence seen wins; equal fences may write again, older
+// ones never.
+func ExampleFenceGuard() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_fg")
+	_ = pglease.Migrate(ctx, db, table) // creates example_fg_fences too
+	guard, _ := pglease.NewFenceGuard(table)
+
+	write := func(fence int64) error {
+		tx, _ := db.BeginTx(ctx, nil)
+		defer tx.Rollback()
+		if err := guard.Check(ctx, tx, "daily-report", fence); err != nil {
+			return err
+		}
+		// ... the write to the resource, in this same transaction ...
+		return tx.Commit()
+	}
+	fmt.Println(write(7), write(7)) // the holder with fence 7 writes twice
+	fmt.Println(write(8))           // a newer holder
+	err := write(7)                 // the old holder, back from a pause
+	fmt.Println(errors.Is(err, pglease.ErrStaleFence))
+
+	_, _ = db.Exec(`DROP TABLE example_fg, example_fg_version, example_fg_fences`)
+	// Output:
+	// <nil> <nil>
+	// <nil>
+	// true
+}
