@@ -103,6 +103,27 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	if err := ptx.Commit(c); err != nil {
 		t.Fatal(err)
 	}
+	// The same holder, re-acquiring later, does not revive its old fence; and
+	// an expired lease nobody took yet is not held either.
+	if err := lb.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	la2, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx3, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx3.Rollback()
+	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("guard statement, same holder, old fence: %v", err)
+	}
+	f.expire("job")
+	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la2.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("guard statement on an expired lease: %v", err)
+	}
 	if err := lb.GuardPgx(c, nil); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("nil tx: %v", err)
 	}
