@@ -7,11 +7,17 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
 // A scenario is one way of making sure a scheduled job runs on one replica
@@ -44,6 +50,7 @@ type demoConfig struct {
 	connLifetime  time.Duration
 	leaseDuration time.Duration
 	seed          uint64
+	stall         time.Duration // 0: none; else replica 1 stalls once per scenario
 
 	leaseTable  string
 	resultTable string // quoted
@@ -60,12 +67,13 @@ type result struct {
 	PinnedPeak       int64    `json:"pinned_peak"`     // connections held out of the pools at once
 	LeaseLosses      *int64   `json:"lease_losses"`    // null: the mechanism cannot signal a loss
 	StaleRejected    *int64   `json:"stale_rejected"`  // null: no token, a stale write cannot be told apart
-	OverlapWrites    int64    `json:"overlap_writes"`  // writes that reached the data while another replica ran the same job
+	StaleAccepted    int64    `json:"stale_accepted"`  // writes of a run another replica had taken over since, that reached the data
 	Skipped          int64    `json:"skipped"`         // attempts that found the job taken (or no free connection)
 	PoolWaits        int64    `json:"pool_waits"`      // times a goroutine waited for a pool connection
 	PoolWaitMS       int64    `json:"pool_wait_ms"`    // total time spent waiting for one
 	ConnsRecycled    int64    `json:"conns_recycled"`  // connections closed for ConnMaxLifetime (pool churn)
 	Errors           int64    `json:"errors"`          // statements that failed
+	Stalled          bool     `json:"stalled"`         // --stall: a run stalled
 	DurationMS       int64    `json:"duration_ms"`     // wall time of the scenario
 	runs             []jobRun // for the timeline
 	elapsed          time.Duration
@@ -78,8 +86,14 @@ type scenarioRun struct {
 	cfg *demoConfig
 	tr  *tracker
 
-	warnings, pinned, pinnedPeak, losses, stale, overlapWrites, skipped, errs atomic.Int64
-	lastErr                                                                   atomic.Value // string
+	warnings, pinned, pinnedPeak, losses, staleRejected, staleAccepted, skipped, errs atomic.Int64
+	lastErr                                                                           atomic.Value // string
+
+	// --stall: each replica's pool goes through its proxy; the first run
+	// started after a third of the scenario stalls.
+	proxies    []*tcpproxy.Proxy
+	stallArmed atomic.Bool
+	stalled    atomic.Bool
 }
 
 func (s *scenarioRun) fail(err error) {
@@ -121,6 +135,20 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 		return result{}, err
 	}
 
+	if cfg.stall > 0 {
+		defer func() {
+			for _, p := range s.proxies {
+				p.Close()
+			}
+		}()
+		for range cfg.replicas {
+			p, err := newStallProxy(cfg.url)
+			if err != nil {
+				return result{}, err
+			}
+			s.proxies = append(s.proxies, p)
+		}
+	}
 	dbs := make([]*sql.DB, cfg.replicas)
 	lockers := make([]*pglease.Locker, cfg.replicas)
 	defer func() {
@@ -134,7 +162,7 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 		}
 	}()
 	for i := range dbs {
-		db, err := sql.Open("pgx", cfg.url)
+		db, err := s.openReplica(i)
 		if err != nil {
 			return result{}, err
 		}
@@ -157,6 +185,7 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 	}
 
 	s.tr = newTracker()
+	s.stallArmed.Store(cfg.stall > 0)
 	runCtx, cancel := context.WithTimeout(ctx, cfg.duration)
 	defer cancel()
 	keys := jobKeys(cfg.jobs)
@@ -193,8 +222,8 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 	r := result{
 		Scenario: sc.ID, Title: sc.Title,
 		UnlockWarnings: s.warnings.Load(), PinnedPeak: s.pinnedPeak.Load(),
-		OverlapWrites: s.overlapWrites.Load(), Skipped: s.skipped.Load(), Errors: s.errs.Load(),
-		runs: s.tr.snapshot(), elapsed: time.Since(s.tr.start),
+		StaleAccepted: s.staleAccepted.Load(), Skipped: s.skipped.Load(), Errors: s.errs.Load(),
+		runs: s.tr.snapshot(), elapsed: time.Since(s.tr.start), Stalled: s.stalled.Load(),
 	}
 	r.Runs, r.DoubleExecutions = s.tr.counts()
 	r.DurationMS = r.elapsed.Milliseconds()
@@ -202,7 +231,7 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 		r.LeaseLosses = ptr(s.losses.Load())
 	}
 	if sc.Fenced {
-		r.StaleRejected = ptr(s.stale.Load())
+		r.StaleRejected = ptr(s.staleRejected.Load())
 	}
 	for _, db := range dbs {
 		st := db.Stats()
@@ -269,7 +298,7 @@ func (s *scenarioRun) naive(ctx context.Context, replica int, db *sql.DB, key st
 		return
 	}
 	i, _ := s.tr.enter(key, replica)
-	s.job(ctx, db, key, replica, 0, work)
+	s.job(ctx, db, i, key, replica, 0, work)
 	s.tr.leave(i, false)
 	var unlocked bool
 	if err := db.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, lockID).Scan(&unlocked); err != nil {
@@ -310,7 +339,7 @@ func (s *scenarioRun) pinnedConn(ctx context.Context, replica int, db *sql.DB, k
 		return
 	}
 	i, _ := s.tr.enter(key, replica)
-	s.job(ctx, conn, key, replica, 0, work)
+	s.job(ctx, conn, i, key, replica, 0, work)
 	s.tr.leave(i, false)
 	var unlocked bool
 	if err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, lockID).Scan(&unlocked); err != nil {
@@ -336,7 +365,7 @@ func (s *scenarioRun) leased(ctx context.Context, replica int, db *sql.DB, l *pg
 		return
 	}
 	i, _ := s.tr.enter(key, replica)
-	lost := !s.job(le.Context(), db, key, replica, le.Fence(), work)
+	lost := !s.job(le.Context(), db, i, key, replica, le.Fence(), work)
 	lost = lost && ctx.Err() == nil
 	s.tr.leave(i, lost)
 	if err := le.Unlock(ctx); errors.Is(err, pglease.ErrLeaseLost) {
@@ -356,7 +385,10 @@ func (s *scenarioRun) leased(ctx context.Context, replica int, db *sql.DB, l *pg
 //
 // It returns false when ctx ended before the write (for pglease: the lease
 // was lost, and the job stopped).
-func (s *scenarioRun) job(ctx context.Context, q querier, key string, replica int, fence int64, work time.Duration) bool {
+func (s *scenarioRun) job(ctx context.Context, q querier, run int, key string, replica int, fence int64, work time.Duration) bool {
+	if s.proxies != nil && time.Since(s.tr.start) >= s.cfg.duration/3 && s.stallArmed.CompareAndSwap(true, false) {
+		return s.stallThenWrite(ctx, q, run, key, replica, fence)
+	}
 	const steps = 4
 	for range steps {
 		if _, err := q.ExecContext(ctx, `SELECT pg_sleep(0.005)`); err != nil {
@@ -369,23 +401,74 @@ func (s *scenarioRun) job(ctx context.Context, q querier, key string, replica in
 			return false
 		}
 	}
-	overlap := s.tr.overlapping(key, replica)
-	res, err := q.ExecContext(ctx, fmt.Sprintf(`UPDATE %s
-		SET runs = runs + 1, last_replica = $3, last_fence = $2, updated_at = clock_timestamp()
-		WHERE job = $1 AND last_fence <= $2`, s.cfg.resultTable), key, fence, replica+1)
-	if err != nil {
+	if err := s.write(ctx, q, run, key, replica, fence); err != nil {
 		if ctx.Err() != nil {
 			return false
 		}
 		s.fail(err)
-		return true
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		s.stale.Add(1)
-	} else if overlap {
-		s.overlapWrites.Add(1)
 	}
 	return true
+}
+
+// write is the job's fenced write of its result. A write is stale when
+// another replica has entered the job since this run did (the referee
+// knows; only a fence lets the database know).
+func (s *scenarioRun) write(ctx context.Context, q querier, run int, key string, replica int, fence int64) error {
+	stale := s.tr.superseded(run)
+	res, err := q.ExecContext(ctx, fmt.Sprintf(`UPDATE %s
+		SET runs = runs + 1, last_replica = $3, last_fence = $2, updated_at = clock_timestamp()
+		WHERE job = $1 AND last_fence <= $2`, s.cfg.resultTable), key, fence, replica+1)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		s.staleRejected.Add(1)
+	} else if stale {
+		s.staleAccepted.Add(1)
+	}
+	return nil
+}
+
+// stallThenWrite simulates a holder that stalls in the middle of its job (a
+// long GC pause, a frozen VM): for cfg.stall, its replica's network is cut
+// and the job does nothing; then it resumes and, as a paused process would,
+// writes its result without looking at its lock first. Only a fence lets
+// the result table refuse that write if someone else ran the job meanwhile.
+func (s *scenarioRun) stallThenWrite(ctx context.Context, q querier, run int, key string, replica int, fence int64) bool {
+	s.stalled.Store(true)
+	s.tr.markStalled(key, replica)
+	p := s.proxies[replica]
+	p.SetMode(tcpproxy.BlackHole)
+	time.Sleep(s.cfg.stall) // a stalled process notices nothing, not even Ctrl-C
+	p.SetMode(tcpproxy.Pass)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.write(wctx, q, run, key, replica, fence); err != nil {
+		s.fail(err)
+	}
+	return ctx.Err() == nil
+}
+
+// newStallProxy starts a proxy to the server of url.
+func newStallProxy(url string) (*tcpproxy.Proxy, error) {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return tcpproxy.New(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+}
+
+// openReplica opens replica i's pool; with --stall, through its proxy.
+func (s *scenarioRun) openReplica(i int) (*sql.DB, error) {
+	if s.proxies == nil {
+		return sql.Open("pgx", s.cfg.url)
+	}
+	cc, err := pgx.ParseConfig(s.cfg.url)
+	if err != nil {
+		return nil, err
+	}
+	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(s.proxies[i].Port()), nil
+	return stdlib.OpenDB(*cc), nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -87,7 +87,10 @@ func writeTimeline(path string, cfg *demoConfig, results []result) error {
 				ry := ly + rn.Replica*rowH
 				w := max(x(rn.End)-x(rn.Start), 1)
 				stroke := ""
-				if rn.Double {
+				switch {
+				case rn.Stalled:
+					stroke = ` stroke="black" stroke-width="1.5" stroke-dasharray="3,2"`
+				case rn.Double:
 					stroke = ` stroke="red" stroke-width="1.5"`
 				}
 				fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"%s><title>%s</title></rect>`+"\n",
@@ -107,7 +110,10 @@ func writeTimeline(path string, cfg *demoConfig, results []result) error {
 }
 
 func lostNote(r jobRun) string {
-	if r.Lost {
+	switch {
+	case r.Stalled:
+		return " (stalled, then wrote its result)"
+	case r.Lost:
 		return " (lease lost: stopped)"
 	}
 	return ""

@@ -16,6 +16,7 @@ type tracker struct {
 	mu      sync.Mutex
 	inside  map[string]map[int]bool // key -> replicas inside
 	runs    []jobRun
+	latest  map[string]int // key -> index of the run that entered last
 	doubles int
 }
 
@@ -27,10 +28,11 @@ type jobRun struct {
 	End     time.Duration
 	Double  bool // started while another replica was inside
 	Lost    bool // pglease signalled the loss of the lease during the run
+	Stalled bool // --stall: the run stalled
 }
 
 func newTracker() *tracker {
-	return &tracker{start: time.Now(), inside: map[string]map[int]bool{}}
+	return &tracker{start: time.Now(), inside: map[string]map[int]bool{}, latest: map[string]int{}}
 }
 
 // enter records that replica started key's job; it returns the run's index
@@ -49,19 +51,28 @@ func (t *tracker) enter(key string, replica int) (int, bool) {
 		t.doubles++
 	}
 	t.runs = append(t.runs, jobRun{Key: key, Replica: replica, Start: time.Since(t.start), End: -1, Double: double})
+	t.latest[key] = len(t.runs) - 1
 	return len(t.runs) - 1, double
 }
 
-// overlapping reports whether another replica is inside key's job.
-func (t *tracker) overlapping(key string, replica int) bool {
+// superseded reports whether another run of the same job has started since
+// run i did: i's result is then stale.
+func (t *tracker) superseded(i int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for r := range t.inside[key] {
-		if r != replica {
-			return true
+	return t.latest[t.runs[i].Key] != i
+}
+
+// markStalled marks replica's current run of key as stalled.
+func (t *tracker) markStalled(key string, replica int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(t.runs) - 1; i >= 0; i-- {
+		if r := &t.runs[i]; r.Key == key && r.Replica == replica && r.End < 0 {
+			r.Stalled = true
+			return
 		}
 	}
-	return false
 }
 
 func (t *tracker) leave(i int, lost bool) {
