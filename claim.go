@@ -50,8 +50,11 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	case errors.Is(err, errNoRows):
 		return nil, &HeldError{Key: key}
 	case err != nil:
-		// The claim may have committed before the reply was lost.
-		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.abandon, key, l.holder, token) })
+		if sqlState(err) == "" {
+			// No server verdict (context ended, connection lost): the claim
+			// may have committed before the reply was lost. Undo it.
+			l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.abandon, key, l.holder, token) })
+		}
 		return nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
 	case !acquired:
 		return nil, &HeldError{Key: key, Holder: holder, Fence: fence, ExpiresAt: expiresAt}

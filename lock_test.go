@@ -11,6 +11,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
 func TestLockUnlockAndFenceSurvivesRelease(t *testing.T) {
@@ -311,5 +312,47 @@ func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %v", within)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// If the caller's context ends while the claim is in flight, the claim may
+// still commit on the server; Lock undoes it in the background instead of
+// leaving the key blocked for a whole lease.
+func TestClaimAbandonedMidFlightIsReleased(t *testing.T) {
+	f := newFixture(t)
+	proxy, err := tcpproxy.New(targetAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dbA := openVia(t, proxy.Addr())
+	a := f.locker(dbA, WithLeaseDuration(time.Minute))
+	b := f.replica(2, WithLeaseDuration(time.Minute))
+	c := ctx(t)
+	if err := dbA.PingContext(c); err != nil { // open the connection before slowing it
+		t.Fatal(err)
+	}
+	proxy.SetDelay(300 * time.Millisecond)
+	short, cancel := context.WithTimeout(c, 100*time.Millisecond)
+	_, err = a.Lock(short, "job")
+	cancel()
+	if err == nil {
+		t.Fatal("Lock succeeded despite its context ending first")
+	}
+	proxy.SetDelay(0)
+	// The key comes free long before the one-minute lease would expire.
+	waitFor(t, 20*time.Second, func() bool {
+		le, err := b.Lock(c, "job")
+		if err == nil {
+			_ = le.Unlock(c)
+			return true
+		}
+		if !errors.Is(err, ErrAlreadyLocked) {
+			t.Fatal(err)
+		}
+		return false
+	})
+	if r, ok := f.row("job"); ok && r.Holder == a.Holder() && !r.Released {
+		t.Fatalf("A's abandoned claim is still live: %+v", r)
 	}
 }
