@@ -1,7 +1,8 @@
 // Package tcpproxy is a small TCP proxy for fault-injection tests: it sits
 // between a replica's pool and PostgreSQL and can pass traffic, delay it,
 // black-hole it (accept and forward nothing, as a partition looks to TCP),
-// or drop every connection.
+// drop it (reset every connection and refuse new ones, as a host that is up
+// but unreachable answers), or drop every connection once.
 package tcpproxy
 
 import (
@@ -17,6 +18,7 @@ type Mode int
 const (
 	Pass      Mode = iota // forward
 	BlackHole             // hold bytes, forward nothing (connections hang)
+	Drop                  // close open connections, and new ones at once
 )
 
 // Proxy forwards 127.0.0.1:<Port> to a target address.
@@ -51,13 +53,24 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // Port is the proxy's listening port.
 func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
-// SetMode switches between passing and black-holing traffic.
+// SetMode switches between passing, black-holing and dropping traffic.
+// Switching to Drop closes every open connection.
 func (p *Proxy) SetMode(m Mode) {
 	p.mu.Lock()
 	p.mode = m
 	close(p.wake)
 	p.wake = make(chan struct{})
 	p.mu.Unlock()
+	if m == Drop {
+		p.DropAll()
+	}
+}
+
+// Mode is the current mode.
+func (p *Proxy) Mode() Mode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
 }
 
 // SetDelay adds latency to every chunk forwarded (0: none).
@@ -94,6 +107,10 @@ func (p *Proxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.Mode() == Drop {
+			_ = c.Close()
+			continue
 		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -167,6 +184,9 @@ func (p *Proxy) wait() bool {
 		if mode == BlackHole {
 			<-wake
 			continue
+		}
+		if mode == Drop {
+			return false
 		}
 		if delay > 0 {
 			time.Sleep(delay)
