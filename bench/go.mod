@@ -5,6 +5,7 @@ go 1.26.8
 replace github.com/pglease/pglease => ../
 
 require (
+	github.com/bsm/redislock v0.9.4
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/pglease/pglease v0.0.0
 	github.com/redis/go-redis/v9 v9.23.0

@@ -45,6 +45,7 @@ var (
 	etcdURL    string
 	etcdWhy    string
 	lostLeases atomic.Int64 // leases lost during the benchmarks (should stay 0)
+	renewWarns atomic.Int64 // renews that failed and were retried
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -111,6 +112,12 @@ func run(m *testing.M) int {
 		etcdURL = v
 	}
 	code := m.Run()
+	if n := renewWarns.Load(); n > 0 {
+		// Expected: BenchmarkRenew holds the Locker's renew back while it
+		// re-executes the statement, and that renew times out; the next
+		// beat renews. A loss would be counted below.
+		fmt.Fprintf(os.Stderr, "bench: %d renews were retried at the next beat (held back by BenchmarkRenew)\n", n)
+	}
 	if n := lostLeases.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %d leases were lost during the benchmarks\n", n)
 		code = 1
@@ -159,12 +166,22 @@ type lossHandler struct{ slog.Handler }
 func (h lossHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (h lossHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelError {
-		lostLeases.Add(1)
-	}
-	if r.Level >= slog.LevelWarn {
-		fmt.Fprintf(os.Stderr, "bench: pglease %s: %s\n", r.Level, r.Message)
+		if lostLeases.Add(1) <= 3 {
+			fmt.Fprintf(os.Stderr, "bench: pglease: %s %s\n", r.Message, recordAttrs(r))
+		}
+	} else {
+		renewWarns.Add(1)
 	}
 	return nil
+}
+
+func recordAttrs(r slog.Record) string {
+	out := ""
+	r.Attrs(func(a slog.Attr) bool {
+		out += " " + a.String()
+		return true
+	})
+	return out
 }
 
 // newLocker returns a Locker on db for the benchmarks (losses are counted).

@@ -194,9 +194,17 @@ func MachineInfo() [][2]string {
 // its text, arguments and duration (from the send until the result is
 // read). Hook, when set, runs before each statement is sent.
 type Tracer struct {
-	mu    sync.Mutex
-	stmts []Traced
-	Hook  func(sql string)
+	mu       sync.Mutex
+	stmts    []Traced
+	inFlight int
+	Hook     func(sql string)
+}
+
+// InFlight is the number of statements sent whose result is not read yet.
+func (t *Tracer) InFlight() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inFlight
 }
 
 // Traced is one recorded statement.
@@ -222,6 +230,9 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQu
 	if h := t.Hook; h != nil {
 		h(d.SQL)
 	}
+	t.mu.Lock()
+	t.inFlight++
+	t.mu.Unlock()
 	return context.WithValue(ctx, traceKey{}, traceStart{d.SQL, d.Args, Now()})
 }
 
@@ -232,6 +243,7 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQuer
 		return
 	}
 	t.mu.Lock()
+	t.inFlight--
 	t.stmts = append(t.stmts, Traced{SQL: s.sql, Args: s.args, Start: s.start, Duration: Now() - s.start,
 		Rows: d.CommandTag.RowsAffected(), Err: d.Err})
 	t.mu.Unlock()
