@@ -1,0 +1,258 @@
+package faults
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Violation is one broken invariant found in a history.
+type Violation struct {
+	Invariant int // 1..6, as numbered in Check
+	Msg       string
+}
+
+func (v Violation) String() string { return fmt.Sprintf("(%d) %s", v.Invariant, v.Msg) }
+
+// Stats summarise a history.
+type Stats struct {
+	Grants, Handoffs, Takeovers   int // takeovers: handoffs after a loss rather than an Unlock
+	Losses, Unlocks               int
+	WritesOK, WritesRejected      int
+	WriteErrors, ClaimErrors      int
+	RenewOK, RenewFailed          int
+	Faults, Pauses, Kills, Probes int
+	MaxProbe                      time.Duration // slowest re-acquisition after the faults
+	ViolationsByInvariant         [7]int
+}
+
+// CheckConfig tunes the checker.
+type CheckConfig struct {
+	Lease time.Duration // the lease duration the replicas use
+	Slack time.Duration // allowed on top of Lease for re-acquisition (invariant 5)
+}
+
+type leaseID struct {
+	proc, key string
+	fence     int64
+}
+
+type leaseRec struct {
+	id    leaseID
+	grant Event
+	term  *Event // first terminal event: lost, unlock_ok, unlock_err, closed
+}
+
+// stopT is when the holder stopped believing it held the lease.
+func (l *leaseRec) stopT() int64 {
+	if l.term.Kind == EvLost {
+		return l.term.T
+	}
+	if l.term.T0 != 0 {
+		return l.term.T0
+	}
+	return l.term.T
+}
+
+// Check verifies the merged history:
+//
+//  1. no write with a stale fence is accepted: no accepted write found a
+//     higher fence already recorded on its resource (database order), and no
+//     exclusive (Guard) write was accepted when it had been started after a
+//     higher fence was granted on its key;
+//  2. per key, fences are granted in strictly increasing order: no fence is
+//     granted twice, and a claim sent after another was granted gets a
+//     higher fence;
+//  3. every lease that ended other than by Unlock was signalled to its
+//     holder (holders killed with -9 excepted: their history ends), and no
+//     Unlock reported success for a lease already taken over;
+//  4. except for a paused process, a holder stopped (loss signalled or
+//     Unlock called) before the next holder's grant;
+//  5. after the faults stopped, every key was acquired again within
+//     Lease + Slack;
+//  6. no connection was left in use or open (conn_leak events).
+func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
+	var st Stats
+	var vs []Violation
+	add := func(inv int, format string, args ...any) {
+		st.ViolationsByInvariant[inv]++
+		if st.ViolationsByInvariant[inv] <= 20 { // enough to read; the count is complete
+			vs = append(vs, Violation{inv, fmt.Sprintf(format, args...)})
+		}
+	}
+	leases := map[leaseID]*leaseRec{}
+	byKey := map[string][]*leaseRec{}
+	pauses := map[string][][2]int64{}
+	killed := map[string]int64{}
+	var writes, probes []Event
+	for _, e := range events {
+		id := leaseID{e.Proc, e.Key, e.Fence}
+		switch e.Kind {
+		case EvGranted:
+			st.Grants++
+			if old, dup := leases[id]; dup {
+				add(2, "fence %d on %q granted twice to %s (at %s and %s)", e.Fence, e.Key, e.Proc, ts(old.grant.T), ts(e.T))
+				continue
+			}
+			l := &leaseRec{id: id, grant: e}
+			leases[id] = l
+			byKey[e.Key] = append(byKey[e.Key], l)
+		case EvLost, EvUnlockOK, EvUnlockErr, EvClosed:
+			if e.Kind == EvLost {
+				st.Losses++
+			} else if e.Kind == EvUnlockOK {
+				st.Unlocks++
+			}
+			if l := leases[id]; l != nil && l.term == nil {
+				ev := e
+				l.term = &ev
+			}
+		case EvWriteOK:
+			st.WritesOK++
+			writes = append(writes, e)
+		case EvWriteReject:
+			st.WritesRejected++
+		case EvWriteErr:
+			st.WriteErrors++
+		case EvClaimErr:
+			st.ClaimErrors++
+		case EvRenewOK:
+			st.RenewOK++
+		case EvRenewFailed:
+			st.RenewFailed++
+		case EvPause:
+			st.Pauses++
+			pauses[e.Proc] = append(pauses[e.Proc], [2]int64{e.T0, e.T})
+		case EvKill:
+			st.Kills++
+			killed[e.Proc] = e.T
+		case EvFault:
+			st.Faults++
+		case EvProbe, EvProbeFail:
+			probes = append(probes, e)
+		case EvConnLeak:
+			add(6, "%s: %s", e.Proc, e.Detail)
+		}
+	}
+
+	// (2) fences per key, and each lease's successor.
+	next := map[leaseID]*leaseRec{}
+	for key, ls := range byKey {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].grant.Fence < ls[j].grant.Fence })
+		var maxSent int64
+		var maxSentBy *leaseRec
+		for i, l := range ls {
+			if i > 0 && ls[i-1].grant.Fence == l.grant.Fence {
+				add(2, "fence %d on %q granted to both %s and %s", l.grant.Fence, key, ls[i-1].id.proc, l.id.proc)
+			}
+			if maxSentBy != nil && maxSent > l.grant.T {
+				add(2, "on %q fence %d was granted to %s at %s, yet the later claim of %s (sent %s) got the lower fence %d",
+					key, l.grant.Fence, l.id.proc, ts(l.grant.T), maxSentBy.id.proc, ts(maxSent), maxSentBy.grant.Fence)
+			}
+			if l.grant.T0 > maxSent {
+				maxSent, maxSentBy = l.grant.T0, l
+			}
+			if i+1 < len(ls) {
+				next[l.id] = ls[i+1]
+			}
+		}
+		if len(ls) > 1 {
+			st.Handoffs += len(ls) - 1
+		}
+	}
+
+	// Earliest grant time among fences above f, per key (for invariant 1).
+	type kf struct {
+		fence int64
+		minT  int64 // min grant T over this and all higher fences
+	}
+	suffix := map[string][]kf{}
+	for key, ls := range byKey {
+		s := make([]kf, len(ls))
+		var m int64 = 1<<63 - 1
+		for i := len(ls) - 1; i >= 0; i-- {
+			if ls[i].grant.T < m {
+				m = ls[i].grant.T
+			}
+			s[i] = kf{ls[i].grant.Fence, m}
+		}
+		suffix[key] = s
+	}
+	// (1) stale writes.
+	for _, w := range writes {
+		if w.Prev > w.Fence {
+			add(1, "%s wrote %q with fence %d over fence %d (%s write, accepted at %s)", w.Proc, w.Key, w.Fence, w.Prev, w.Via, ts(w.T))
+			continue
+		}
+		if w.Via == "fenceguard" {
+			continue // a FenceGuard knows only the fences its resource has seen
+		}
+		s := suffix[w.Key]
+		i := sort.Search(len(s), func(i int) bool { return s[i].fence > w.Fence })
+		if i < len(s) && s[i].minT < w.T0 {
+			add(1, "%s's %s write on %q with fence %d was started at %s, after a higher fence was granted (%s), and accepted",
+				w.Proc, w.Via, w.Key, w.Fence, ts(w.T0), ts(s[i].minT))
+		}
+	}
+
+	// (3) and (4), lease by lease.
+	paused := func(proc string, from, to int64) bool {
+		for _, p := range pauses[proc] {
+			if p[0] < to && p[1] > from {
+				return true
+			}
+		}
+		return false
+	}
+	for id, l := range leases {
+		n := next[id]
+		if n != nil && l.term != nil && l.term.Kind == EvLost {
+			st.Takeovers++
+		}
+		if l.term == nil {
+			if _, k := killed[id.proc]; k {
+				continue
+			}
+			add(3, "the lease of %s on %q (fence %d, granted %s) ended without a signal to its holder", id.proc, id.key, id.fence, ts(l.grant.T))
+			continue
+		}
+		if n == nil {
+			continue
+		}
+		if (l.term.Kind == EvUnlockOK || l.term.Kind == EvClosed) && n.grant.T < l.stopT() {
+			add(3, "Unlock of %s on %q (fence %d) reported success though fence %d had been granted to %s before it was sent",
+				id.proc, id.key, id.fence, n.grant.Fence, n.id.proc)
+			continue
+		}
+		if l.stopT() >= n.grant.T && !paused(id.proc, l.grant.T0, n.grant.T) {
+			add(4, "%s on %q (fence %d) stopped (%s) at %s, %v after %s was granted fence %d",
+				id.proc, id.key, id.fence, l.term.Kind, ts(l.stopT()), time.Duration(l.stopT()-n.grant.T).Round(time.Millisecond), n.id.proc, n.grant.Fence)
+		}
+	}
+
+	// (5) re-acquisition after the faults.
+	limit := cfg.Lease + cfg.Slack
+	for _, p := range probes {
+		st.Probes++
+		d := time.Duration(p.T - p.T0)
+		if d > st.MaxProbe {
+			st.MaxProbe = d
+		}
+		if p.Kind == EvProbeFail || d > limit {
+			add(5, "%q not acquired within %v after the faults stopped (%s: %v)", p.Key, limit, p.Kind, d.Round(time.Millisecond))
+		}
+	}
+	return st, vs
+}
+
+// ts formats a Mono() time for messages (seconds since boot).
+func ts(t int64) string { return fmt.Sprintf("%.3fs", float64(t)/1e9) }
+
+// Total is the number of violations counted.
+func (s Stats) Total() int {
+	n := 0
+	for _, v := range s.ViolationsByInvariant {
+		n += v
+	}
+	return n
+}

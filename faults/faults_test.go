@@ -1,0 +1,308 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgbouncer"
+	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/internal/tcpproxy"
+)
+
+func partition(e *env, h *handle) string {
+	h.proxy.SetMode(tcpproxy.BlackHole)
+	d := 2*e.lease() + time.Duration(e.rng.IntN(int(e.lease())))
+	e.sleep(d)
+	h.proxy.SetMode(tcpproxy.Pass)
+	if e.rng.IntN(2) == 0 {
+		h.proxy.DropAll() // the connections time out, or the held bytes get through late
+		return fmt.Sprintf("black hole %v, then reset", d.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("black hole %v, then delivered late", d.Round(time.Millisecond))
+}
+
+func drop(e *env, h *handle) string {
+	h.proxy.SetMode(tcpproxy.Drop)
+	d := 2*e.lease() + time.Duration(e.rng.IntN(int(e.lease())))
+	e.sleep(d)
+	h.proxy.SetMode(tcpproxy.Pass)
+	return fmt.Sprintf("connections reset and refused for %v", d.Round(time.Millisecond))
+}
+
+func latency(e *env, h *handle) string {
+	delay := e.lease()/8 + time.Duration(e.rng.IntN(int(e.lease()/2)))
+	h.proxy.SetDelay(delay)
+	d := 3 * e.lease()
+	e.sleep(d)
+	h.proxy.SetDelay(0)
+	return fmt.Sprintf("+%v per chunk for %v", delay.Round(time.Millisecond), d)
+}
+
+func starve(e *env, h *handle) string {
+	d := 2 * e.lease()
+	h.r.Starve(e.ctx, d)
+	return fmt.Sprintf("pool occupied for %v", d)
+}
+
+func restart(e *env, _ *handle) string {
+	t0 := time.Now()
+	if err := e.cluster.Restart(e.ctx); err != nil {
+		e.t.Fatalf("restart: %v", err)
+	}
+	return fmt.Sprintf("pg restart -m fast, down %v", time.Since(t0).Round(time.Millisecond))
+}
+
+func crash(e *env, _ *handle) string {
+	t0 := time.Now()
+	if err := e.cluster.Crash(); err != nil {
+		e.t.Fatalf("crash: %v", err)
+	}
+	if err := e.cluster.StartAgain(e.ctx); err != nil {
+		e.t.Fatalf("recovery: %v", err)
+	}
+	return fmt.Sprintf("postmaster SIGKILL + recovery, down %v", time.Since(t0).Round(time.Millisecond))
+}
+
+func pause(e *env, h *handle) string {
+	d := 2*e.lease() + time.Duration(e.rng.IntN(int(e.lease())))
+	t0 := Mono()
+	_ = h.cmd.Process.Signal(syscall.SIGSTOP)
+	e.sleep(d)
+	_ = h.cmd.Process.Signal(syscall.SIGCONT)
+	e.ctl.Add(Event{T0: t0, Proc: h.id, Kind: EvPause})
+	return fmt.Sprintf("SIGSTOP %v", d.Round(time.Millisecond))
+}
+
+// throttle starves the holder of CPU: stopped 90% of every 50ms, for 3 leases.
+func throttle(e *env, h *handle) string {
+	t0 := Mono()
+	end := time.Now().Add(3 * e.lease())
+	for time.Now().Before(end) {
+		_ = h.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(45 * time.Millisecond)
+		_ = h.cmd.Process.Signal(syscall.SIGCONT)
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.ctl.Add(Event{T0: t0, Proc: h.id, Kind: EvPause, Detail: "throttled"})
+	return "CPU 10% for 3 leases"
+}
+
+func kill(e *env, h *handle) string {
+	_ = h.cmd.Process.Signal(syscall.SIGKILL)
+	h.killed = true
+	e.ctl.Add(Event{Proc: h.id, Kind: EvKill})
+	<-h.exited
+	n := e.spawn()
+	return "kill -9; replaced by " + n.id
+}
+
+func bouncerFaults(e *env, h *handle) string {
+	if e.rng.IntN(2) == 0 {
+		return "partition: " + partition(e, h)
+	}
+	return "latency: " + latency(e, h)
+}
+
+func scenarios() []scenario {
+	return []scenario{
+		{name: "none", what: "no fault (baseline): replicas contend and hand over by Unlock", server: "shared", replicas: 3, keys: 2,
+			inject: func(e *env, h *handle) string { e.sleep(e.lease()); return "none" }},
+		{name: "partition", what: "the holder's link to PostgreSQL black-holed (TCP hangs) for 2–3 leases, then reset or delivered late",
+			server: "shared", proxies: true, replicas: 3, keys: 2, inject: partition},
+		{name: "drop", what: "the holder's connections reset and new ones refused for 2–3 leases",
+			server: "shared", proxies: true, replicas: 3, keys: 2, inject: drop},
+		{name: "latency", what: "latency spike on the holder's link: +lease/8…5/8 per chunk for 3 leases",
+			server: "shared", proxies: true, replicas: 3, keys: 2, inject: latency},
+		{name: "starved-renewer", what: "the holder's pool fully occupied for 2 leases: its renewer cannot get a connection past the deadline",
+			server: "shared", replicas: 3, keys: 2, inject: starve},
+		{name: "pg-restart", what: "PostgreSQL fast restart (own cluster) while leases are held",
+			server: "own", replicas: 3, keys: 2, inject: restart},
+		{name: "pg-crash", what: "postmaster and backends SIGKILLed, then crash recovery (own cluster, synchronous_commit=on)",
+			server: "own", replicas: 3, keys: 2, inject: crash},
+		{name: "pause", what: "holder process SIGSTOPped for 2–3 leases, then SIGCONT (replicas are OS processes)",
+			server: "shared", process: true, replicas: 3, keys: 2, inject: pause},
+		{name: "cpu-starved", what: "holder process throttled to 10% CPU (SIGSTOP 45ms / SIGCONT 5ms) for 3 leases",
+			server: "shared", process: true, replicas: 3, keys: 2, inject: throttle},
+		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
+			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
+		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it",
+			server: "bouncer", proxies: true, replicas: 3, keys: 2, inject: bouncerFaults},
+		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
+			server: "shared", proxies: true, replicas: 3, keys: 2, variant: BrokenUnfenced, inject: partition, expect: 1},
+		{name: "BROKEN-no-deadline", what: "broken replicas: no local deadline (learn of a loss only from the server); partitions",
+			server: "shared", proxies: true, replicas: 3, keys: 2, variant: BrokenNoDeadline, inject: partition, expect: 4},
+	}
+}
+
+type row struct {
+	sc      scenario
+	runs    int
+	st      Stats
+	samples []Violation
+	elapsed time.Duration
+}
+
+// TestFaults runs every fault kind (short profile by default; see the
+// package doc for the long one), checks the merged histories and writes the
+// table.
+func TestFaults(t *testing.T) {
+	prof := currentProfile(t)
+	started := time.Now()
+	var own *pgcluster.Cluster
+	needOwn := func() *pgcluster.Cluster {
+		if own == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+			if err != nil {
+				t.Fatalf("own cluster for restart/crash faults: %v", err)
+			}
+			own = c
+			t.Cleanup(func() { _ = c.Remove() })
+		}
+		return own
+	}
+	var bouncer *pgbouncer.Bouncer
+	needBouncer := func(t *testing.T) string {
+		if bouncer == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b, err := startBouncer(ctx, t)
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
+			bouncer = b
+		}
+		return bouncer.Addr()
+	}
+	defer func() {
+		if bouncer != nil {
+			_ = bouncer.Stop()
+		}
+	}()
+	only := os.Getenv("FAULTS_ONLY")
+	var rows []*row
+	for _, sc := range scenarios() {
+		if only != "" && !strings.Contains(","+only+",", ","+sc.name+",") {
+			continue
+		}
+		rw := &row{sc: sc}
+		rows = append(rows, rw)
+		t.Run(sc.name, func(t *testing.T) {
+			var ownC *pgcluster.Cluster
+			var bAddr string
+			switch sc.server {
+			case "own":
+				ownC = needOwn()
+			case "bouncer":
+				bAddr = needBouncer(t)
+			}
+			for run := 0; run < prof.runs; run++ {
+				res := runScenario(t, sc, prof, run, ownC, bAddr)
+				rw.runs++
+				rw.elapsed += res.Elapsed
+				addStats(&rw.st, res.Stats)
+				rw.samples = append(rw.samples, res.Violations...)
+				t.Logf("run %d: %v, grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, violations %d",
+					run, res.Elapsed.Round(time.Millisecond), res.Stats.Grants, res.Stats.Handoffs, res.Stats.Takeovers,
+					res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.Total())
+			}
+			if rw.st.Faults == 0 {
+				t.Errorf("no fault was injected (no key was ever seen held)")
+			}
+			if rw.st.Handoffs == 0 || rw.st.WritesOK == 0 {
+				t.Errorf("the run did not exercise the lease: handoffs %d, writes %d", rw.st.Handoffs, rw.st.WritesOK)
+			}
+			if sc.expect == 0 {
+				for _, v := range rw.samples {
+					t.Errorf("violation: %v", v)
+				}
+				return
+			}
+			// A broken variant: the checker must catch it.
+			if rw.st.ViolationsByInvariant[sc.expect] == 0 {
+				t.Errorf("the checker did not catch the broken variant %q: no violation of invariant %d (%v)", sc.variant, sc.expect, rw.st.ViolationsByInvariant)
+			}
+			for i, v := range rw.samples {
+				if i < 3 {
+					t.Logf("caught, as expected: %v", v)
+				}
+			}
+		})
+	}
+	report := renderReport(prof, rows, time.Since(started))
+	t.Log("\n" + report)
+	fmt.Println(report)
+	if err := os.WriteFile(prof.output, []byte(report), 0o644); err != nil {
+		t.Errorf("write %s: %v", prof.output, err)
+	} else {
+		t.Logf("table written to %s", prof.output)
+	}
+}
+
+func addStats(a *Stats, b Stats) {
+	a.Grants += b.Grants
+	a.Handoffs += b.Handoffs
+	a.Takeovers += b.Takeovers
+	a.Losses += b.Losses
+	a.Unlocks += b.Unlocks
+	a.WritesOK += b.WritesOK
+	a.WritesRejected += b.WritesRejected
+	a.WriteErrors += b.WriteErrors
+	a.ClaimErrors += b.ClaimErrors
+	a.RenewOK += b.RenewOK
+	a.RenewFailed += b.RenewFailed
+	a.Faults += b.Faults
+	a.Pauses += b.Pauses
+	a.Kills += b.Kills
+	a.Probes += b.Probes
+	a.MaxProbe = max(a.MaxProbe, b.MaxProbe)
+	for i := range a.ViolationsByInvariant {
+		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
+	}
+}
+
+func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
+	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | violations (by invariant 1–6) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		v := r.st.ViolationsByInvariant
+		viol := "0"
+		if r.st.Total() > 0 {
+			var parts []string
+			for i := 1; i <= 6; i++ {
+				if v[i] > 0 {
+					parts = append(parts, fmt.Sprintf("(%d)×%d", i, v[i]))
+				}
+			}
+			viol = fmt.Sprintf("**%d**: %s", r.st.Total(), strings.Join(parts, " "))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %s |\n",
+			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, r.st.RenewFailed,
+			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), viol)
+	}
+	b.WriteString("\nFaults:\n\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "- **%s**: %s\n", r.sc.name, r.sc.what)
+	}
+	var first []string
+	for _, r := range rows {
+		for i, v := range r.samples {
+			if i >= 2 {
+				break
+			}
+			first = append(first, fmt.Sprintf("- %s: %s", r.sc.name, v))
+		}
+	}
+	if len(first) > 0 {
+		b.WriteString("\nSample violations:\n\n" + strings.Join(first, "\n") + "\n")
+	}
+	return b.String()
+}

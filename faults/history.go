@@ -1,0 +1,168 @@
+// Package faults is pglease's Jepsen-style fault suite: replicas contend for
+// a few keys under short leases and make fenced writes while they believe
+// they hold a key; faults are injected while leases are held (partitions,
+// latency, PostgreSQL restarts and crashes, SIGSTOP, kill -9, starved
+// renewers, PgBouncer in between); every replica records a history stamped
+// with CLOCK_MONOTONIC (the same clock in every process of the host), and a
+// checker verifies the invariants on the merged history.
+//
+// The package holds the harness (history, replicas, checker, report); the
+// scenarios are its tests. Short profile: `go test -race ./faults/`. Long
+// profile: `FAULTS_PROFILE=long go test -race -run TestFaults -timeout 60m ./faults/`.
+package faults
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// Mono is CLOCK_MONOTONIC in nanoseconds. Unlike time.Now's monotonic
+// reading, it is comparable across the processes of one host.
+func Mono() int64 {
+	var ts syscall.Timespec
+	_, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, 1 /* CLOCK_MONOTONIC */, uintptr(unsafe.Pointer(&ts)), 0)
+	if e != 0 {
+		panic("clock_gettime(CLOCK_MONOTONIC): " + e.Error())
+	}
+	return ts.Nano()
+}
+
+// Event kinds.
+const (
+	EvGranted     = "granted"      // Lock returned a lease; T0 claim sent, T reply
+	EvClaimErr    = "claim_err"    // Lock failed other than ErrAlreadyLocked
+	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
+	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
+	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost (T: observed)
+	EvUnlockSent  = "unlock_sent"  // the holder stops, calls Unlock
+	EvUnlockOK    = "unlock_ok"    // Unlock returned nil (T0: sent)
+	EvUnlockErr   = "unlock_err"   // Unlock failed (not a loss: the server was unreachable)
+	EvClosed      = "closed"       // Locker.Close ended the lease (released); T0 sent
+	EvWriteOK     = "write_ok"     // a write committed; Prev: resource fence before it
+	EvWriteReject = "write_reject" // a write refused by Guard/FenceGuard
+	EvWriteErr    = "write_err"    // a write failed otherwise (network, server)
+	EvConnLeak    = "conn_leak"    // connections still in use after Close
+	EvPause       = "pause"        // controller: Proc stopped at T0, continued at T
+	EvKill        = "kill"         // controller: Proc got SIGKILL at T
+	EvFault       = "fault"        // controller: a fault from T0 to T (Detail)
+	EvQuiesced    = "quiesced"     // controller: faults over, replicas stopped
+	EvProbe       = "probe"        // controller: a fresh Locker acquired Key at T (T0: quiesced)
+	EvProbeFail   = "probe_fail"   // controller: Key not acquirable in time
+)
+
+// Event is one line of a history.
+type Event struct {
+	T      int64  `json:"t"`            // Mono() at the event (end of the operation)
+	T0     int64  `json:"t0,omitempty"` // Mono() when the operation started
+	Proc   string `json:"p"`
+	Kind   string `json:"k"`
+	Key    string `json:"key,omitempty"`
+	Fence  int64  `json:"f,omitempty"`
+	Prev   int64  `json:"prev,omitempty"` // write_ok: the resource's fence before the write
+	Via    string `json:"via,omitempty"`  // write: guard, fenceguard, raw
+	Detail string `json:"d,omitempty"`
+}
+
+// Recorder collects events, optionally also as JSON lines on w (a
+// replica process's history file: one write per line, so a kill -9 loses
+// at most the event being written).
+type Recorder struct {
+	mu     sync.Mutex
+	events []Event
+	w      io.Writer
+}
+
+// NewRecorder returns a Recorder; w may be nil.
+func NewRecorder(w io.Writer) *Recorder { return &Recorder{w: w} }
+
+// Add records e, stamping T if it is zero.
+func (r *Recorder) Add(e Event) {
+	if e.T == 0 {
+		e.T = Mono()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	if r.w != nil {
+		b, _ := json.Marshal(e)
+		_, _ = r.w.Write(append(b, '\n'))
+	}
+}
+
+// Events returns a copy of the recorded events.
+func (r *Recorder) Events() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Event(nil), r.events...)
+}
+
+// ReadHistory reads JSON lines (a torn last line, from a kill -9, is ignored).
+func ReadHistory(path string) ([]Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out, sc.Err()
+}
+
+// Merge sorts events from several processes by time.
+func Merge(hs ...[]Event) []Event {
+	var all []Event
+	for _, h := range hs {
+		all = append(all, h...)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].T < all[j].T })
+	return all
+}
+
+// logHandler turns the Locker's WARN "renew failed" records into events.
+type logHandler struct {
+	rec  *Recorder
+	proc string
+}
+
+func (h logHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h logHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		var detail string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "error" {
+				detail = a.Value.String()
+			}
+			return true
+		})
+		h.rec.Add(Event{Proc: h.proc, Kind: EvRenewFailed, Detail: truncate(detail, 200)})
+	}
+	return nil
+}
+func (h logHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h logHandler) WithGroup(string) slog.Handler      { return h }
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func slogFor(rec *Recorder, proc string) *slog.Logger {
+	return slog.New(logHandler{rec: rec, proc: proc})
+}

@@ -1,0 +1,365 @@
+package faults
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+
+	"github.com/pglease/pglease"
+)
+
+// Variant selects how a replica behaves. Only Correct uses pglease as
+// documented; the broken variants exist to prove that the checker fails.
+type Variant string
+
+const (
+	// Correct: stops at Done, writes in fenced transactions (Guard) or
+	// through a FenceGuard, with the lease's Context.
+	Correct Variant = ""
+	// BrokenUnfenced ignores Done and writes with no fencing at all, until
+	// its planned hold time is over. Checker invariant 1 must catch it.
+	BrokenUnfenced Variant = "unfenced"
+	// BrokenNoDeadline has no local deadline: it ignores Done and learns of
+	// a loss only when the server refuses a (server-side fenced) write.
+	// Checker invariant 4 must catch it.
+	BrokenNoDeadline Variant = "no-deadline"
+)
+
+// ReplicaConfig describes one replica; it is passed to replica processes
+// as JSON.
+type ReplicaConfig struct {
+	ID         string        `json:"id"`
+	URL        string        `json:"url"`
+	Table      string        `json:"table"`
+	Keys       []string      `json:"keys"`
+	Lease      time.Duration `json:"lease"`
+	Heartbeat  time.Duration `json:"heartbeat"`
+	Margin     time.Duration `json:"margin"`
+	Hold       time.Duration `json:"hold"`        // mean time a holder keeps a key before Unlock
+	WriteEvery time.Duration `json:"write_every"` // fenced write interval while holding
+	Workers    int           `json:"workers"`
+	PoolSize   int           `json:"pool_size"`
+	Variant    Variant       `json:"variant"`
+	Seed       uint64        `json:"seed"`
+	History    string        `json:"history,omitempty"` // process mode: history file
+}
+
+// ResourceTable is the table fenced writes go to.
+func ResourceTable(leaseTable string) string { return leaseTable + "_res" }
+
+// SetupTables migrates the lease table and creates the resource table with
+// one row per key.
+func SetupTables(ctx context.Context, db *sql.DB, table string, keys []string) error {
+	if err := pglease.Migrate(ctx, db, pglease.WithTable(table)); err != nil {
+		return err
+	}
+	res := `"` + ResourceTable(table) + `"`
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+res+` (key text PRIMARY KEY, fence bigint NOT NULL, n bigint NOT NULL)`); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if _, err := db.ExecContext(ctx, `INSERT INTO `+res+` VALUES ($1, 0, 0) ON CONFLICT DO NOTHING`, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Replica is one contender: a pool, a Locker, workers.
+type Replica struct {
+	cfg    ReplicaConfig
+	rec    *Recorder
+	db     *sql.DB
+	locker *pglease.Locker
+	guard  *pglease.FenceGuard
+	res    string
+	srv    string // server-side guard statement (BrokenNoDeadline)
+	wg     sync.WaitGroup
+}
+
+// NewReplica opens the replica's pool and Locker (no I/O yet).
+func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
+	if cfg.Workers == 0 {
+		cfg.Workers = 1
+	}
+	if cfg.PoolSize == 0 {
+		cfg.PoolSize = 2
+	}
+	db, err := sql.Open("pgx", cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(cfg.PoolSize)
+	opts := []pglease.Option{
+		pglease.WithTable(cfg.Table),
+		pglease.WithHolder(cfg.ID),
+		pglease.WithLeaseDuration(cfg.Lease),
+		pglease.WithLogger(slogFor(rec, cfg.ID)),
+		pglease.WithReleaseTimeout(2 * time.Second),
+	}
+	if cfg.Heartbeat > 0 {
+		opts = append(opts, pglease.WithHeartbeat(cfg.Heartbeat))
+	}
+	if cfg.Margin > 0 {
+		opts = append(opts, pglease.WithSafetyMargin(cfg.Margin))
+	}
+	l, err := pglease.New(db, opts...)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	g, err := pglease.NewFenceGuard(pglease.WithTable(cfg.Table))
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Replica{
+		cfg: cfg, rec: rec, db: db, locker: l, guard: g,
+		res: `"` + ResourceTable(cfg.Table) + `"`,
+		srv: `SELECT 1 FROM "` + cfg.Table + `" WHERE key = $1 AND holder = $2 AND fence = $3
+			AND released_at IS NULL AND expires_at > clock_timestamp() FOR KEY SHARE`,
+	}, nil
+}
+
+// ID is the replica's id (also its holder id).
+func (r *Replica) ID() string { return r.cfg.ID }
+
+// Run runs the workers until ctx ends; every lease is then unlocked, the
+// Locker closed and the pool checked for connections still in use.
+func (r *Replica) Run(ctx context.Context) {
+	for w := 0; w < r.cfg.Workers; w++ {
+		r.wg.Add(1)
+		go r.worker(ctx, w)
+	}
+	r.wg.Wait()
+	t0 := Mono()
+	if err := r.locker.Close(); err != nil {
+		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvUnlockErr, Detail: truncate(err.Error(), 200)})
+	}
+	// No connection may be held by pglease after Close (invariant 6).
+	deadline := time.Now().Add(3 * time.Second)
+	for r.db.Stats().InUse > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := r.db.Stats().InUse; n > 0 {
+		r.rec.Add(Event{Proc: r.cfg.ID, Kind: EvConnLeak, Detail: fmt.Sprintf("%d connections in use after Close", n)})
+	}
+	r.db.Close()
+}
+
+// Starve occupies every connection of the replica's pool for d: its
+// renewer cannot get one, and must be told by the local deadline.
+func (r *Replica) Starve(ctx context.Context, d time.Duration) {
+	var wg sync.WaitGroup
+	for i := 0; i < r.cfg.PoolSize; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			c, err := r.db.Conn(cctx)
+			if err != nil {
+				return
+			}
+			<-cctx.Done()
+			c.Close()
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Replica) worker(ctx context.Context, w int) {
+	defer r.wg.Done()
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(w)))
+	for ctx.Err() == nil {
+		key := r.cfg.Keys[rng.IntN(len(r.cfg.Keys))]
+		t0 := Mono()
+		cctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Lease+time.Second)
+		le, err := r.locker.Lock(cctx, key)
+		cancel()
+		switch {
+		case errors.Is(err, pglease.ErrAlreadyLocked):
+			sleepCtx(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)
+			continue
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvClaimErr, Key: key, Detail: truncate(err.Error(), 200)})
+			sleepCtx(ctx, r.cfg.Lease/10)
+			continue
+		}
+		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvGranted, Key: key, Fence: le.Fence()})
+		r.hold(ctx, le, rng)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// hold keeps le for a while, writing, then unlocks it; it returns early
+// when the lease is lost (Correct variant) or ctx ends.
+func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
+	id, key, fence := r.cfg.ID, le.Key(), le.Fence()
+	watched := make(chan struct{})
+	go func() { // observes renewals, and the loss signal
+		defer close(watched)
+		tick := time.NewTicker(r.cfg.Lease / 20)
+		defer tick.Stop()
+		last := le.ExpiresAt()
+		for {
+			select {
+			case <-le.Done():
+				t := Mono()
+				if r.cfg.Variant == Correct && errors.Is(le.Err(), pglease.ErrLeaseLost) {
+					r.rec.Add(Event{T: t, Proc: id, Kind: EvLost, Key: key, Fence: fence, Detail: truncate(le.Err().Error(), 200)})
+				}
+				return
+			case <-tick.C:
+				if e := le.ExpiresAt(); !e.Equal(last) {
+					last = e
+					r.rec.Add(Event{Proc: id, Kind: EvRenewOK, Key: key, Fence: fence})
+				}
+			}
+		}
+	}()
+	defer func() { <-watched }()
+
+	until := time.Now().Add(time.Duration(float64(r.cfg.Hold) * (0.5 + rng.Float64())))
+	tick := time.NewTicker(r.cfg.WriteEvery)
+	defer tick.Stop()
+	done := le.Done()
+	if r.cfg.Variant != Correct {
+		done = nil // the broken variants do not listen
+	}
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			return // lost (recorded by the watcher) or ended
+		case <-ctx.Done():
+			r.unlock(le)
+			return
+		case <-tick.C:
+		}
+		if time.Now().After(until) {
+			r.unlock(le)
+			return
+		}
+		switch r.cfg.Variant {
+		case Correct:
+			via := "guard"
+			if i%2 == 1 {
+				via = "fenceguard"
+			}
+			r.write(le.Context(), le, via)
+		case BrokenUnfenced:
+			r.write(ctx, le, "raw")
+		case BrokenNoDeadline:
+			if r.write(ctx, le, "srvguard") == EvWriteReject {
+				// The server said so: the first this replica learns of it.
+				r.rec.Add(Event{Proc: id, Kind: EvLost, Key: key, Fence: fence, Detail: "learned from a refused write"})
+				_ = le.Unlock(context.Background())
+				return
+			}
+		}
+	}
+}
+
+func (r *Replica) unlock(le *pglease.Lease) {
+	t0 := Mono()
+	r.rec.Add(Event{T: t0, Proc: r.cfg.ID, Kind: EvUnlockSent, Key: le.Key(), Fence: le.Fence()})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := le.Unlock(ctx)
+	switch {
+	case err == nil:
+		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvUnlockOK, Key: le.Key(), Fence: le.Fence()})
+	case errors.Is(err, pglease.ErrLeaseLost):
+		// Told at Unlock. The Correct variant's watcher already recorded
+		// the loss when Done closed; the broken ones learn it only now.
+		if r.cfg.Variant != Correct {
+			r.rec.Add(Event{Proc: r.cfg.ID, Kind: EvLost, Key: le.Key(), Fence: le.Fence(), Detail: "learned at Unlock"})
+		}
+	default:
+		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvUnlockErr, Key: le.Key(), Fence: le.Fence(), Detail: truncate(err.Error(), 200)})
+	}
+}
+
+// write makes one fenced write to the key's resource row and records it;
+// it returns the event kind recorded.
+func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string) string {
+	id, key, fence := r.cfg.ID, le.Key(), le.Fence()
+	t0 := Mono()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	fail := func(err error) string {
+		kind := EvWriteErr
+		switch {
+		case errors.Is(err, pglease.ErrLeaseLost), errors.Is(err, pglease.ErrStaleFence), errors.Is(err, sql.ErrNoRows):
+			kind = EvWriteReject
+		case ctx.Err() != nil:
+			err = fmt.Errorf("cancelled (%v): %w", context.Cause(ctx), err)
+		}
+		r.rec.Add(Event{T0: t0, Proc: id, Kind: kind, Key: key, Fence: fence, Via: via, Detail: truncate(err.Error(), 160)})
+		return kind
+	}
+	tx, err := r.db.BeginTx(wctx, nil)
+	if err != nil {
+		return fail(err)
+	}
+	defer tx.Rollback()
+	switch via {
+	case "guard":
+		err = le.Guard(wctx, tx)
+	case "fenceguard":
+		err = r.guard.Check(wctx, tx, "res:"+key, fence)
+	case "srvguard":
+		var one int
+		err = tx.QueryRowContext(wctx, r.srv, key, r.cfg.ID, fence).Scan(&one)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	var prev int64
+	if err := tx.QueryRowContext(wctx, `SELECT fence FROM `+r.res+` WHERE key = $1 FOR UPDATE`, key).Scan(&prev); err != nil {
+		return fail(fmt.Errorf("read resource: %w", noRowsIsErr(err)))
+	}
+	if _, err := tx.ExecContext(wctx, `UPDATE `+r.res+` SET fence = greatest(fence, $2), n = n + 1 WHERE key = $1`, key, fence); err != nil {
+		return fail(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fail(err)
+	}
+	r.rec.Add(Event{T0: t0, Proc: id, Kind: EvWriteOK, Key: key, Fence: fence, Prev: prev, Via: via})
+	return EvWriteOK
+}
+
+func noRowsIsErr(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return errors.New("resource row missing")
+	}
+	return err
+}
+
+// WithAppName adds application_name to a connection URL (so the suite can
+// find its connections in pg_stat_activity) and a short connect timeout.
+func WithAppName(url, app string) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "application_name=" + app + "&connect_timeout=2"
+}
