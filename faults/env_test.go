@@ -76,7 +76,7 @@ func currentProfile(t *testing.T) profile {
 		if out == "" {
 			out = "RESULTS.md"
 		}
-		return profile{name: "long", lease: time.Second, phase: 20 * time.Second, runs: 3, output: out}
+		return profile{name: "long", lease: time.Second, phase: 15 * time.Second, runs: 3, output: out}
 	}
 	out := os.Getenv("FAULTS_OUT")
 	if out == "" {

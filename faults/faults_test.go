@@ -49,12 +49,24 @@ func starve(e *env, h *handle) string {
 	return fmt.Sprintf("pool occupied for %v", d)
 }
 
+// restart: a fast restart, half the time with the server left down for up
+// to two leases (as a restart waiting on a slow checkpoint or an operator).
 func restart(e *env, _ *handle) string {
 	t0 := time.Now()
-	if err := e.cluster.Restart(e.ctx); err != nil {
-		e.t.Fatalf("restart: %v", err)
+	if e.rng.IntN(2) == 0 {
+		if err := e.cluster.Restart(e.ctx); err != nil {
+			e.t.Fatalf("restart: %v", err)
+		}
+		return fmt.Sprintf("pg restart -m fast, down %v", time.Since(t0).Round(time.Millisecond))
 	}
-	return fmt.Sprintf("pg restart -m fast, down %v", time.Since(t0).Round(time.Millisecond))
+	if err := e.cluster.Stop(); err != nil {
+		e.t.Fatalf("stop: %v", err)
+	}
+	e.sleep(time.Duration(e.rng.IntN(int(2 * e.lease()))))
+	if err := e.cluster.StartAgain(e.ctx); err != nil {
+		e.t.Fatalf("start: %v", err)
+	}
+	return fmt.Sprintf("pg stop -m fast, start, down %v", time.Since(t0).Round(time.Millisecond))
 }
 
 func crash(e *env, _ *handle) string {
@@ -62,6 +74,7 @@ func crash(e *env, _ *handle) string {
 	if err := e.cluster.Crash(); err != nil {
 		e.t.Fatalf("crash: %v", err)
 	}
+	e.sleep(time.Duration(e.rng.IntN(int(2 * e.lease()))))
 	if err := e.cluster.StartAgain(e.ctx); err != nil {
 		e.t.Fatalf("recovery: %v", err)
 	}
@@ -120,9 +133,9 @@ func scenarios() []scenario {
 			server: "shared", proxies: true, replicas: 3, keys: 2, inject: latency},
 		{name: "starved-renewer", what: "the holder's pool fully occupied for 2 leases: its renewer cannot get a connection past the deadline",
 			server: "shared", replicas: 3, keys: 2, inject: starve},
-		{name: "pg-restart", what: "PostgreSQL fast restart (own cluster) while leases are held",
+		{name: "pg-restart", what: "PostgreSQL fast restart (own cluster) while leases are held; half the time left down for up to 2 leases",
 			server: "own", replicas: 3, keys: 2, inject: restart},
-		{name: "pg-crash", what: "postmaster and backends SIGKILLed, then crash recovery (own cluster, synchronous_commit=on)",
+		{name: "pg-crash", what: "postmaster and backends SIGKILLed, down for up to 2 leases, then crash recovery (own cluster, synchronous_commit=on)",
 			server: "own", replicas: 3, keys: 2, inject: crash},
 		{name: "pause", what: "holder process SIGSTOPped for 2–3 leases, then SIGCONT (replicas are OS processes)",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: pause},
