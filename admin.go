@@ -17,7 +17,7 @@ type LeaseInfo struct {
 	ExpiresAt  time.Time     // server clock
 	ReleasedAt *time.Time    // nil while not released
 	State      string        // "held", "expired" or "released"
-	ExpiresIn  time.Duration // on the server clock; negative once expired
+	ExpiresIn  time.Duration // on the server clock; negative once expired, 0 once released
 }
 
 // List returns every row of the lease table, ordered by key, with each
@@ -43,7 +43,9 @@ func List[D DB](ctx context.Context, db D, opts ...Option) ([]LeaseInfo, error) 
 			r := rel.Time
 			li.ReleasedAt = &r
 		}
-		li.ExpiresIn = time.Duration(in)
+		if li.State != "released" {
+			li.ExpiresIn = time.Duration(in)
+		}
 		out = append(out, li)
 		return nil
 	})

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -29,7 +30,8 @@ func TestListAndForceRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(got) != 2 || got[0].Key != "held" || got[0].State != "held" || got[0].Holder != a.Holder() ||
-			got[0].ExpiresIn <= 0 || got[0].ExpiresIn > time.Second || got[1].State != "released" || got[1].ReleasedAt == nil {
+			got[0].ExpiresIn <= 0 || got[0].ExpiresIn > time.Second || got[1].State != "released" || got[1].ReleasedAt == nil ||
+			got[1].ExpiresIn != 0 {
 			t.Fatalf("List: %+v", got)
 		}
 	}
@@ -66,5 +68,17 @@ func TestListAndForceRelease(t *testing.T) {
 	}
 	if lb.Fence() != fr.NewFence+1 {
 		t.Fatalf("fence after force release: %d, want %d", lb.Fence(), fr.NewFence+1)
+	}
+}
+
+func TestMissingSchemaIsReportedClearly(t *testing.T) {
+	c := ctx(t)
+	db := pgxPool(t)
+	err := Migrate(c, db, WithTable("no_such_schema.leases"))
+	if !errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), "schema does not exist") {
+		t.Fatalf("Migrate into a missing schema: %v", err)
+	}
+	if _, err := List(c, db, WithTable("no_such_schema.leases")); !errors.Is(err, ErrNotMigrated) {
+		t.Fatalf("List: %v", err)
 	}
 }

@@ -61,15 +61,15 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	}
 	le := newLease(l, ctx, key, fence, token, expiresAt, sentAt)
 	if !time.Now().Before(le.Deadline()) {
-		le.timer.Stop()
 		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
 		// It waited that long for a fenced transaction of the previous
 		// holder: the key was busy, and the reply came too late to trust.
 		return nil, fmt.Errorf("%w: lock %q: the claim took %v (it waited for the previous holder's fenced transaction), past the local safety deadline; released",
 			ErrAlreadyLocked, key, time.Since(sentAt).Round(time.Millisecond))
 	}
+	le.arm()
 	if !l.add(le) {
-		le.timer.Stop()
+		le.discard()
 		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
 		return nil, ErrClosed
 	}

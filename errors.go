@@ -94,6 +94,8 @@ func (t table) wrapDB(op string, err error) error {
 	switch sqlState(err) {
 	case "25006": // read_only_sql_transaction
 		return fmt.Errorf("%w: %s on %s: %w", ErrReadOnly, op, t.display, err)
+	case "3F000": // invalid_schema_name
+		return fmt.Errorf("%w: %s on %s: the schema does not exist (create it, then run pglease.Migrate): %w", ErrNotMigrated, op, t.display, err)
 	case "42P01", "42703": // undefined_table, undefined_column
 		return fmt.Errorf("%w: %s on %s (run pglease.Migrate or `pglease migrate`): %w", ErrNotMigrated, op, t.display, err)
 	}

@@ -55,8 +55,14 @@ func newLease(l *Locker, parent context.Context, key string, fence, token int64,
 		expiresAt: expiresAt,
 		deadline:  sentAt.Add(l.cfg.duration - l.cfg.margin),
 	}
-	le.timer = time.AfterFunc(time.Until(le.deadline), le.deadlinePassed)
 	return le
+}
+
+// arm starts the local safety deadline's timer (no goroutine until it fires).
+func (le *Lease) arm() {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	le.timer = time.AfterFunc(time.Until(le.deadline), le.deadlinePassed)
 }
 
 // Key is the leased key.
@@ -148,6 +154,16 @@ func (le *Lease) finishLost(from leaseState, reason string) *LostError {
 	le.cancel(err)
 	le.locker.remove(le)
 	return err
+}
+
+// discard ends a lease that was never handed out (the Locker closed while
+// it was being claimed), silently.
+func (le *Lease) discard() {
+	le.mu.Lock()
+	le.state, le.err = stateReleased, ErrClosed
+	le.timer.Stop()
+	le.mu.Unlock()
+	le.cancel(ErrClosed)
 }
 
 // beginUnlock moves a held (or abandoned) lease to unlocking; it reports the
