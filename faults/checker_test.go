@@ -19,7 +19,9 @@ func TestCheckerFindsEachViolation(t *testing.T) {
 	w := func(p, k, via string, f, prev, t0 int64) Event {
 		return Event{T0: t0 * ms, T: (t0 + 2) * ms, Proc: p, Kind: EvWriteOK, Key: k, Fence: f, Prev: prev, Via: via}
 	}
-	probe := func(k string, t0, t int64) Event { return Event{T0: t0 * ms, T: t * ms, Proc: "probe", Kind: EvProbe, Key: k} }
+	probe := func(k string, t0, t int64) Event {
+		return Event{T0: t0 * ms, T: t * ms, Proc: "probe", Kind: EvProbe, Key: k}
+	}
 	clean := []Event{
 		g("a", "k", 1, 0, 5), w("a", "k", "guard", 1, 0, 10), w("a", "k", "fenceguard", 1, 1, 20),
 		lost("a", "k", 1, 590),
