@@ -23,6 +23,9 @@ import (
 // transaction to end. If that wait outlasts the lease duration, the claim is
 // released again and Lock returns an error wrapping ErrAlreadyLocked.
 //
+// Lock never takes longer than the lease duration minus the safety margin:
+// a later reply could not be trusted.
+//
 // If ctx ends while the claim is in flight, Lock returns the error and
 // releases, in the background, whatever the claim may have taken.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
@@ -37,6 +40,9 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	}
 	token := rand.Int64()
 	sentAt := time.Now()
+	// A reply later than the local deadline could not be trusted anyway.
+	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
+	defer cancel()
 	var (
 		acquired  bool
 		fence     int64

@@ -11,7 +11,8 @@ import (
 // so the next claim gets a higher fence.
 //
 //   - If ctx is already done (a scheduler shutting down), Unlock still
-//     releases, under a fresh context bounded by the release timeout.
+//     releases, under a fresh context. Either way it is bounded by the
+//     release timeout (WithReleaseTimeout, default 5s).
 //   - Unlock is idempotent: after a successful Unlock, it returns nil.
 //   - After a loss it returns the loss (an error wrapping ErrLeaseLost) and
 //     changes nothing; a late Unlock never touches another holder's lease.
@@ -28,10 +29,10 @@ func (le *Lease) Unlock(ctx context.Context) error {
 	}
 	l := le.locker
 	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
-		defer cancel()
+		ctx = context.WithoutCancel(ctx)
 	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)
+	defer cancel()
 	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence)
 	switch {
 	case err != nil:
