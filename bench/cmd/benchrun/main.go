@@ -1,0 +1,238 @@
+// Command benchrun runs all of pglease's benchmarks in one go and writes
+// BENCHMARKS.md at the repository root, plus bench/renew-cost.svg.
+//
+//	cd bench && go run ./cmd/benchrun
+//
+// It starts a durable throw-away PostgreSQL (fsync and synchronous_commit
+// on), redis-server twice (default persistence, and appendfsync always) and
+// a single-member etcd, each on free loopback ports — a peer whose binary is
+// missing is skipped with a message saying what to install. Then it runs the
+// testing.B benchmarks of this module (`go test -bench`, raw output kept in
+// bench/results/latest.txt for benchstat) against those servers, and, in
+// this process against the same PostgreSQL: the skip-path counters, the
+// renew planner check and the table-health run with several fillfactors.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/bench/internal/benchenv"
+	"github.com/pglease/pglease/internal/pgcluster"
+)
+
+type config struct {
+	bench        string
+	benchtime    string
+	count        int
+	health       time.Duration
+	healthLeases int
+	healthBeat   time.Duration
+	fillfactors  string
+	skipN        int
+	plannerN     string
+	out, svg     string
+	raw          string
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.bench, "bench", ".", "regexp of the testing.B benchmarks to run (go test -bench)")
+	flag.StringVar(&c.benchtime, "benchtime", "1s", "go test -benchtime")
+	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
+	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
+	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
+	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
+	flag.StringVar(&c.fillfactors, "fillfactors", "100,70,50", "fillfactors tried in the table-health run")
+	flag.IntVar(&c.skipN, "skip-claims", 10000, "skip-path claims in the counter check")
+	flag.StringVar(&c.plannerN, "planner-n", "1000,10000", "lease counts of the renew planner check (empty: skip)")
+	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
+	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
+	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
+	flag.Parse()
+	if err := run(c, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "benchrun: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "benchrun %s: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func run(c config, args []string) error {
+	start := time.Now()
+	if _, err := os.Stat("go.mod"); err != nil {
+		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
+	}
+	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
+		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
+	}
+	ctx := context.Background()
+	rep := &report{Args: args, Config: c, Started: start.UTC()}
+
+	logf("starting a durable throw-away PostgreSQL")
+	cl, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+	if err != nil {
+		return err
+	}
+	defer cl.Remove()
+	pcfg, err := pgxpool.ParseConfig(cl.URL())
+	if err != nil {
+		return err
+	}
+	admin, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if rep.Settings, err = benchenv.Settings(ctx, admin); err != nil {
+		return err
+	}
+	rep.Machine = append(benchenv.MachineInfo(), [2]string{"Go", runtime.Version()})
+
+	env := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+cl.URL())
+	peer := func(name, envName string, start func() (*benchenv.Proc, error), versionCmd ...string) {
+		p, err := start()
+		if err != nil {
+			var miss *benchenv.MissingError
+			if errors.As(err, &miss) {
+				logf("SKIPPING the %s peer: %v", name, err)
+				rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", name, err))
+				env = append(env, envName+"=-")
+				return
+			}
+			logf("SKIPPING the %s peer: it did not start: %v", name, err)
+			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: did not start: %v", name, err))
+			env = append(env, envName+"=-")
+			return
+		}
+		rep.Peers = append(rep.Peers, [2]string{name, benchenv.Version(versionCmd[0], versionCmd[1:]...)})
+		env = append(env, envName+"="+p.Addr)
+		stops = append(stops, p.Stop)
+	}
+	defer func() {
+		for _, s := range stops {
+			s()
+		}
+	}()
+	logf("starting the peers (redis-server twice, etcd)")
+	peer("Redis (default persistence)", "PGLEASE_BENCH_REDIS_ADDR",
+		func() (*benchenv.Proc, error) { return benchenv.StartRedis(ctx, "redis-default") }, "redis-server", "--version")
+	peer("Redis (appendfsync always)", "PGLEASE_BENCH_REDIS_FSYNC_ADDR",
+		func() (*benchenv.Proc, error) {
+			return benchenv.StartRedis(ctx, "redis-fsync", benchenv.RedisFsyncAlways...)
+		}, "redis-server", "--version")
+	peer("etcd (single member)", "PGLEASE_BENCH_ETCD_URL",
+		func() (*benchenv.Proc, error) { return benchenv.StartEtcd(ctx) }, "etcd", "--version")
+
+	// 1. The testing.B benchmarks, in a child go test, against these servers.
+	goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-benchtime", c.benchtime,
+		"-count", fmt.Sprint(c.count), "-timeout", "60m", "."}
+	rep.GoTest = "go " + strings.Join(goArgs, " ")
+	logf("running %s", rep.GoTest)
+	raw, err := goTest(goArgs, env, c.raw)
+	if err != nil {
+		return err
+	}
+	rep.Results = parseBench(raw)
+	if len(rep.Results) == 0 {
+		return errors.New("go test printed no benchmark result")
+	}
+
+	// 2. The probes, in this process, on the same server.
+	logf("skip-path counters: %d claims on a held key", c.skipN)
+	if rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN); err != nil {
+		return fmt.Errorf("skip counters: %w", err)
+	}
+	for _, s := range strings.Split(c.plannerN, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n <= 0 {
+			continue
+		}
+		logf("renew planner check with %d leases", n)
+		pc, err := plannerCheck(ctx, cl.URL(), n)
+		if err != nil {
+			return fmt.Errorf("planner check: %w", err)
+		}
+		rep.Planner = append(rep.Planner, pc)
+	}
+	if c.health > 0 {
+		var ffs []int
+		for _, s := range strings.Split(c.fillfactors, ",") {
+			var f int
+			if _, err := fmt.Sscan(strings.TrimSpace(s), &f); err == nil && f >= 10 && f <= 100 {
+				ffs = append(ffs, f)
+			}
+		}
+		logf("table health: %d leases per table, renewed every %v for %v, fillfactors %v", c.healthLeases, c.healthBeat, c.health, ffs)
+		if rep.Health, err = tableHealth(ctx, cl.URL(), ffs, c.healthLeases, c.healthBeat, c.health); err != nil {
+			return fmt.Errorf("table health: %w", err)
+		}
+	}
+	rep.Took = time.Since(start)
+
+	if err := os.WriteFile(c.svg, []byte(renewSVG(rep)), 0o644); err != nil {
+		return err
+	}
+	rel, _ := filepath.Rel(filepath.Dir(c.out), c.svg)
+	if abs, err := filepath.Abs(c.svg); err == nil {
+		if outAbs, err := filepath.Abs(filepath.Dir(c.out)); err == nil {
+			rel, _ = filepath.Rel(outAbs, abs)
+		}
+	}
+	rep.SVGLink = filepath.ToSlash(rel)
+	if err := os.WriteFile(c.out, []byte(rep.markdown()), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s and %s in %v", c.out, c.svg, rep.Took.Round(time.Second))
+	return nil
+}
+
+var stops []func()
+
+// goTest runs go test, echoing its output and keeping it in rawPath.
+func goTest(args, env []string, rawPath string) (string, error) {
+	if err := os.MkdirAll(filepath.Dir(rawPath), 0o755); err != nil {
+		return "", err
+	}
+	f, err := os.Create(rawPath)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	cmd := exec.Command("go", args...)
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	var all strings.Builder
+	sc := bufio.NewScanner(io.TeeReader(out, f))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Println(line)
+		all.WriteString(line + "\n")
+	}
+	if err := cmd.Wait(); err != nil {
+		return all.String(), fmt.Errorf("go test: %w (output in %s)", err, rawPath)
+	}
+	return all.String(), nil
+}
