@@ -70,7 +70,8 @@ func (l *leaseRec) stopT() int64 {
 //     Unlock called) before the next holder's grant;
 //  5. after the faults stopped, every key was acquired again within
 //     Lease + Slack;
-//  6. no connection was left in use or open (conn_leak events).
+//  6. no connection was left in use or open, and no goroutine left in a
+//     replica process (leak events).
 func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 	var st Stats
 	var vs []Violation

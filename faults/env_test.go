@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/pgtest"
@@ -53,12 +55,18 @@ func TestHelperReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec := r.rec
+	ignore := goleak.IgnoreCurrent()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
 	// Never outlive a lost parent.
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
-	defer cancel()
 	r.Run(ctx)
+	cancel()
+	stop()
+	// Invariant 6 in the replica process: nothing left running.
+	if err := goleak.Find(ignore, goleak.IgnoreAnyFunction("os/signal.loop"), goleak.IgnoreAnyFunction("os/signal.signal_recv")); err != nil {
+		rec.Add(Event{Proc: cfg.ID, Kind: EvConnLeak, Detail: truncate("goroutines left: "+err.Error(), 300)})
+	}
 }
 
 // profile: how long and how often.

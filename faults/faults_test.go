@@ -91,18 +91,18 @@ func pause(e *env, h *handle) string {
 	return fmt.Sprintf("SIGSTOP %v", d.Round(time.Millisecond))
 }
 
-// throttle starves the holder of CPU: stopped 90% of every 50ms, for 3 leases.
+// throttle starves the holder of CPU: stopped 95% of every 100ms, for 3 leases.
 func throttle(e *env, h *handle) string {
 	t0 := Mono()
 	end := time.Now().Add(3 * e.lease())
 	for time.Now().Before(end) {
 		_ = h.cmd.Process.Signal(syscall.SIGSTOP)
-		time.Sleep(45 * time.Millisecond)
+		time.Sleep(95 * time.Millisecond)
 		_ = h.cmd.Process.Signal(syscall.SIGCONT)
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.ctl.Add(Event{T0: t0, Proc: h.id, Kind: EvPause, Detail: "throttled"})
-	return "CPU 10% for 3 leases"
+	return "CPU 5% for 3 leases"
 }
 
 func kill(e *env, h *handle) string {
@@ -139,7 +139,7 @@ func scenarios() []scenario {
 			server: "own", replicas: 3, keys: 2, inject: crash},
 		{name: "pause", what: "holder process SIGSTOPped for 2–3 leases, then SIGCONT (replicas are OS processes)",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: pause},
-		{name: "cpu-starved", what: "holder process throttled to 10% CPU (SIGSTOP 45ms / SIGCONT 5ms) for 3 leases",
+		{name: "cpu-starved", what: "holder process starved of CPU: 5% (SIGSTOP 95ms / SIGCONT 5ms) for 3 leases; its renewer runs late or not at all",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: throttle},
 		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},

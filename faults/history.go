@@ -49,7 +49,7 @@ const (
 	EvWriteOK     = "write_ok"     // a write committed; Prev: resource fence before it
 	EvWriteReject = "write_reject" // a write refused by Guard/FenceGuard
 	EvWriteErr    = "write_err"    // a write failed otherwise (network, server)
-	EvConnLeak    = "conn_leak"    // connections still in use after Close
+	EvConnLeak    = "leak"         // connections (or, in a replica process, goroutines) left after Close
 	EvPause       = "pause"        // controller: Proc stopped at T0, continued at T
 	EvKill        = "kill"         // controller: Proc got SIGKILL at T
 	EvFault       = "fault"        // controller: a fault from T0 to T (Detail)

@@ -264,11 +264,18 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
 			if i%2 == 1 {
 				via = "fenceguard"
 			}
-			r.write(le.Context(), le, via)
+			// Every fourth write does some work inside its fenced
+			// transaction, so that pauses and partitions also hit open
+			// transactions (a takeover must wait for them).
+			var work time.Duration
+			if i%4 == 0 {
+				work = 2 * r.cfg.WriteEvery
+			}
+			r.write(le.Context(), le, via, work)
 		case BrokenUnfenced:
-			r.write(ctx, le, "raw")
+			r.write(ctx, le, "raw", 0)
 		case BrokenNoDeadline:
-			if r.write(ctx, le, "srvguard") == EvWriteReject {
+			if r.write(ctx, le, "srvguard", 0) == EvWriteReject {
 				// The server said so: the first this replica learns of it.
 				r.rec.Add(Event{Proc: id, Kind: EvLost, Key: key, Fence: fence, Detail: "learned from a refused write"})
 				_ = le.Unlock(context.Background())
@@ -299,8 +306,9 @@ func (r *Replica) unlock(le *pglease.Lease) {
 }
 
 // write makes one fenced write to the key's resource row and records it;
-// it returns the event kind recorded.
-func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string) string {
+// it returns the event kind recorded. work is time spent inside the
+// transaction, after the fence check.
+func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string, work time.Duration) string {
 	id, key, fence := r.cfg.ID, le.Key(), le.Fence()
 	t0 := Mono()
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -332,6 +340,11 @@ func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string) stri
 	}
 	if err != nil {
 		return fail(err)
+	}
+	if work > 0 {
+		if _, err := tx.ExecContext(wctx, `SELECT pg_sleep($1)`, work.Seconds()); err != nil {
+			return fail(err)
+		}
 	}
 	var prev int64
 	if err := tx.QueryRowContext(wctx, `SELECT fence FROM `+r.res+` WHERE key = $1 FOR UPDATE`, key).Scan(&prev); err != nil {
