@@ -167,12 +167,17 @@ func (e *env) replicaURL(addr string) string {
 }
 
 func (e *env) config(id string, addr string) ReplicaConfig {
-	return ReplicaConfig{
+	c := ReplicaConfig{
 		ID: id, URL: e.replicaURL(addr), Table: e.table, Keys: e.keys,
 		Lease: e.lease(), Margin: e.lease() / 10,
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
 	}
+	if e.sc.variant != Correct {
+		// A broken holder keeps going past the faults, where it does harm.
+		c.Hold = 6 * e.lease()
+	}
+	return c
 }
 
 // spawn starts one more replica.
