@@ -20,8 +20,9 @@ import (
 //
 // Lock waits only in one case: the key's lease has expired while its holder
 // has a fenced transaction open (see Guard); the claim then waits for that
-// transaction to end. If that wait outlasts the lease duration, the claim is
-// released again and Lock returns an error wrapping ErrAlreadyLocked.
+// transaction to end. If that wait outlasts the local deadline, Lock gives up
+// (undoing the claim if it went through) with an error wrapping
+// context.DeadlineExceeded.
 //
 // Lock never takes longer than the lease duration minus the safety margin:
 // a later reply could not be trusted.
@@ -41,6 +42,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	token := rand.Int64()
 	sentAt := time.Now()
 	// A reply later than the local deadline could not be trusted anyway.
+	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
 	var (
@@ -61,6 +63,10 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 			// may have committed before the reply was lost. Undo it.
 			l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.abandon, key, l.holder, token) })
 		}
+		if parent.Err() == nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
+				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)
+		}
 		return nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
 	case !acquired:
 		return nil, &HeldError{Key: key, Holder: holder, Fence: fence, ExpiresAt: expiresAt}
@@ -68,10 +74,9 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	le := newLease(l, ctx, key, fence, token, expiresAt, sentAt)
 	if !time.Now().Before(le.Deadline()) {
 		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
-		// It waited that long for a fenced transaction of the previous
-		// holder: the key was busy, and the reply came too late to trust.
-		return nil, fmt.Errorf("%w: lock %q: the claim took %v (it waited for the previous holder's fenced transaction), past the local safety deadline; released",
-			ErrAlreadyLocked, key, time.Since(sentAt).Round(time.Millisecond))
+		// The reply came too late to trust.
+		return nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
+			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
 	}
 	le.arm()
 	if !l.add(le) {
