@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
 func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
@@ -140,4 +142,41 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if _, err := a.Lock(c, "d"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Lock after Close: %v", err)
 	}
+}
+
+// With the network black-holed, neither Lock nor Unlock hangs: Lock gives up
+// at the local deadline, Unlock at the release timeout, even under a caller
+// context without a deadline.
+func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
+	f := newFixture(t)
+	proxy, err := tcpproxy.New(targetAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	db := openVia(t, proxy.Addr())
+	l := f.locker(db, WithLeaseDuration(500*time.Millisecond), WithReleaseTimeout(300*time.Millisecond))
+	le, err := l.Lock(context.Background(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetMode(tcpproxy.BlackHole)
+	done := make(chan error, 2)
+	go func() {
+		_, err := l.Lock(context.Background(), "new")
+		done <- err
+	}()
+	go func() { done <- le.Unlock(context.Background()) }()
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("a call through a black hole succeeded")
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Lock or Unlock hung on a black-holed network")
+		}
+	}
+	proxy.SetMode(tcpproxy.Pass)
+	proxy.DropAll()
 }
