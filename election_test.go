@@ -1,0 +1,51 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	opts := []Option{WithLeaseDuration(time.Second), WithHeartbeat(50 * time.Millisecond)}
+	lockers := []*Locker{f.replica(2, opts...), f.replica(2, opts...), f.replica(2, opts...)}
+	type win struct {
+		i  int
+		le *Lease
+	}
+	wins := make(chan win, len(lockers))
+	cctx, cancel := context.WithCancel(c)
+	defer cancel()
+	for i, l := range lockers {
+		go func() {
+			le, err := l.Campaign(cctx, "leader")
+			if err != nil {
+				if !errors.Is(err, context.Canceled) {
+					t.Error(err)
+				}
+				return
+			}
+			wins <- win{i, le}
+		}()
+	}
+	first := <-wins
+	select {
+	case w := <-wins:
+		t.Fatalf("two leaders: %d and %d", first.i, w.i)
+	case <-time.After(300 * time.Millisecond): // several retry rounds of the others
+	}
+	if err := first.le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	second := <-wins
+	if second.i == first.i || second.le.Fence() != first.le.Fence()+1 {
+		t.Fatalf("hand-over: leader %d fence %d after %d fence %d", second.i, second.le.Fence(), first.i, first.le.Fence())
+	}
+	cancel() // the third campaign gives up
+	if _, err := lockers[0].Campaign(c, ""); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("bad key: %v", err)
+	}
+}
