@@ -91,18 +91,20 @@ func pause(e *env, h *handle) string {
 	return fmt.Sprintf("SIGSTOP %v", d.Round(time.Millisecond))
 }
 
-// throttle starves the holder of CPU: stopped 95% of every 100ms, for 3 leases.
+// throttle starves the holder of CPU for 3 leases: it runs 2ms at a time,
+// between stops of lease/10 … lease/2 (a host so overloaded, or a GC so
+// long, that the renewer runs late or not at all).
 func throttle(e *env, h *handle) string {
 	t0 := Mono()
 	end := time.Now().Add(3 * e.lease())
 	for time.Now().Before(end) {
 		_ = h.cmd.Process.Signal(syscall.SIGSTOP)
-		time.Sleep(95 * time.Millisecond)
+		time.Sleep(e.lease()/10 + time.Duration(e.rng.IntN(int(2*e.lease()/5))))
 		_ = h.cmd.Process.Signal(syscall.SIGCONT)
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 	e.ctl.Add(Event{T0: t0, Proc: h.id, Kind: EvPause, Detail: "throttled"})
-	return "CPU 5% for 3 leases"
+	return "CPU-starved for 3 leases"
 }
 
 func kill(e *env, h *handle) string {
@@ -139,7 +141,7 @@ func scenarios() []scenario {
 			server: "own", replicas: 3, keys: 2, inject: crash},
 		{name: "pause", what: "holder process SIGSTOPped for 2–3 leases, then SIGCONT (replicas are OS processes)",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: pause},
-		{name: "cpu-starved", what: "holder process starved of CPU: 5% (SIGSTOP 95ms / SIGCONT 5ms) for 3 leases; its renewer runs late or not at all",
+		{name: "cpu-starved", what: "holder process starved of CPU for 3 leases: it runs 2ms at a time between stops of lease/10…lease/2; its renewer runs late or not at all",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: throttle},
 		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
