@@ -23,7 +23,13 @@ type Stats struct {
 	RenewOK, RenewFailed          int
 	Faults, Pauses, Kills, Probes int
 	MaxProbe                      time.Duration // slowest re-acquisition after the faults
-	ViolationsByInvariant         [7]int
+	// LateDoneInUnlock counts leases whose holder had called Unlock before
+	// the next holder's grant, but whose Done closed only after it (the
+	// Unlock was stuck: no connection, or no network). The holder had
+	// stopped, so it is no violation of invariant 4; but Done did not close
+	// at the local deadline (see docs/faults.md, "Findings").
+	LateDoneInUnlock      int
+	ViolationsByInvariant [7]int
 }
 
 // CheckConfig tunes the checker.
@@ -38,13 +44,14 @@ type leaseID struct {
 }
 
 type leaseRec struct {
-	id    leaseID
-	grant Event
-	term  *Event // first terminal event: lost, unlock_ok, unlock_err, closed
+	id       leaseID
+	grant    Event
+	term     *Event // first terminal event: lost, unlock_ok, unlock_err, closed
+	unlockAt int64  // when the holder called Unlock (0: never)
 }
 
-// stopT is when the holder stopped believing it held the lease.
-func (l *leaseRec) stopT() int64 {
+// signalT is when the holder was told (or, for an Unlock, when it sent it).
+func (l *leaseRec) signalT() int64 {
 	if l.term.Kind == EvLost {
 		return l.term.T
 	}
@@ -52,6 +59,16 @@ func (l *leaseRec) stopT() int64 {
 		return l.term.T0
 	}
 	return l.term.T
+}
+
+// stopT is when the holder stopped acting on the lease: told it was lost,
+// or its call to Unlock, whichever came first.
+func (l *leaseRec) stopT() int64 {
+	t := l.signalT()
+	if l.unlockAt != 0 && l.unlockAt < t {
+		return l.unlockAt
+	}
+	return t
 }
 
 // Check verifies the merged history:
@@ -98,6 +115,10 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			l := &leaseRec{id: id, grant: e}
 			leases[id] = l
 			byKey[e.Key] = append(byKey[e.Key], l)
+		case EvUnlockSent:
+			if l := leases[id]; l != nil && l.unlockAt == 0 {
+				l.unlockAt = e.T
+			}
 		case EvLost, EvUnlockOK, EvUnlockErr, EvClosed:
 			if e.Kind == EvLost {
 				st.Losses++
@@ -220,10 +241,13 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		if n == nil {
 			continue
 		}
-		if (l.term.Kind == EvUnlockOK || l.term.Kind == EvClosed) && n.grant.T < l.stopT() {
+		if (l.term.Kind == EvUnlockOK || l.term.Kind == EvClosed) && n.grant.T < l.signalT() {
 			add(3, "Unlock of %s on %q (fence %d) reported success though fence %d had been granted to %s before it was sent",
 				id.proc, id.key, id.fence, n.grant.Fence, n.id.proc)
 			continue
+		}
+		if l.stopT() < n.grant.T && l.signalT() >= n.grant.T && l.term.Kind == EvLost {
+			st.LateDoneInUnlock++
 		}
 		if l.stopT() >= n.grant.T && !paused(id.proc, l.grant.T0, n.grant.T) {
 			add(4, "%s on %q (fence %d) stopped (%s) at %s, %v after %s was granted fence %d",

@@ -1,6 +1,8 @@
 package faults
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -84,5 +86,28 @@ func TestMonoIsMonotonicAndNanoseconds(t *testing.T) {
 	b := Mono()
 	if d := time.Duration(b - a); d < 10*time.Millisecond || d > 5*time.Second {
 		t.Fatalf("Mono advanced %v over a 10ms sleep", d)
+	}
+}
+
+// TestRecheckHistories re-runs the checker on histories kept with
+// FAULTS_KEEP_HISTORY (set FAULTS_RECHECK to that directory); it does
+// nothing otherwise.
+func TestRecheckHistories(t *testing.T) {
+	dir := os.Getenv("FAULTS_RECHECK")
+	if dir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	for _, f := range files {
+		evs, err := ReadHistory(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease := 600 * time.Millisecond
+		if os.Getenv("FAULTS_PROFILE") == "long" {
+			lease = time.Second
+		}
+		st, vs := Check(evs, CheckConfig{Lease: lease, Slack: max(time.Second, lease)})
+		t.Logf("%s: %d events, grants %d, late Done in Unlock %d, violations %d %v", filepath.Base(f), len(evs), st.Grants, st.LateDoneInUnlock, st.Total(), vs)
 	}
 }

@@ -277,6 +277,7 @@ func addStats(a *Stats, b Stats) {
 	a.Kills += b.Kills
 	a.Probes += b.Probes
 	a.MaxProbe = max(a.MaxProbe, b.MaxProbe)
+	a.LateDoneInUnlock += b.LateDoneInUnlock
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
@@ -285,8 +286,8 @@ func addStats(a *Stats, b Stats) {
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | violations (by invariant 1–6) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | violations (by invariant 1–6) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
 		viol := "0"
@@ -299,9 +300,9 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 			}
 			viol = fmt.Sprintf("**%d**: %s", r.st.Total(), strings.Join(parts, " "))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %d | %s |\n",
 			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, r.st.RenewFailed,
-			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), viol)
+			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, viol)
 	}
 	b.WriteString("\nFaults:\n\n")
 	for _, r := range rows {
