@@ -57,7 +57,7 @@ func main() {
 	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
 	flag.StringVar(&c.fillfactors, "fillfactors", "100,70,50", "fillfactors tried in the table-health run")
 	flag.IntVar(&c.skipN, "skip-claims", 10000, "skip-path claims in the counter check")
-	flag.StringVar(&c.plannerN, "planner-n", "1000,10000", "lease counts of the renew planner check (empty: skip)")
+	flag.StringVar(&c.plannerN, "planner-n", "1000,3000,10000", "lease counts of the renew planner check (empty: skip)")
 	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
 	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")

@@ -346,6 +346,7 @@ type healthResult struct {
 	BeatMedian, BeatP95, LastMedian time.Duration
 	Lost, Warns                     int64
 	Duration, Beat                  time.Duration
+	CoreOptions                     string // reloptions of a table as Migrate creates it
 }
 
 // tableHealth holds `leases` leases on one fresh table per fillfactor, all
@@ -389,6 +390,9 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 			return nil, err
 		}
 		if err := pglease.Migrate(ctx, admin, pglease.WithTable(r.table)); err != nil {
+			return nil, err
+		}
+		if err := admin.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ', '), '') FROM pg_class WHERE oid = $1::regclass`, r.table).Scan(&r.res.CoreOptions); err != nil {
 			return nil, err
 		}
 		if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, r.table, ff)); err != nil {
