@@ -74,23 +74,27 @@ SELECT false, fence, expires_at, holder FROM cur`
 // renewSQL extends, in one statement, every listed lease that is still this
 // holder's under the same fence and not expired (invariants 3 and 7).
 //
-//	$1 jsonb array of {"k": key, "f": fence}, $2 holder, $3 duration in µs
+//	$1 jsonb object {key: fence, ...}, $2 holder, $3 duration in µs
 //
 // Result rows: (key, fence, expires_at) of the leases renewed. A listed
 // lease missing from the result is gone: expired, released or taken over.
+//
+// The keys reach the table through `key = ANY(array)`, an index condition on
+// the primary key, whatever the statistics say: a join against a set-returning
+// function was planned, on a table not yet analyzed, as a nested loop that
+// re-parsed the whole list for every row (40 s for 10,000 leases). The fence
+// of each row is looked up in the jsonb object (a binary search).
 //
 // The UPDATE touches no key column, so it takes a FOR NO KEY UPDATE row lock,
 // which does not conflict with the FOR KEY SHARE lock of a fenced transaction
 // (guardSQL): the holder's own renew is never blocked by its fenced work.
 const renewSQL = `
-WITH now AS (SELECT clock_timestamp() AS ts),
-want AS (
-	SELECT r.k, r.f FROM jsonb_to_recordset($1::jsonb) AS r(k text, f bigint)
-)
+WITH now AS (SELECT clock_timestamp() AS ts)
 UPDATE {T} AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
-FROM want, now
-WHERE l.key = want.k AND l.fence = want.f AND l.holder = $2
-  AND l.released_at IS NULL AND l.expires_at > now.ts
+FROM now
+WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
+  AND l.fence = ($1::jsonb ->> l.key)::bigint
+  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
 RETURNING l.key, l.fence, l.expires_at`
 
 // releaseSQL ends one lease, scoped to key, holder and fence, and only if it
@@ -103,17 +107,14 @@ UPDATE {T} SET released_at = clock_timestamp()
 WHERE key = $1 AND holder = $2 AND fence = $3
   AND released_at IS NULL AND expires_at > clock_timestamp()`
 
-// releaseManySQL is releaseSQL for a batch (Close).
+// releaseManySQL is releaseSQL for a batch (Close), planned like renewSQL.
 //
-//	$1 jsonb array of {"k": key, "f": fence}, $2 holder
+//	$1 jsonb object {key: fence, ...}, $2 holder
 const releaseManySQL = `
-WITH want AS (
-	SELECT r.k, r.f FROM jsonb_to_recordset($1::jsonb) AS r(k text, f bigint)
-)
 UPDATE {T} AS l SET released_at = clock_timestamp()
-FROM want
-WHERE l.key = want.k AND l.fence = want.f AND l.holder = $2
-  AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
+WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
+  AND l.fence = ($1::jsonb ->> l.key)::bigint
+  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
 RETURNING l.key, l.fence`
 
 // abandonSQL releases a claim whose reply never arrived (the caller's

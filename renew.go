@@ -52,17 +52,14 @@ func (l *Locker) renewBatch() ([]*Lease, bool) {
 	return batch, true
 }
 
-type keyFence struct {
-	K string `json:"k"`
-	F int64  `json:"f"`
-}
-
+// encodeKeyFences encodes leases as the jsonb object {key: fence} that
+// renewSQL and releaseManySQL take.
 func encodeKeyFences(leases []*Lease) string {
-	kf := make([]keyFence, len(leases))
-	for i, le := range leases {
-		kf[i] = keyFence{le.key, le.fence}
+	kf := make(map[string]int64, len(leases))
+	for _, le := range leases {
+		kf[le.key] = le.fence
 	}
-	b, _ := json.Marshal(kf) // strings are valid UTF-8 (checkKey): cannot fail
+	b, _ := json.Marshal(kf) // keys are valid UTF-8 (checkKey): cannot fail
 	return string(b)
 }
 

@@ -249,3 +249,46 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	proxy.SetMode(tcpproxy.Pass)
 	proxy.DropAll()
 }
+
+// The renew statement reaches the rows through the primary key even on a
+// table that has never been analyzed (a new deployment, or one that just
+// grew by thousands of leases): no plan that scans the list once per row.
+func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	tbl := `"` + f.table + `"`
+	if _, err := f.admin.ExecContext(c, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `INSERT INTO `+tbl+` (key, holder, token, fence, acquired_at, expires_at)
+		SELECT 'k' || i, $1, 1, 1, now(), now() + interval '1 hour' FROM generate_series(1, 5000) i`, l.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	leases := make([]*Lease, 5000)
+	for i := range leases {
+		leases[i] = &Lease{key: fmt.Sprintf("k%d", i+1), fence: 1}
+	}
+	for _, stmt := range []string{l.sql.renew, l.sql.releaseMany} {
+		args := []any{encodeKeyFences(leases), l.Holder()}
+		if stmt == l.sql.renew {
+			args = append(args, int64(time.Hour/time.Microsecond))
+		}
+		rows, err := f.admin.QueryContext(c, `EXPLAIN (COSTS OFF) `+stmt, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		rows.Close()
+		if !strings.Contains(plan.String(), f.table+"_pkey") || strings.Contains(plan.String(), "Seq Scan") {
+			t.Fatalf("plan does not go through the primary key:\n%s", plan.String())
+		}
+	}
+}
