@@ -199,7 +199,10 @@ const recordVersionSQL = `INSERT INTO {V} (version) VALUES ($1)`
 var migrations = []string{
 	// v1: the lease table. The row of a key is never deleted by pglease, so
 	// the fence survives releases. fillfactor leaves room on each page so
-	// that renewals (which touch no indexed column) are HOT updates.
+	// that renewals (which touch no indexed column) are HOT updates: measured
+	// over 490 renewals of 1,000 leases (BENCHMARKS.md), 50 gave 100 % HOT
+	// updates and the smallest table (296 KiB), 70 gave 99.75 % (440 KiB),
+	// 100 gave 93 % (3.7 MiB).
 	`CREATE TABLE IF NOT EXISTS {T} (
 	key         text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
 	holder      text        NOT NULL,
@@ -209,7 +212,7 @@ var migrations = []string{
 	expires_at  timestamptz NOT NULL,
 	released_at timestamptz,
 	CONSTRAINT lease_validity CHECK (expires_at > acquired_at)
-) WITH (fillfactor = 70)`,
+) WITH (fillfactor = 50)`,
 	// v2: the fence-guard table (FenceGuard): the highest fence accepted
 	// per downstream resource.
 	`CREATE TABLE IF NOT EXISTS {F} (
