@@ -116,7 +116,7 @@ func skipCounters(ctx context.Context, url string, n int) ([]counterPhase, error
 		if err := benchenv.FlushStats(ctx, p); err != nil {
 			return counterPhase{}, err
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(1200 * time.Millisecond) // a backend flushes its statistics at most once a second
 		before, err := benchenv.ReadCounters(ctx, p)
 		if err != nil {
 			return counterPhase{}, err
@@ -131,7 +131,7 @@ func skipCounters(ctx context.Context, url string, n int) ([]counterPhase, error
 		if err := benchenv.FlushStats(ctx, p); err != nil {
 			return counterPhase{}, err
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(1200 * time.Millisecond) // a backend flushes its statistics at most once a second
 		after, err := benchenv.ReadCounters(ctx, p)
 		if err != nil {
 			return counterPhase{}, err
