@@ -27,7 +27,10 @@ const (
 
 // isRenewSQL recognises pglease's renew statement among those a pool sends.
 func isRenewSQL(q string) bool {
-	return strings.Contains(q, "jsonb_to_recordset") && strings.Contains(q, "SET expires_at")
+	// An UPDATE that moves expires_at for a jsonb list of leases (the claim
+	// is an INSERT; release and release-many set released_at).
+	return strings.Contains(q, "UPDATE") && strings.Contains(q, "SET expires_at") &&
+		strings.Contains(q, "jsonb") && !strings.Contains(q, "INSERT")
 }
 
 // renewFixture is a real Locker holding N leases on its own database/sql

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,7 +49,10 @@ func newPool(ctx context.Context, url string, size int32, tracer *benchenv.Trace
 
 // isRenewSQL recognises pglease's renew statement.
 func isRenewSQL(q string) bool {
-	return strings.Contains(q, "jsonb_to_recordset") && strings.Contains(q, "SET expires_at")
+	// An UPDATE that moves expires_at for a jsonb list of leases (the claim
+	// is an INSERT; release and release-many set released_at).
+	return strings.Contains(q, "UPDATE") && strings.Contains(q, "SET expires_at") &&
+		strings.Contains(q, "jsonb") && !strings.Contains(q, "INSERT")
 }
 
 func claimAll(ctx context.Context, l *pglease.Locker, prefix string, n, workers int) error {
@@ -243,7 +247,7 @@ func plannerCheck(ctx context.Context, url string, n int) (plannerResult, error)
 			if !isRenewSQL(t.SQL) || len(t.Args) == 0 {
 				continue
 			}
-			if s, ok := t.Args[0].(string); ok && strings.Count(s, `"k"`) == n {
+			if s, ok := t.Args[0].(string); ok && jsonLen(s) == n {
 				if t.Err != nil {
 					res.LibraryBeatsTimedOut++
 				}
@@ -467,4 +471,18 @@ func pct(v []int64, p int) time.Duration {
 	slices.Sort(s)
 	i := (len(s) - 1) * p / 100
 	return time.Duration(s[i])
+}
+
+// jsonLen is the number of leases in the renew statement's jsonb argument:
+// the length of a JSON array or the number of keys of a JSON object.
+func jsonLen(s string) int {
+	var arr []json.RawMessage
+	if json.Unmarshal([]byte(s), &arr) == nil {
+		return len(arr)
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal([]byte(s), &obj) == nil {
+		return len(obj)
+	}
+	return -1
 }
