@@ -130,7 +130,12 @@ func (le *Lease) deadlinePassed() {
 	if early { // renewed meanwhile; the timer was re-armed
 		return
 	}
-	le.lose("no successful renew before the local safety deadline; the server may expire the lease at any moment")
+	// Also while an Unlock is in flight: a release that cannot reach the
+	// server must not keep Done open past the deadline.
+	reason := "no successful renew before the local safety deadline; the server may expire the lease at any moment"
+	if le.finishLost(stateHeld, reason) == nil {
+		le.finishLost(stateUnlocking, reason)
+	}
 }
 
 // lose ends a held lease with a loss: Done closes, Err and the context's
@@ -173,8 +178,8 @@ func (le *Lease) beginUnlock() (leaseState, error) {
 	defer le.mu.Unlock()
 	st, err := le.state, le.err
 	if st == stateHeld || st == stateAbandoned {
+		// The deadline timer stays armed: see deadlinePassed.
 		le.state = stateUnlocking
-		le.timer.Stop()
 	}
 	return st, err
 }
@@ -185,6 +190,7 @@ func (le *Lease) endUnlock(state leaseState) {
 	if le.state == stateUnlocking {
 		le.state, le.err = state, ErrUnlocked
 	}
+	le.timer.Stop()
 	le.mu.Unlock()
 	le.cancel(ErrUnlocked)
 	le.locker.remove(le)
@@ -194,4 +200,14 @@ func (le *Lease) snapshotState() (leaseState, error) {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.state, le.err
+}
+
+// lostErr is the loss, or nil if the lease was not lost.
+func (le *Lease) lostErr() error {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.state == stateLost {
+		return le.err
+	}
+	return nil
 }

@@ -37,14 +37,20 @@ func (le *Lease) Unlock(ctx context.Context) error {
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
+		if lost := le.lostErr(); lost != nil {
+			return lost // the deadline passed while the release was trying
+		}
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
 			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
 	case n == 0:
-		return le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over")
+		le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over")
+		return le.lostErr()
 	}
 	le.endUnlock(stateReleased)
-	return nil
+	// If the deadline passed while the release was in flight, Done already
+	// reported a loss; say the same here.
+	return le.lostErr()
 }
 
 // releaseMany releases leases with one statement (Close).
@@ -77,7 +83,10 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 		case ok && f == le.fence:
 			le.endUnlock(stateReleased)
 		default:
-			lost = append(lost, le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over"))
+			le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over")
+			if err := le.lostErr(); err != nil {
+				lost = append(lost, err)
+			}
 		}
 	}
 	if err != nil {

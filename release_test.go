@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
@@ -179,4 +180,57 @@ func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 	}
 	proxy.SetMode(tcpproxy.Pass)
 	proxy.DropAll()
+}
+
+// An Unlock that cannot reach the server (here: its pool's only connection
+// is taken) does not keep Done open past the local deadline: the holder is
+// still told before another replica can take the key over.
+func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
+	f := newFixture(t)
+	dbA := pgtest.SQL(t, 1)
+	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	b := f.replica(2, WithLeaseDuration(time.Second))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := la.ExpiresAt()
+	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+	conn, err := dbA.Conn(c) // the pool's only connection: renew and release now wait
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlocked := make(chan error, 1)
+	go func() {
+		uctx, cancel := context.WithTimeout(c, 20*time.Second)
+		defer cancel()
+		unlocked <- la.Unlock(uctx)
+	}()
+	var lb *Lease
+	for {
+		lb, err = b.Lock(c, "job")
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrAlreadyLocked) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case <-la.Done():
+	default:
+		t.Fatal("B took the key over while A's Done was still open (A stuck in Unlock)")
+	}
+	if !errors.Is(la.Err(), ErrLeaseLost) {
+		t.Fatalf("A's Err: %v", la.Err())
+	}
+	conn.Close()
+	if err := <-unlocked; !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("A's Unlock, after the deadline passed: %v", err)
+	}
+	if r, _ := f.row("job"); !r.Live || r.Fence != lb.Fence() {
+		t.Fatalf("B's lease was touched: %+v", r)
+	}
 }
