@@ -58,8 +58,11 @@ func (le *Lease) GuardPgx(ctx context.Context, tx pgx.Tx) error {
 }
 
 func (le *Lease) guard(ctx context.Context, b backend) error {
-	if st, err := le.snapshotState(); st == stateLost {
+	switch st, err := le.snapshotState(); st {
+	case stateLost:
 		return err
+	case stateReleased, stateAbandoned:
+		return fmt.Errorf("pglease: guard %q (fence %d) after Unlock: %w", le.key, le.fence, ErrUnlocked)
 	}
 	l := le.locker
 	var exp sqlTime

@@ -124,6 +124,17 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la2.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement on an expired lease: %v", err)
 	}
+	if err := la2.Unlock(c); err != nil && !errors.Is(err, ErrLeaseLost) {
+		t.Fatal(err)
+	}
+	tx4, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx4.Rollback()
+	if err := lb.Guard(c, tx4); !errors.Is(err, ErrUnlocked) {
+		t.Fatalf("Guard after Unlock: %v", err)
+	}
 	if err := lb.GuardPgx(c, nil); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("nil tx: %v", err)
 	}
