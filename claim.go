@@ -71,7 +71,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	case !acquired:
 		return nil, &HeldError{Key: key, Holder: holder, Fence: fence, ExpiresAt: expiresAt}
 	}
-	le := newLease(l, ctx, key, fence, token, expiresAt, sentAt)
+	le := newLease(l, parent, key, fence, token, expiresAt, sentAt)
 	if !time.Now().Before(le.Deadline()) {
 		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
 		// The reply came too late to trust.

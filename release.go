@@ -57,10 +57,20 @@ func (le *Lease) Unlock(ctx context.Context) error {
 func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	batch := leases[:0:0]
 	for _, le := range leases {
+		// Serialise with a concurrent Unlock of the same lease: it waits for
+		// this release and then finds the lease released.
+		le.unlockMu.Lock()
 		if st, _ := le.beginUnlock(); st == stateHeld || st == stateAbandoned {
 			batch = append(batch, le)
+		} else {
+			le.unlockMu.Unlock()
 		}
 	}
+	defer func() {
+		for _, le := range batch {
+			le.unlockMu.Unlock()
+		}
+	}()
 	if len(batch) == 0 {
 		return nil
 	}

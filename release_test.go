@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -232,5 +233,38 @@ func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
 	}
 	if r, _ := f.row("job"); !r.Live || r.Fence != lb.Fence() {
 		t.Fatalf("B's lease was touched: %+v", r)
+	}
+}
+
+// Close and Unlock racing on the same leases: every lease ends released,
+// none is reported lost, both calls succeed.
+func TestCloseRacingUnlock(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	for round := 0; round < 5; round++ {
+		l := f.replica(4)
+		var leases []*Lease
+		for i := 0; i < 20; i++ {
+			le, err := l.Lock(c, fmt.Sprintf("r%d-k%d", round, i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases = append(leases, le)
+		}
+		errs := make(chan error, len(leases)+1)
+		for _, le := range leases {
+			go func() { errs <- le.Unlock(c) }()
+		}
+		go func() { errs <- l.Close() }()
+		for i := 0; i < len(leases)+1; i++ {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		for _, le := range leases {
+			if !errors.Is(le.Err(), ErrUnlocked) {
+				t.Fatalf("round %d, %s: %v", round, le.Key(), le.Err())
+			}
+		}
 	}
 }
