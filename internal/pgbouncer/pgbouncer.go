@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -109,15 +108,15 @@ admin_users = postgres
 	if err := os.WriteFile(filepath.Join(dir, "userlist.txt"), []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
 		return nil, err
 	}
-	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if os.Geteuid() == 0 {
+	attr := newSysProcAttr()
+	if os.Geteuid() == 0 { // never on Windows, where Geteuid is -1
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			return nil, fmt.Errorf("pgbouncer: running as root needs a 'postgres' system user: %v", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
-		attr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		setCredential(attr, uid, gid)
 		if err := os.Chown(dir, uid, gid); err != nil {
 			return nil, err
 		}
@@ -197,14 +196,14 @@ func (b *Bouncer) Log() string {
 }
 
 func (b *Bouncer) kill() {
-	_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+	killGroup(b.cmd.Process)
 	<-b.done
 }
 
 // Stop shuts PgBouncer down (SIGINT: immediate shutdown), waits for it and
 // removes its directory.
 func (b *Bouncer) Stop() error {
-	_ = b.cmd.Process.Signal(syscall.SIGINT)
+	interrupt(b.cmd.Process)
 	select {
 	case <-b.done:
 	case <-time.After(10 * time.Second):
