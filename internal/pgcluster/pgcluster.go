@@ -20,7 +20,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,7 +49,7 @@ type Cluster struct {
 	sockDir string
 	port    int
 	bin     string
-	cred    *syscall.Credential
+	cred    *credential // nil: the server runs as the current user
 	opts    Options
 
 	mu   sync.Mutex
@@ -115,7 +114,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		c.cred = newCredential(uid, gid)
 		for _, d := range []string{dir, c.dataDir, c.sockDir} {
 			if err := os.Chown(d, uid, gid); err != nil {
 				return nil, fmt.Errorf("pgcluster: %w", err)
@@ -128,7 +127,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
 		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	initdb.SysProcAttr = childAttr(c.cred)
 	initdb.Env = append(os.Environ(), "LC_ALL=C")
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
@@ -194,8 +193,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), c.args()...)
-	// Pdeathsig: if the test binary dies, the postmaster goes with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	// Its own process group (so Crash kills the backends too) and, on
+	// Linux, Pdeathsig: if the test binary dies, the postmaster goes with it.
+	cmd.SysProcAttr = serverAttr(c.cred)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	var out *lineWriter
 	if c.opts.Log != nil {
@@ -275,11 +275,11 @@ func (c *Cluster) PID() int {
 
 // Stop shuts the server down (fast shutdown: sessions are disconnected,
 // a checkpoint is written) and waits for it to exit.
-func (c *Cluster) Stop() error { return c.signal(syscall.SIGINT, 60*time.Second) }
+func (c *Cluster) Stop() error { return c.signal(false, 60*time.Second) }
 
 // Crash kills the postmaster with SIGKILL, as a power cut would; the next
 // Restart runs crash recovery.
-func (c *Cluster) Crash() error { return c.signal(syscall.SIGKILL, 30*time.Second) }
+func (c *Cluster) Crash() error { return c.signal(true, 30*time.Second) }
 
 // Restart stops the server (fast) and starts it again on the same port.
 func (c *Cluster) Restart(ctx context.Context) error {
@@ -292,23 +292,25 @@ func (c *Cluster) Restart(ctx context.Context) error {
 // StartAgain starts a stopped or crashed server on the same port.
 func (c *Cluster) StartAgain(ctx context.Context) error { return c.start(ctx) }
 
-func (c *Cluster) signal(sig syscall.Signal, wait time.Duration) error {
+// signal kills the server (its whole process group) or asks it for a fast
+// shutdown, and waits up to wait before killing it.
+func (c *Cluster) signal(kill bool, wait time.Duration) error {
 	c.mu.Lock()
 	cmd, done := c.cmd, c.done
 	c.mu.Unlock()
 	if cmd == nil {
 		return nil
 	}
-	if sig == syscall.SIGKILL {
+	if kill {
 		// Kill the whole process group, so no backend outlives the postmaster.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(cmd.Process)
 	} else {
-		_ = cmd.Process.Signal(sig)
+		fastShutdown(cmd.Process)
 	}
 	select {
 	case <-done:
 	case <-time.After(wait):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(cmd.Process)
 		<-done
 	}
 	c.mu.Lock()

@@ -1,0 +1,25 @@
+//go:build !unix
+
+package pgcluster
+
+import (
+	"os"
+	"syscall"
+)
+
+// credential: switching users is not supported here; the server runs as
+// the current user (who must not be an administrator: PostgreSQL refuses).
+type credential struct{}
+
+func newCredential(int, int) *credential { return nil }
+
+func childAttr(*credential) *syscall.SysProcAttr  { return nil }
+func serverAttr(*credential) *syscall.SysProcAttr { return nil }
+
+// killGroup kills the postmaster only: without process groups its
+// backends exit when they notice it is gone.
+func killGroup(p *os.Process) { _ = p.Kill() }
+
+// fastShutdown: there is no SIGINT to send to another process; the
+// postmaster is killed, and the next start runs crash recovery.
+func fastShutdown(p *os.Process) { _ = p.Kill() }
