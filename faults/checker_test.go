@@ -111,3 +111,66 @@ func TestRecheckHistories(t *testing.T) {
 		t.Logf("%s: %d events, grants %d, late Done in Unlock %d, violations %d %v", filepath.Base(f), len(evs), st.Grants, st.LateDoneInUnlock, st.Total(), vs)
 	}
 }
+
+// Invariant 7 on hand-made histories: a loss the server reported while the
+// row (read right after) still showed the lease as the holder's is
+// spurious; a loss at the local deadline with the row still live is not
+// (the deadline comes first by design), nor a loss whose row was taken.
+// A force-released lease is exempt from invariant 4.
+func TestCheckerSpuriousLoss(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	g := func(p, k string, f, t0, t int64) Event {
+		return Event{T0: t0 * ms, T: t * ms, Proc: p, Kind: EvGranted, Key: k, Fence: f}
+	}
+	lost := func(p, k string, f, t int64, via, srv string) Event {
+		return Event{T: t * ms, Proc: p, Kind: EvLost, Key: k, Fence: f, Via: via, Srv: srv, Detail: "renew found the lease gone"}
+	}
+	unlock := func(p, k string, f, t0 int64) Event {
+		return Event{T0: t0 * ms, T: (t0 + 1) * ms, Proc: p, Kind: EvUnlockOK, Key: k, Fence: f}
+	}
+	forced := func(p, k string, f, t int64) Event {
+		return Event{T: t * ms, Proc: p, Kind: EvForced, Key: k, Fence: f}
+	}
+	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
+	// Issue 9's reproduction: a holds k (fence 1); an operator force-releases
+	// it (fence 2, no grant); a's Locker claims k again (fence 3); a renew
+	// sends fence 1 for k and both leases are declared lost, though the
+	// server shows fence 3 as a's and live.
+	relock := []Event{
+		g("a", "k", 1, 0, 5), forced("a", "k", 1, 100), g("a", "k", 3, 110, 112),
+		lost("a", "k", 1, 300, "server", "taken: a fence 3"),
+	}
+	for _, tc := range []struct {
+		name     string
+		add      []Event
+		spurious int
+		unknown  int
+	}{
+		{"live lease reported lost by the server", []Event{lost("a", "k", 3, 300, "server", "live")}, 1, 0},
+		{"live row at the local deadline", []Event{lost("a", "k", 3, 700, "deadline", "live")}, 0, 0},
+		{"row taken over", []Event{g("b", "k", 4, 800, 801), lost("a", "k", 3, 790, "server", "expired"), unlock("b", "k", 4, 900)}, 0, 0},
+		{"row unreadable", []Event{lost("a", "k", 3, 300, "server", "unknown: timeout")}, 0, 1},
+		{"unlocked", []Event{unlock("a", "k", 3, 500)}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := append(append([]Event(nil), relock...), tc.add...)
+			st, vs := Check(Merge(h), cfg)
+			if st.ViolationsByInvariant[7] != tc.spurious || st.LossViewUnknown != tc.unknown {
+				t.Fatalf("spurious losses %d (want %d), unknown views %d (want %d): %v", st.ViolationsByInvariant[7], tc.spurious, st.LossViewUnknown, tc.unknown, vs)
+			}
+			if st.Total() != tc.spurious {
+				t.Fatalf("other violations: %v", vs)
+			}
+			if st.Forced != 1 {
+				t.Fatalf("forced = %d, want 1", st.Forced)
+			}
+		})
+	}
+	// Without the forced event, the relock (fence 3 granted while fence 1
+	// was not yet told) is a violation of invariant 4.
+	h := append(append([]Event(nil), relock[:1]...), relock[2:]...)
+	h = append(h, unlock("a", "k", 3, 500))
+	if st, vs := Check(Merge(h), cfg); st.ViolationsByInvariant[4] != 1 {
+		t.Fatalf("invariant 4 without the forced event: %v", vs)
+	}
+}

@@ -105,6 +105,7 @@ type scenario struct {
 	keys     int
 	inject   func(e *env, h *handle) string // one fault while h holds a key
 	expect   int                            // broken variants: the invariant that must be violated
+	optIn    string                         // runs only when named in FAULTS_ONLY, until this lands
 }
 
 // handle is one replica, goroutine or process.

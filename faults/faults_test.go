@@ -3,12 +3,15 @@ package faults
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgbouncer"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/tcpproxy"
@@ -116,6 +119,57 @@ func kill(e *env, h *handle) string {
 	return "kill -9; replaced by " + n.id
 }
 
+// forceRelock reproduces issue 9's defect 1, four rounds in a row: an
+// operator force-releases the key h holds, and h's own Locker claims it
+// again at once (a new fence) while its renewer still holds the evicted
+// lease. The evicted lease must be reported lost; the new one must not be
+// (checker invariant 7: no loss while the server shows the lease live).
+func forceRelock(e *env, h *handle) string {
+	key := e.heldKey(h)
+	if key == "" {
+		return "force-relock: the holder had let go already"
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	relocked := 0
+	for round := 0; round < 4; round++ {
+		fr, err := pglease.ForceRelease(e.ctx, e.admin, key, pglease.WithTable(e.table))
+		if err != nil {
+			e.t.Errorf("force release %q: %v", key, err)
+			break
+		}
+		if fr.WasLive {
+			e.ctl.Add(Event{Proc: fr.Holder, Kind: EvForced, Key: key, Fence: fr.OldFence})
+		}
+		t0 := Mono()
+		le, err := h.r.locker.Lock(e.ctx, key)
+		if err != nil {
+			break // another replica was quicker
+		}
+		relocked++
+		h.r.rec.Add(Event{T0: t0, Proc: h.id, Kind: EvGranted, Key: key, Fence: le.Fence()})
+		rng := rand.New(rand.NewPCG(e.rng.Uint64(), uint64(round)))
+		wg.Add(1)
+		go func() { defer wg.Done(); h.r.hold(e.ctx, le, rng) }()
+		e.sleep(2 * e.lease() / 3) // two beats: the renewer sends both leases
+	}
+	return fmt.Sprintf("ForceRelease of %q, relocked by the same Locker %d times in a row", key, relocked)
+}
+
+// heldKey is a key h holds (unexpired), per the lease table, or "".
+func (e *env) heldKey(h *handle) string {
+	ls, err := pglease.List(e.ctx, e.admin, pglease.WithTable(e.table))
+	if err != nil {
+		return ""
+	}
+	for _, li := range ls {
+		if li.State == "held" && li.Holder == h.id {
+			return li.Key
+		}
+	}
+	return ""
+}
+
 func bouncerFaults(e *env, h *handle) string {
 	if e.rng.IntN(2) == 0 {
 		return "partition: " + partition(e, h)
@@ -145,6 +199,8 @@ func scenarios() []scenario {
 			server: "shared", process: true, replicas: 3, keys: 2, inject: throttle},
 		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
+		{name: "force-relock", what: "an operator ForceRelease of the held key, and the same Locker claims it again at once (new fence), 4 rounds in a row (issue 9, defect 1)",
+			server: "shared", replicas: 2, keys: 2, inject: forceRelock, optIn: "the root package's fix of issue 9 defect 1"},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it",
 			server: "bouncer", proxies: true, replicas: 3, keys: 2, inject: bouncerFaults},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
@@ -203,7 +259,8 @@ func TestFaults(t *testing.T) {
 	only := os.Getenv("FAULTS_ONLY")
 	var rows []*row
 	for _, sc := range scenarios() {
-		if only != "" && !strings.Contains(","+only+",", ","+sc.name+",") {
+		named := strings.Contains(","+only+",", ","+sc.name+",")
+		if (only != "" && !named) || (sc.optIn != "" && !named) {
 			continue
 		}
 		rw := &row{sc: sc}
@@ -278,6 +335,8 @@ func addStats(a *Stats, b Stats) {
 	a.Probes += b.Probes
 	a.MaxProbe = max(a.MaxProbe, b.MaxProbe)
 	a.LateDoneInUnlock += b.LateDoneInUnlock
+	a.Forced += b.Forced
+	a.LossViewUnknown += b.LossViewUnknown
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
@@ -286,14 +345,14 @@ func addStats(a *Stats, b Stats) {
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | violations (by invariant 1–6) |\n")
+	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | violations (by invariant 1–7) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
 		viol := "0"
 		if r.st.Total() > 0 {
 			var parts []string
-			for i := 1; i <= 6; i++ {
+			for i := 1; i < len(v); i++ {
 				if v[i] > 0 {
 					parts = append(parts, fmt.Sprintf("(%d)×%d", i, v[i]))
 				}

@@ -28,7 +28,7 @@ const (
 	EvClaimErr    = "claim_err"    // Lock failed other than ErrAlreadyLocked
 	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
 	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
-	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost (T: observed)
+	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost (T: observed; Via: server or deadline; Srv: the row read right after)
 	EvUnlockSent  = "unlock_sent"  // the holder stops, calls Unlock
 	EvUnlockOK    = "unlock_ok"    // Unlock returned nil (T0: sent)
 	EvUnlockErr   = "unlock_err"   // Unlock failed (not a loss: the server was unreachable)
@@ -43,18 +43,24 @@ const (
 	EvQuiesced    = "quiesced"     // controller: faults over, replicas stopped
 	EvProbe       = "probe"        // controller: a fresh Locker acquired Key at T (T0: quiesced)
 	EvProbeFail   = "probe_fail"   // controller: Key not acquirable in time
+	EvForced      = "forced"       // controller: an operator ForceRelease ended Proc's lease (Key, Fence) at T
 )
 
 // Event is one line of a history.
 type Event struct {
-	T      int64  `json:"t"`            // Mono() at the event (end of the operation)
-	T0     int64  `json:"t0,omitempty"` // Mono() when the operation started
-	Proc   string `json:"p"`
-	Kind   string `json:"k"`
-	Key    string `json:"key,omitempty"`
-	Fence  int64  `json:"f,omitempty"`
-	Prev   int64  `json:"prev,omitempty"` // write_ok: the resource's fence before the write
-	Via    string `json:"via,omitempty"`  // write: guard, fenceguard, raw
+	T     int64  `json:"t"`            // Mono() at the event (end of the operation)
+	T0    int64  `json:"t0,omitempty"` // Mono() when the operation started
+	Proc  string `json:"p"`
+	Kind  string `json:"k"`
+	Key   string `json:"key,omitempty"`
+	Fence int64  `json:"f,omitempty"`
+	Prev  int64  `json:"prev,omitempty"` // write_ok: the resource's fence before the write
+	Via   string `json:"via,omitempty"`  // write: guard, fenceguard, raw; lost: server, deadline
+	// Srv is, for a loss, the server's view of the row read right after
+	// it: "live" (still this holder's, same fence, unexpired, not
+	// released), "expired", "released", "taken" (another holder or fence),
+	// "missing", or "unknown: <error>".
+	Srv    string `json:"srv,omitempty"`
 	Detail string `json:"d,omitempty"`
 }
 

@@ -225,7 +225,15 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
 			case <-le.Done():
 				t := Mono()
 				if r.cfg.Variant == Correct && errors.Is(le.Err(), pglease.ErrLeaseLost) {
-					r.rec.Add(Event{T: t, Proc: id, Kind: EvLost, Key: key, Fence: fence, Detail: truncate(le.Err().Error(), 200)})
+					// Told by the server (a renew, Guard or Unlock found
+					// the lease gone), or by the local deadline, which
+					// comes before the server's expiry by design.
+					how := "server"
+					if !time.Now().Before(le.Deadline()) {
+						how = "deadline"
+					}
+					srv := r.serverView(key, fence)
+					r.rec.Add(Event{T: t, Proc: id, Kind: EvLost, Key: key, Fence: fence, Via: how, Srv: srv, Detail: truncate(le.Err().Error(), 200)})
 				}
 				return
 			case <-tick.C:
@@ -285,6 +293,34 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
 	}
 }
 
+// serverView reads the lease row right after a loss (one read, bounded):
+// see Event.Srv. A loss the server reported while the row still shows the
+// lease as this holder's is spurious (checker invariant 7).
+func (r *Replica) serverView(key string, fence int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var (
+		holder            string
+		f                 int64
+		released, expired bool
+	)
+	err := r.db.QueryRowContext(ctx, `SELECT holder, fence, released_at IS NOT NULL, expires_at <= clock_timestamp()
+		FROM "`+r.cfg.Table+`" WHERE key = $1`, key).Scan(&holder, &f, &released, &expired)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "missing"
+	case err != nil:
+		return "unknown: " + truncate(err.Error(), 120)
+	case holder != r.cfg.ID || f != fence:
+		return fmt.Sprintf("taken: %s fence %d", holder, f)
+	case released:
+		return "released"
+	case expired:
+		return "expired"
+	}
+	return "live"
+}
+
 func (r *Replica) unlock(le *pglease.Lease) {
 	t0 := Mono()
 	r.rec.Add(Event{T: t0, Proc: r.cfg.ID, Kind: EvUnlockSent, Key: le.Key(), Fence: le.Fence()})
@@ -331,7 +367,14 @@ func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string, work
 	defer tx.Rollback()
 	switch via {
 	case "guard":
+		// Guard, and the resource's FenceGuard too: every write to the
+		// resource records its fence there, so that a FenceGuard write with
+		// an older fence (a holder evicted by ForceRelease, not yet told)
+		// is refused once a newer fence has written by either way.
 		err = le.Guard(wctx, tx)
+		if err == nil {
+			err = r.guard.Check(wctx, tx, "res:"+key, fence)
+		}
 	case "fenceguard":
 		err = r.guard.Check(wctx, tx, "res:"+key, fence)
 	case "srvguard":
