@@ -13,11 +13,20 @@ type LeaseInfo struct {
 	Key        string
 	Holder     string
 	Fence      int64
-	AcquiredAt time.Time     // server clock
-	ExpiresAt  time.Time     // server clock
-	ReleasedAt *time.Time    // nil while not released
-	State      string        // "held", "expired" or "released"
-	ExpiresIn  time.Duration // on the server clock; negative once expired, 0 once released
+	AcquiredAt time.Time  // server clock
+	ExpiresAt  time.Time  // server clock
+	ReleasedAt *time.Time // nil while not released
+	// HoldUntil is when the minimum hold of a released lease ends (nil if
+	// none is pending): until then the key stays blocked.
+	HoldUntil *time.Time
+	LastTick  *time.Time // the last tick claimed on the key (see Tick); nil if none
+	// State is "held", "expired", "released", or "min-hold" (released by
+	// its holder, blocked until HoldUntil).
+	State string
+	// ExpiresIn is the time left on the server clock: until ExpiresAt while
+	// held (negative once expired), until HoldUntil in "min-hold", 0 once
+	// released.
+	ExpiresIn time.Duration
 }
 
 // List returns every row of the lease table, ordered by key, with each
@@ -27,22 +36,19 @@ func List[D DB](ctx context.Context, db D, opts ...Option) ([]LeaseInfo, error) 
 	if err != nil {
 		return nil, err
 	}
-	_, t, err := buildConfig(opts)
+	t, err := tableOnly("List", opts)
 	if err != nil {
 		return nil, err
 	}
 	var out []LeaseInfo
 	err = b.query(ctx, t.statements().list, nil, func(scan func(...any) error) error {
 		var li LeaseInfo
-		var rel sql.NullTime
+		var rel, hold, tick sql.NullTime
 		var in pgInterval
-		if err := scan(&li.Key, &li.Holder, &li.Fence, &li.AcquiredAt, &li.ExpiresAt, &rel, &li.State, &in); err != nil {
+		if err := scan(&li.Key, &li.Holder, &li.Fence, &li.AcquiredAt, &li.ExpiresAt, &rel, &hold, &tick, &li.State, &in); err != nil {
 			return err
 		}
-		if rel.Valid {
-			r := rel.Time
-			li.ReleasedAt = &r
-		}
+		li.ReleasedAt, li.HoldUntil, li.LastTick = timePtr(rel), timePtr(hold), timePtr(tick)
 		if li.State != "released" {
 			li.ExpiresIn = time.Duration(in)
 		}
@@ -58,19 +64,41 @@ func List[D DB](ctx context.Context, db D, opts ...Option) ([]LeaseInfo, error) 
 // ForceReleased reports what ForceRelease did.
 type ForceReleased struct {
 	Key      string
-	Holder   string // the evicted holder
-	OldFence int64  // the evicted lease's fence
-	NewFence int64  // the fence the row now carries; the next claim gets NewFence+1
-	WasLive  bool   // the lease was held (not expired, not released) when evicted
+	Holder   string // the last holder (evicted if WasLive)
+	OldFence int64  // its lease's fence
+	NewFence int64  // the fence the row now carries; the next claim gets a higher one
+	// WasLive: the lease was held (not expired, not released) and was
+	// evicted; its fence was moved on. False: nothing was evicted and the
+	// fence did not move (only a pending minimum hold was cleared).
+	WasLive bool
+}
+
+func timePtr(t sql.NullTime) *time.Time {
+	if !t.Valid {
+		return nil
+	}
+	return &t.Time
 }
 
 // ErrUnknownKey: ForceRelease was given a key with no lease row.
 var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 
 // ForceRelease ends the current lease on key, whoever holds it, and moves
-// the fence on: the evicted holder's renew reports the loss, its Unlock
-// changes nothing, and its fenced transactions are rejected. For operators
-// (`pglease release --force`); a holder ends its own lease with Unlock.
+// the fence on (forceReleaseSQL, in queries.go). For operators (`pglease
+// release --force`); a holder ends its own lease with Unlock.
+//
+// What the evicted holder sees: its next renew reports the loss (Done
+// closes) — at once if its Locker is listening for notifications (it is
+// while any of its callers waits in Acquire or Campaign), otherwise within
+// one heartbeat. Until then it may keep working: its fenced transactions
+// (Guard) are rejected from the moment of the eviction, but a FenceGuard or
+// a `last_fence <= $f` condition rejects its writes only once the next
+// holder has written. Its Unlock changes nothing.
+//
+// ForceRelease waits for the holder's open fenced transactions to end (they
+// lock the row); bound the wait with ctx. A lease that is not live
+// (released, expired) keeps its fence and only loses a pending minimum
+// hold: WasLive reports which.
 func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (ForceReleased, error) {
 	if err := checkKey(key); err != nil {
 		return ForceReleased{}, err
@@ -79,15 +107,20 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (
 	if err != nil {
 		return ForceReleased{}, err
 	}
-	_, t, err := buildConfig(opts)
+	t, err := tableOnly("ForceRelease", opts)
 	if err != nil {
 		return ForceReleased{}, err
 	}
 	r := ForceReleased{Key: key}
-	err = b.queryRow(ctx, t.statements().forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive)
+	var notified any
+	err = b.queryRow(ctx, t.statements().forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
 	switch {
 	case errors.Is(err, errNoRows):
 		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.display)
+	case err != nil && ctx.Err() != nil:
+		return r, fmt.Errorf("pglease: force release %q on %s: gave up waiting for the row: a fenced transaction of the holder "+
+			"(Guard) is still open and locks it until it commits or rolls back (see pg_stat_activity); nothing was released: %w",
+			key, t.display, ctx.Err())
 	case err != nil:
 		return r, t.wrapDB(fmt.Sprintf("force release %q", key), err)
 	}

@@ -2,93 +2,169 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 )
 
-// Lock claims key with one statement (see claimSQL) and returns the Lease,
-// kept alive by the Locker's renewer until Unlock. If another holder has an
-// unexpired lease on key, Lock returns an error wrapping ErrAlreadyLocked
-// (a *HeldError) without writing anything, and does not wait: a scheduler
-// skips its run.
+// Lock claims key with one statement (claimSQL, in queries.go) and returns
+// the Lease, kept alive by the Locker's renewer until Unlock. It does not
+// wait for the key: if another holder has an unexpired lease on it (or a
+// minimum hold blocks it), Lock returns an error wrapping ErrAlreadyLocked
+// (a *HeldError) without writing anything — a scheduler skips its run. With
+// Tick, a tick already run returns ErrAlreadyRun instead. To wait for the
+// key, use Acquire.
 //
 // Every call is a new claim: two goroutines calling Lock on the same key —
 // with the same Locker or not — get one winner and one ErrAlreadyLocked.
-// The lease does not inherit ctx's cancellation: it lives until Unlock.
+// ctx bounds the claim only: the lease lives until Unlock, Close or loss
+// (use Do to run a function under a lease that also ends with ctx).
 //
 // Lock waits only in one case: the key's lease has expired while its holder
 // has a fenced transaction open (see Guard); the claim then waits for that
-// transaction to end. If that wait outlasts the local deadline, Lock gives up
-// (undoing the claim if it went through) with an error wrapping
-// context.DeadlineExceeded.
-//
-// Lock never takes longer than the lease duration minus the safety margin:
-// a later reply could not be trusted.
-//
-// If ctx ends while the claim is in flight, Lock returns the error and
-// releases, in the background, whatever the claim may have taken.
-func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
-	if err := checkKey(key); err != nil {
+// transaction to end. Lock never takes longer than the local deadline
+// (lease duration minus safety margin): past it, Lock gives up with an
+// error wrapping context.DeadlineExceeded, since a later reply could not be
+// trusted. Whenever a claim's reply is lost (ctx ended, deadline passed,
+// connection dropped), what it may have taken is released in the
+// background, after the claim's outcome is known.
+func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
+	lc, err := l.prepareClaim(ctx, key, opts)
+	if err != nil {
 		return nil, err
 	}
+	return l.lockOnce(ctx, key, lc)
+}
+
+// prepareClaim validates a claim's arguments before any I/O.
+func (l *Locker) prepareClaim(ctx context.Context, key string, opts []LockOption) (lockConfig, error) {
+	if err := checkKey(key); err != nil {
+		return lockConfig{}, err
+	}
+	lc, err := l.lockConfig(opts)
+	if err != nil {
+		return lc, err
+	}
 	if l.isClosed() {
-		return nil, ErrClosed
+		return lc, ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("pglease: lock %q: %w", key, err)
+		return lc, fmt.Errorf("pglease: lock %q: %w", key, err)
 	}
+	return lc, nil
+}
+
+// lockOnce claims key; a claim that met a concurrent claim in flight is
+// retried a few times, so that the caller learns who won (or gets the key
+// if the other claim failed).
+func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Lease, error) {
+	for attempt := 1; ; attempt++ {
+		le, rep, err := l.claim(ctx, key, lc)
+		if err != nil || le != nil {
+			l.obs.claimed(ctx, key, outcomeOf(le, err))
+			return le, err
+		}
+		if rep != nil || attempt == 3 {
+			err := rep.err(key, lc)
+			l.obs.claimed(ctx, key, outcomeOf(nil, err))
+			return nil, err
+		}
+		if !sleepCtx(ctx, time.Duration(1+rand.IntN(3))*time.Millisecond) {
+			return nil, fmt.Errorf("pglease: lock %q: %w", key, ctx.Err())
+		}
+	}
+}
+
+// claimReply is the claim statement's answer when it did not acquire.
+type claimReply struct {
+	outcome   string // "held", "min-hold" or "ran"
+	fence     int64
+	holder    string
+	lastTick  sql.NullTime
+	freeIn    time.Duration
+	expiresAt time.Time
+}
+
+// err turns a reply (nil: a concurrent claim in flight) into the error Lock
+// returns.
+func (r *claimReply) err(key string, lc lockConfig) error {
+	switch {
+	case r == nil:
+		return &HeldError{Key: key}
+	case r.outcome == "ran":
+		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.lastTick.Time, Holder: r.holder, Fence: r.fence}
+	}
+	return &HeldError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, MinHold: r.outcome == "min-hold"}
+}
+
+// claim runs the claim statement once. It returns the lease, or the reply
+// describing who has the key, or (nil, nil, nil) when a concurrent claim of
+// the key was in flight.
+func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, *claimReply, error) {
 	token := rand.Int64()
 	sentAt := time.Now()
-	// A reply later than the local deadline could not be trusted anyway.
 	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
 	var (
-		acquired  bool
-		fence     int64
-		expiresAt time.Time
-		holder    string
+		rep     claimReply
+		freeIn  int64
+		expires time.Time
 	)
 	err := l.db.queryRow(ctx, l.sql.claim,
-		[]any{key, l.holder, token, l.cfg.duration.Microseconds()},
-		&acquired, &fence, &expiresAt, &holder)
+		[]any{key, l.holder, token, l.cfg.duration.Microseconds(), lc.tickArg()},
+		&rep.outcome, &rep.fence, &expires, &rep.holder, &rep.lastTick, &freeIn)
 	switch {
 	case errors.Is(err, errNoRows):
-		return nil, &HeldError{Key: key}
+		return nil, nil, nil
 	case err != nil:
 		if sqlState(err) == "" {
 			// No server verdict (context ended, connection lost): the claim
-			// may have committed before the reply was lost. Undo it.
-			l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.abandon, key, l.holder, token) })
+			// may commit after the reply was lost. Undo it once its outcome
+			// is known.
+			l.undoClaim(key, token)
 		}
 		if parent.Err() == nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
+			return nil, nil, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
 				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)
 		}
-		return nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
-	case !acquired:
-		return nil, &HeldError{Key: key, Holder: holder, Fence: fence, ExpiresAt: expiresAt}
+		return nil, nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
+	case rep.outcome != "acquired":
+		rep.freeIn, rep.expiresAt = time.Duration(freeIn)*time.Microsecond, expires
+		return nil, &rep, nil
 	}
-	le := newLease(l, parent, key, fence, token, expiresAt, sentAt)
+	le := newLease(l, parent, key, rep.fence, token, lc, expires, sentAt)
 	if !time.Now().Before(le.Deadline()) {
-		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
+		l.releaseInBackground(le)
 		// The reply came too late to trust.
-		return nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
+		return nil, nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
 			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
 	}
 	le.arm()
 	if !l.add(le) {
 		le.discard()
-		l.background(func(bg context.Context) { _, _ = l.db.exec(bg, l.sql.release, key, l.holder, fence) })
-		return nil, ErrClosed
+		l.releaseInBackground(le)
+		return nil, nil, ErrClosed
 	}
-	return le, nil
+	return le, nil, nil
 }
 
 func (l *Locker) isClosed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.closed
+}
+
+// sleepCtx sleeps for d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -9,9 +9,16 @@ import (
 // Sentinel errors. Test for them with errors.Is: the errors pglease returns
 // wrap them with the details (key, holder, fence, the server's error).
 var (
-	// ErrAlreadyLocked: another holder has an unexpired lease on the key.
-	// For a scheduler this means "skip this run".
+	// ErrAlreadyLocked: another holder has an unexpired lease on the key,
+	// or a minimum hold keeps it blocked. For a scheduler this means "skip
+	// this run": somebody else is running the job (or just ran it).
 	ErrAlreadyLocked = errors.New("pglease: already locked")
+
+	// ErrAlreadyRun: a claim tied to a tick (see Tick) found that tick, or
+	// a later one, already claimed on the key. For a scheduler this means
+	// "skip: this tick has run (or is running) elsewhere". It is not
+	// ErrAlreadyLocked: the key may well be free.
+	ErrAlreadyRun = errors.New("pglease: tick already run")
 
 	// ErrLeaseLost: the lease ended other than by Unlock — a renew found it
 	// expired, released or taken over, or the local safety deadline passed
@@ -44,25 +51,53 @@ var (
 )
 
 // HeldError is returned (wrapping ErrAlreadyLocked) when another holder has
-// the key. Holder, Fence and ExpiresAt are zero when the claim lost a race
-// it could not attribute.
+// the key. Holder and Fence are zero when the claim met a concurrent claim
+// still in flight (it cannot tell who will win).
 type HeldError struct {
-	Key       string
-	Holder    string
-	Fence     int64
-	ExpiresAt time.Time // server clock
+	Key    string
+	Holder string
+	Fence  int64
+	// FreeIn is how long the key stays blocked, measured on the server's
+	// clock when the claim ran: until the lease's expiry, or the end of
+	// its minimum hold. The holder may renew or release before then.
+	FreeIn time.Duration
+	// MinHold is true when the holder has released the key and only its
+	// minimum hold blocks it.
+	MinHold bool
 }
 
 func (e *HeldError) Error() string {
-	if e.Holder == "" {
-		return fmt.Sprintf("pglease: %q is already locked by another holder", e.Key)
+	switch {
+	case e.Holder == "":
+		return fmt.Sprintf("pglease: %q is being claimed by another holder right now", e.Key)
+	case e.MinHold:
+		return fmt.Sprintf("pglease: %q was released by %q (fence %d) and is blocked by its minimum hold for another %v",
+			e.Key, e.Holder, e.Fence, e.FreeIn.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("pglease: %q is already locked by %q (fence %d) until %s",
-		e.Key, e.Holder, e.Fence, e.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	return fmt.Sprintf("pglease: %q is already locked by %q (fence %d), expiring in %v unless renewed",
+		e.Key, e.Holder, e.Fence, e.FreeIn.Round(time.Millisecond))
 }
 
 // Is makes errors.Is(err, ErrAlreadyLocked) true.
 func (e *HeldError) Is(target error) bool { return target == ErrAlreadyLocked }
+
+// AlreadyRunError is returned (wrapping ErrAlreadyRun) by a claim for a
+// tick at or before the key's last claimed tick.
+type AlreadyRunError struct {
+	Key      string
+	Tick     time.Time // the tick asked for
+	LastTick time.Time // the key's last claimed tick (server record)
+	Holder   string    // who claimed the key last
+	Fence    int64
+}
+
+func (e *AlreadyRunError) Error() string {
+	return fmt.Sprintf("pglease: tick %s of %q already run: last tick %s, claimed by %q (fence %d)",
+		e.Tick.UTC().Format(time.RFC3339Nano), e.Key, e.LastTick.UTC().Format(time.RFC3339Nano), e.Holder, e.Fence)
+}
+
+// Is makes errors.Is(err, ErrAlreadyRun) true.
+func (e *AlreadyRunError) Is(target error) bool { return target == ErrAlreadyRun }
 
 // LostError is the error (wrapping ErrLeaseLost) that Err, Unlock and the
 // Context's cause report once a lease is lost.

@@ -27,10 +27,15 @@ func (e *StaleFenceError) Error() string {
 // Is makes errors.Is(err, ErrStaleFence) true.
 func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence }
 
-// Guard makes tx a fenced transaction: in one statement (guardSQL) it checks
-// that the lease is still held — same key, holder and fence, not released,
-// not expired on the server's clock — and locks the lease row until tx ends.
-// If the lease is gone it returns an error wrapping ErrLeaseLost: roll back.
+// Guard makes tx a fenced transaction: in one statement (guardSQL, in
+// queries.go) it checks that the lease is still held — same key, holder,
+// fence and claim token, not released, not expired on the server's clock —
+// and locks the lease row until tx ends.
+//
+// Any error means: roll back, write nothing. It wraps ErrLeaseLost when the
+// lease is gone (the lease then ends locally at once: Done closes, Err
+// reports the loss), ErrUnlocked after Unlock, or carries the context's or
+// the driver's error; in none of these cases is tx protected.
 //
 // Guarantee: while tx is open no other holder can claim the key (a claim
 // waits for tx to end, then gets a higher fence), so the writes tx makes
@@ -66,11 +71,20 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 	}
 	l := le.locker
 	var exp sqlTime
-	err := b.queryRow(ctx, l.sql.guard, []any{le.key, l.holder, le.fence}, &exp)
+	ctx, end := l.obs.span(ctx, "guard", le.key)
+	err := b.queryRow(ctx, l.sql.guard, []any{le.key, l.holder, le.fence, le.token}, &exp)
+	end(err)
 	switch {
 	case errors.Is(err, errNoRows):
+		l.obs.rejected(ctx, "guard")
+		// Check the lease outside tx (whose snapshot may be older than the
+		// lease) and end it now if it is gone, rather than at the next beat.
+		l.renewNow(le, lossGuard)
+		if lost := le.lostErr(); lost != nil {
+			return lost
+		}
 		return &LostError{Key: le.key, Holder: l.holder, Fence: le.fence,
-			Reason: "fenced transaction: the lease is no longer held (expired, released or taken over)"}
+			Reason: "fenced transaction: the lease is not held in this transaction's view (expired, released or taken over)"}
 	case err != nil:
 		return l.table.wrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
 	}
@@ -84,7 +98,13 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 // fences with ErrStaleFence.
 //
 // Semantics: a fence equal to the highest seen passes (a job writes many
-// times under one lease); a lower one never does. Check runs inside the
+// times under one lease); a lower one never does. So a holder that was
+// evicted or lost its lease is rejected only once a newer holder has
+// written to the resource; until then its writes pass (use Guard for
+// exclusion that holds at once, in the lease's database). Fences compare
+// within one key: name resources so that one resource is written under one
+// key only (for instance prefix the resource with the key), or fences of
+// unrelated keys would reject each other. Check runs inside the
 // caller's transaction on the resource's database and keeps the guard row
 // locked until it ends, so the check and the write commit together and
 // writes to one resource are applied in fence order. That database needs the
@@ -96,15 +116,17 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 type FenceGuard struct {
 	table table
 	sql   statements
+	obs   observer
 }
 
-// NewFenceGuard returns a FenceGuard; only WithTable among the options matters.
+// NewFenceGuard returns a FenceGuard for the fence table next to the lease
+// table named by WithTable, the only option it takes.
 func NewFenceGuard(opts ...Option) (*FenceGuard, error) {
-	_, t, err := buildConfig(opts)
+	t, err := tableOnly("NewFenceGuard", opts)
 	if err != nil {
 		return nil, err
 	}
-	return &FenceGuard{table: t, sql: t.statements()}, nil
+	return &FenceGuard{table: t, sql: t.statements(), obs: noObserver{}}, nil
 }
 
 // Check records fence for resource in tx, or returns an error wrapping
@@ -134,6 +156,7 @@ func (g *FenceGuard) check(ctx context.Context, b backend, resource string, fenc
 	var got int64
 	err := b.queryRow(ctx, g.sql.fenceAdvance, []any{resource, fence}, &got)
 	if errors.Is(err, errNoRows) {
+		g.obs.rejected(ctx, "fence_guard")
 		var cur int64
 		if err := b.queryRow(ctx, g.sql.fenceCurrent, []any{resource}, &cur); err != nil && !errors.Is(err, errNoRows) {
 			return g.table.wrapDB("fence guard", err)

@@ -76,7 +76,7 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	}
 	// Straight to the server check, whatever A's renewer has noticed meanwhile.
 	var exp sql.NullTime
-	if err := tx.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement for a superseded fence: %v", err)
 	}
 	if err := la.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
@@ -117,11 +117,11 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx3.Rollback()
-	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement, same holder, old fence: %v", err)
 	}
 	f.expire("job")
-	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la2.Fence()).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la2.Fence(), la2.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement on an expired lease: %v", err)
 	}
 	if err := la2.Unlock(c); err != nil && !errors.Is(err, ErrLeaseLost) {

@@ -29,10 +29,12 @@ const (
 // Done while paused; only fencing (see Fence) protects writes made after
 // such a pause.
 type Lease struct {
-	locker *Locker
-	key    string
-	fence  int64
-	token  int64
+	locker  *Locker
+	key     string
+	fence   int64
+	token   int64
+	minHold time.Duration // applied by Unlock and Close
+	tick    time.Time     // zero if the claim was not tied to a tick
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -47,10 +49,10 @@ type Lease struct {
 	timer     *time.Timer
 }
 
-func newLease(l *Locker, parent context.Context, key string, fence, token int64, expiresAt, sentAt time.Time) *Lease {
+func newLease(l *Locker, parent context.Context, key string, fence, token int64, lc lockConfig, expiresAt, sentAt time.Time) *Lease {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	le := &Lease{
-		locker: l, key: key, fence: fence, token: token,
+		locker: l, key: key, fence: fence, token: token, minHold: lc.minHold, tick: lc.tick,
 		ctx: ctx, cancel: cancel,
 		expiresAt: expiresAt,
 		deadline:  sentAt.Add(l.cfg.duration - l.cfg.margin),
@@ -133,17 +135,21 @@ func (le *Lease) deadlinePassed() {
 	// Also while an Unlock is in flight: a release that cannot reach the
 	// server must not keep Done open past the deadline.
 	reason := "no successful renew before the local safety deadline; the server may expire the lease at any moment"
-	if le.finishLost(stateHeld, reason) == nil {
-		le.finishLost(stateUnlocking, reason)
+	if le.finishLost(stateHeld, reason, lossDeadline) != nil {
+		// A renew may have reached the server with its reply lost: free
+		// the row rather than leave the key blocked for up to a lease.
+		le.locker.releaseInBackground(le)
+		return
 	}
+	le.finishLost(stateUnlocking, reason, lossDeadline)
 }
 
 // lose ends a held lease with a loss: Done closes, Err and the context's
 // cause report it, an ERROR is logged. A lease being unlocked is left to
 // Unlock, which learns the outcome from its own statement.
-func (le *Lease) lose(reason string) { le.finishLost(stateHeld, reason) }
+func (le *Lease) lose(reason string, why lossReason) { le.finishLost(stateHeld, reason, why) }
 
-func (le *Lease) finishLost(from leaseState, reason string) *LostError {
+func (le *Lease) finishLost(from leaseState, reason string, why lossReason) *LostError {
 	le.mu.Lock()
 	if le.state != from {
 		le.mu.Unlock()
@@ -158,6 +164,7 @@ func (le *Lease) finishLost(from leaseState, reason string) *LostError {
 		"key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)
 	le.cancel(err)
 	le.locker.remove(le)
+	le.locker.obs.lost(le, why)
 	return err
 }
 

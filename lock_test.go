@@ -96,18 +96,18 @@ func TestClaimRetryKeepsFence(t *testing.T) {
 	l := f.replica(2)
 	c := ctx(t)
 	claim := func(holder string, token int64) (bool, int64) {
-		var ok bool
-		var fence int64
+		var outcome, h string
+		var fence, freeIn int64
 		var exp time.Time
-		var h string
-		err := l.db.queryRow(c, l.sql.claim, []any{"k", holder, token, int64(10e6)}, &ok, &fence, &exp, &h)
+		var tick sql.NullTime
+		err := l.db.queryRow(c, l.sql.claim, []any{"k", holder, token, int64(10e6), nil}, &outcome, &fence, &exp, &h, &tick, &freeIn)
 		if errors.Is(err, errNoRows) {
 			return false, 0
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ok, fence
+		return outcome == "acquired", fence
 	}
 	if ok, fence := claim("h", 42); !ok || fence != 1 {
 		t.Fatalf("first claim: %v %d", ok, fence)
@@ -169,13 +169,13 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	var ok bool
-	var fence int64
+	var outcome, holder string
+	var fence, freeIn int64
 	var exp time.Time
-	var holder string
-	err = tx.QueryRowContext(c, b.sql.claim, "busy", b.holder, int64(7), int64(10e6)).Scan(&ok, &fence, &exp, &holder)
-	if err != nil || ok || holder != a.Holder() {
-		t.Fatalf("claim on held key: ok=%v holder=%q err=%v", ok, holder, err)
+	var tick sql.NullTime
+	err = tx.QueryRowContext(c, b.sql.claim, "busy", b.holder, int64(7), int64(10e6), nil).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn)
+	if err != nil || outcome != "held" || holder != a.Holder() || freeIn <= 0 {
+		t.Fatalf("claim on held key: outcome=%q holder=%q free in %dus err=%v", outcome, holder, freeIn, err)
 	}
 	var xid *string
 	if err := tx.QueryRowContext(c, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
@@ -185,8 +185,8 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 		t.Fatalf("the skip path was assigned transaction id %s: it wrote", *xid)
 	}
 	// Counter-check: a claim that succeeds does get one.
-	if err := tx.QueryRowContext(c, b.sql.claim, "free", b.holder, int64(7), int64(10e6)).Scan(&ok, &fence, &exp, &holder); err != nil || !ok {
-		t.Fatalf("claim on free key: %v %v", ok, err)
+	if err := tx.QueryRowContext(c, b.sql.claim, "free", b.holder, int64(7), int64(10e6), nil).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn); err != nil || outcome != "acquired" {
+		t.Fatalf("claim on free key: %v %v", outcome, err)
 	}
 	if err := tx.QueryRowContext(c, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil || xid == nil {
 		t.Fatalf("a successful claim should have written (xid %v, err %v)", xid, err)

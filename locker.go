@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -18,11 +19,13 @@ type Locker struct {
 	sql    statements
 	holder string
 	log    *slog.Logger
+	obs    observer
 
 	mu      sync.Mutex
 	leases  map[*Lease]struct{}
-	running bool            // the renewer goroutine is alive
-	ctx     context.Context // cancelled by Close: stops the renewer
+	byKey   map[string]*Lease // the newest lease of each key (what is renewed)
+	running bool              // the renewer goroutine is alive
+	ctx     context.Context   // cancelled by Close: stops the renewer
 	stop    context.CancelFunc
 	closed  bool
 	wg      sync.WaitGroup // the renewer and background clean-ups
@@ -50,6 +53,8 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		holder: cfg.holder,
 		log:    cfg.logger,
 		leases: make(map[*Lease]struct{}),
+		byKey:  make(map[string]*Lease),
+		obs:    newObserver(cfg),
 	}
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil
@@ -72,17 +77,29 @@ func (l *Locker) Held() int {
 }
 
 // add registers a freshly claimed lease and makes sure the renewer runs.
+//
+// If the Locker still holds an older lease on the same key, that lease is
+// gone on the server — the new claim could only succeed because it was
+// released, expired or force-released — and it is declared lost now: it
+// must not keep its holder working, and only the newest lease of a key is
+// renewed.
 func (l *Locker) add(le *Lease) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return false
 	}
+	old := l.byKey[le.key]
 	l.leases[le] = struct{}{}
+	l.byKey[le.key] = le
 	if !l.running {
 		l.running = true
 		l.wg.Add(1)
 		go l.renewLoop()
+	}
+	l.mu.Unlock()
+	if old != nil && old.fence < le.fence {
+		old.lose(fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
 	}
 	return true
 }
@@ -90,29 +107,10 @@ func (l *Locker) add(le *Lease) bool {
 func (l *Locker) remove(le *Lease) {
 	l.mu.Lock()
 	delete(l.leases, le)
-	l.mu.Unlock()
-}
-
-// background runs fn on the Locker's wait group, so Close waits for it; once
-// the Locker is closed it runs fn synchronously instead.
-func (l *Locker) background(fn func(ctx context.Context)) {
-	run := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
-		defer cancel()
-		fn(ctx)
+	if l.byKey[le.key] == le {
+		delete(l.byKey, le.key)
 	}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		run()
-		return
-	}
-	l.wg.Add(1)
 	l.mu.Unlock()
-	go func() {
-		defer l.wg.Done()
-		run()
-	}()
 }
 
 // Close releases every lease the Locker holds (one statement), stops the

@@ -7,13 +7,14 @@ import (
 )
 
 // SchemaVersion is the schema version this library creates and expects.
-var SchemaVersion = len(migrations)
+func SchemaVersion() int { return len(migrations) }
 
-// Migrate creates or upgrades the lease table (and its version table) to
-// SchemaVersion. It is idempotent and safe to run from every replica at
+// Migrate creates or upgrades to SchemaVersion() the lease table, its
+// version table (<table>_version) and the fence-guard table (<table>_fences,
+// see FenceGuard). It is idempotent and safe to run from every replica at
 // start-up: concurrent runs are serialised by a transaction-scoped advisory
-// lock, and each applies only what is missing, in one transaction. Only
-// WithTable among the options matters here.
+// lock, and each applies only what is missing, in one transaction. It takes
+// only WithTable. The schema part of a "schema.table" name must exist.
 //
 // A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
 // and change nothing.
@@ -22,7 +23,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...Option) error {
 	if err != nil {
 		return err
 	}
-	_, t, err := buildConfig(opts)
+	t, err := tableOnly("Migrate", opts)
 	if err != nil {
 		return err
 	}
@@ -62,6 +63,29 @@ func Migrate[D DB](ctx context.Context, db D, opts ...Option) error {
 		return fmt.Errorf("pglease: migrate %s: %w", t.display, err)
 	}
 	return nil
+}
+
+// SchemaVersionOf reports the schema version the table named by WithTable
+// was migrated to: 0 if it was never migrated, SchemaVersion() when it is
+// current. It writes nothing. It takes only WithTable.
+func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...Option) (int, error) {
+	b, err := newBackend(db)
+	if err != nil {
+		return 0, err
+	}
+	t, err := tableOnly("SchemaVersionOf", opts)
+	if err != nil {
+		return 0, err
+	}
+	var v int
+	err = b.queryRow(ctx, t.statements().currentVersion, nil, &v)
+	if sqlState(err) == "42P01" { // no version table: never migrated
+		return 0, nil
+	}
+	if err != nil {
+		return 0, t.wrapDB("read schema version", err)
+	}
+	return v, nil
 }
 
 // SchemaSQL returns the DDL that Migrate applies to an empty database, for

@@ -39,8 +39,8 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 	if err := admin.QueryRowContext(c, `SELECT count(*), max(version) FROM "`+table+`_version"`).Scan(&versions, &max); err != nil {
 		t.Fatal(err)
 	}
-	if versions != SchemaVersion || max != SchemaVersion {
-		t.Fatalf("version rows %d, max %d; want %d", versions, max, SchemaVersion)
+	if versions != SchemaVersion() || max != SchemaVersion() {
+		t.Fatalf("version rows %d, max %d; want %d", versions, max, SchemaVersion())
 	}
 	// The validity CHECK of the design is there.
 	_, err := admin.ExecContext(c, `INSERT INTO "`+table+`" (key, holder, token, fence, acquired_at, expires_at)
@@ -81,7 +81,7 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
-	if err := admin.QueryRowContext(c, `SELECT count(*) FROM "`+schema+`"."MixedCase_version"`).Scan(&n); err != nil || n != SchemaVersion {
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM "`+schema+`"."MixedCase_version"`).Scan(&n); err != nil || n != SchemaVersion() {
 		t.Fatalf("version rows %d (%v)", n, err)
 	}
 	// ...and the Locker works on it.

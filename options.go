@@ -18,8 +18,9 @@ const (
 	MaxHolderLen     = 256
 )
 
-// Option configures a Locker (New) or a migration (Migrate, which only uses
-// WithTable). Options are validated by New and Migrate.
+// Option configures a Locker (New). Migrate, SchemaVersionOf, List,
+// ForceRelease and NewFenceGuard take only WithTable and refuse the others
+// (they would have no effect there). Options are validated when given.
 type Option func(*config)
 
 type config struct {
@@ -30,19 +31,27 @@ type config struct {
 	holder         string
 	logger         *slog.Logger
 	releaseTimeout time.Duration
+	minHold        time.Duration
+	given          []string // the options given, by name (see tableOnly)
 	errs           []error
 }
+
+func (c *config) note(name string) { c.given = append(c.given, name) }
 
 // WithLeaseDuration sets how long a claim or a renew keeps the lease on the
 // server's clock (default 60s; between MinLeaseDuration and MaxLeaseDuration).
 // A holder that stops renewing loses the key after at most this long.
-func WithLeaseDuration(d time.Duration) Option { return func(c *config) { c.duration = d } }
+func WithLeaseDuration(d time.Duration) Option {
+	return func(c *config) { c.note("WithLeaseDuration"); c.duration = d }
+}
 
-// WithHeartbeat sets the renew interval (default: lease duration / 3). It
-// must be at most half the lease duration, so that a renew that fails is
-// retried at least once before the lease can expire.
+// WithHeartbeat sets the renew interval (default: lease duration / 3). Two
+// beats must fit before the local deadline (2 x heartbeat <= duration -
+// safety margin), so that a renew that fails is retried at least once
+// before the holder has to give the lease up.
 func WithHeartbeat(d time.Duration) Option {
 	return func(c *config) {
+		c.note("WithHeartbeat")
 		if d <= 0 {
 			c.errs = append(c.errs, fmt.Errorf("%w: heartbeat %v must be positive", ErrInvalidOption, d))
 			return
@@ -52,11 +61,13 @@ func WithHeartbeat(d time.Duration) Option {
 }
 
 // WithSafetyMargin sets how much earlier than the lease duration the local
-// deadline falls (default: 1% of the duration + 10ms). It covers clock-rate
-// drift between this host and the server and the time the job needs to
-// notice Done. Must be below half the lease duration.
+// deadline falls (default: 1% of the duration + 50ms, at most a fifth of the
+// duration). It covers clock-rate drift between this host and the server,
+// a late timer on a loaded host, and the time the job needs to notice Done.
+// Must be below half the lease duration.
 func WithSafetyMargin(d time.Duration) Option {
 	return func(c *config) {
+		c.note("WithSafetyMargin")
 		if d < 0 {
 			c.errs = append(c.errs, fmt.Errorf("%w: safety margin %v is negative", ErrInvalidOption, d))
 			return
@@ -76,6 +87,7 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 // exclude each other.
 func WithHolder(id string) Option {
 	return func(c *config) {
+		c.note("WithHolder")
 		if id == "" {
 			c.errs = append(c.errs, fmt.Errorf("%w: empty holder id", ErrInvalidOption))
 			return
@@ -86,18 +98,49 @@ func WithHolder(id string) Option {
 
 // WithLogger sets where lease losses (ERROR) and failed renewals (WARN) are
 // logged (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.note("WithLogger"); c.logger = l }
+}
 
-// WithReleaseTimeout bounds Unlock when the caller's context is already done,
-// and Close (default 5s).
+// WithReleaseTimeout bounds each release statement: Unlock's (also when
+// the caller's context is already done) and Close's (default 5s). Close
+// also waits for the Locker's goroutines to stop, each bounded the same way.
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(c *config) {
+		c.note("WithReleaseTimeout")
 		if d <= 0 || d > time.Hour {
 			c.errs = append(c.errs, fmt.Errorf("%w: release timeout %v must be in (0, 1h]", ErrInvalidOption, d))
 			return
 		}
 		c.releaseTimeout = d
 	}
+}
+
+// WithMinHold sets the Locker's default minimum hold (see MinHold): an
+// Unlock earlier than acquired_at + d, on the server's clock, keeps the key
+// blocked until then. Default 0 (none); at most MaxLeaseDuration.
+func WithMinHold(d time.Duration) Option {
+	return func(c *config) {
+		c.note("WithMinHold")
+		if err := checkMinHold(d); err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.minHold = d
+	}
+}
+
+// tableOnly builds the configuration of an entry point that uses only
+// WithTable, and refuses any other option: it would have no effect.
+func tableOnly(entry string, opts []Option) (table, error) {
+	c, t, err := buildConfig(opts)
+	if err != nil {
+		return t, err
+	}
+	if len(c.given) > 0 {
+		return t, fmt.Errorf("%w: %s takes only WithTable; %s would have no effect", ErrInvalidOption, entry, c.given[0])
+	}
+	return t, nil
 }
 
 func buildConfig(opts []Option) (config, table, error) {
@@ -122,20 +165,17 @@ func buildConfig(opts []Option) (config, table, error) {
 	if c.heartbeat == 0 {
 		c.heartbeat = c.duration / 3
 	}
-	if c.heartbeat < MinHeartbeat || c.heartbeat > c.duration/2 {
-		return c, t, fmt.Errorf("%w: heartbeat %v must be between %v and half the lease duration (%v)",
-			ErrInvalidOption, c.heartbeat, MinHeartbeat, c.duration/2)
-	}
 	if c.margin < 0 {
-		c.margin = c.duration/100 + 10*time.Millisecond
+		c.margin = min(c.duration/100+50*time.Millisecond, c.duration/5)
 	}
 	if c.margin >= c.duration/2 {
 		return c, t, fmt.Errorf("%w: safety margin %v must be below half the lease duration (%v)",
 			ErrInvalidOption, c.margin, c.duration/2)
 	}
-	if c.heartbeat >= c.duration-c.margin {
-		return c, t, fmt.Errorf("%w: heartbeat %v leaves no renew before the local deadline (lease %v - margin %v)",
-			ErrInvalidOption, c.heartbeat, c.duration, c.margin)
+	if c.heartbeat < MinHeartbeat || 2*c.heartbeat > c.duration-c.margin {
+		return c, t, fmt.Errorf("%w: heartbeat %v must be between %v and half of lease %v minus margin %v (%v), "+
+			"so that a failed renew is retried once before the local deadline",
+			ErrInvalidOption, c.heartbeat, MinHeartbeat, c.duration, c.margin, (c.duration-c.margin)/2)
 	}
 	if c.holder == "" {
 		c.holder = defaultHolder()

@@ -1,6 +1,10 @@
 package pglease
 
-import "strings"
+import (
+	"regexp"
+	"strconv"
+	"strings"
+)
 
 // This file holds every SQL statement pglease runs, so that they can be read
 // (and reviewed) in one place. Each is a single round trip. `{T}` is the
@@ -9,148 +13,285 @@ import "strings"
 // Every expiry decision uses the server's clock_timestamp(), read once per
 // statement in the `now` CTE: no client clock enters any decision.
 
-// claimSQL takes the key if it is free, released or expired, or re-claims it
-// for the same claim (same holder and token: a retry after a lost reply).
+// Shared fragments, substituted by bind before anything else:
 //
-//	$1 key, $2 holder, $3 token, $4 lease duration in microseconds
+//	{HELD:a:ts} is true when the row aliased a blocks claims at time ts:
+//	            unreleased and unexpired, or released by its holder but
+//	            still inside its minimum hold (hold_until).
+//	{BASE}      the fence base of the server's current timeline:
+//	            (timeline - 1) << 40, read from the WAL file name of the
+//	            current insert position (the first 8 hex digits are the
+//	            timeline ID, which grows at every promotion and is readable
+//	            at once on a freshly promoted primary). On timeline 1 it is
+//	            0, so fences read 1, 2, 3...; after a failover every new
+//	            fence is above 2^40 x (old timeline), above every fence the
+//	            old primary can have issued (up to 2^40 claims per key and
+//	            timeline). Evaluated only when a claim writes.
+//	{LOCK}      the claim's transaction-scoped advisory lock on the key:
+//	            (class of the table, hashtext(key)).
+//	{N}         the table's notification channel (see notifyChannel).
+const (
+	heldFrag = `(CASE WHEN a.released_at IS NULL THEN a.expires_at > ts
+	      ELSE coalesce(a.hold_until > ts, false) END)`
+	baseFrag = `((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40)`
+)
+
+// claimSQL takes the key if it is free (released, expired, never held), or
+// re-claims it for the same claim (same holder and token: a retry after a
+// lost reply).
 //
-// Result: (acquired, fence, expires_at, holder). acquired=false rows describe
-// the current holder. No row at all: a concurrent claim won the race.
+//	$1 key, $2 holder, $3 token, $4 lease duration in microseconds,
+//	$5 tick (timestamptz, NULL for a claim not tied to a tick)
 //
-// The `cur` CTE is what keeps the common path cheap: when someone else holds
-// an unexpired lease, the INSERT's SELECT yields no row, so the statement
-// writes nothing — no row lock, no transaction id, no WAL, no durable commit.
-// Only a claim that can succeed reaches ON CONFLICT, whose WHERE re-checks the
-// same condition on the latest row version under its row lock (authoritative
-// under concurrency).
+// Result: (outcome, fence, expires_at, holder, last_tick, free_in_us) with
+// outcome 'acquired', 'held' (someone else holds the key: free_in_us says
+// until when on the server clock), 'min-hold' (released, but blocked by its
+// minimum hold for free_in_us) or 'ran'
+// (the key's last tick is at or after $5). No row at all: a concurrent
+// claim of the same key is in flight (it holds {LOCK}).
 //
-// Listing the key column in SET (to its own value: the update stays HOT)
-// makes ON CONFLICT lock the row in the strongest mode, FOR UPDATE, which
-// conflicts with the FOR KEY SHARE lock a fenced transaction holds
-// (guardSQL): a takeover waits for the holder's open fenced transactions to
-// end. Renew and release touch no key column and are not held up by them.
+// Why it costs nothing on the common path. The `cur` CTE finds a holder or
+// a tick already run; then the INSERT's SELECT yields no row, so the
+// statement writes nothing: no row lock, no advisory lock, no transaction
+// id, no WAL, no durable commit. This is what every replica but one does on
+// every tick.
 //
-// A takeover may wait for that lock; the new expiry is therefore computed
-// with clock_timestamp() when the row is written, not at statement start.
+// Why racing claims do not all write. A claim that can succeed first takes
+// {LOCK} with pg_try_advisory_xact_lock: of several claims racing for a key
+// that was just freed, one gets it and the others return no row at once,
+// before reaching ON CONFLICT (where a losing claim would lock the row and
+// take a transaction id). The lock ends with the claim's transaction. The
+// winner holds it while it waits for a fenced transaction (see below), so
+// the background undo of a claim whose reply was lost (abandonSQL) can queue
+// behind it and see its outcome.
 //
-// The row is never deleted: releasing sets released_at, so the fence keeps
-// counting up across releases (invariant 2).
+// Why a takeover waits for fenced transactions. Listing the key column in
+// SET (to its own value: the update stays HOT) makes ON CONFLICT lock the
+// row FOR UPDATE, which conflicts with the FOR KEY SHARE lock of a fenced
+// transaction (guardSQL); renew and release touch no key column and are not
+// held up by it. ON CONFLICT's WHERE re-checks freeness on the latest row
+// version under that lock; the new expiry is computed with clock_timestamp()
+// when the row is written, after any wait.
+//
+// Why the fence never goes back. The row is never deleted (release sets
+// released_at), and a new claim sets fence = max(fence + 1, {BASE} + 1).
+//
+// Durability: the claim commits durably (the session's synchronous_commit,
+// on by default). A claim lost in a crash could hand the same fence to the
+// next claimer while its holder still writes under it.
 const claimSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 cur AS (
-	SELECT l.holder, l.fence, l.expires_at
+	SELECT l.holder, l.fence, l.expires_at, l.last_tick,
+	       coalesce(l.last_tick >= $5::timestamptz, false) AS ran,
+	       (extract(epoch FROM CASE WHEN l.released_at IS NULL THEN l.expires_at ELSE l.hold_until END - now.ts)
+	        * 1000000)::bigint AS free_in_us,
+	       {HELD:l:now.ts} AS held, l.released_at IS NOT NULL AS released
 	FROM {T} AS l, now
 	WHERE l.key = $1
-	  AND l.released_at IS NULL
-	  AND l.expires_at > now.ts
 	  AND NOT (l.holder = $2 AND l.token = $3)
+	  AND ({HELD:l:now.ts} OR coalesce(l.last_tick >= $5::timestamptz, false))
 ),
 claimed AS (
-	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at)
-	SELECT $1, $2, $3, 1, now.ts, now.ts + $4::bigint * interval '1 microsecond'
+	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at, last_tick)
+	SELECT $1, $2, $3, {BASE} + 1, now.ts, now.ts + $4::bigint * interval '1 microsecond', $5::timestamptz
 	FROM now
-	WHERE NOT EXISTS (SELECT FROM cur)
+	WHERE CASE WHEN NOT EXISTS (SELECT FROM cur) THEN {LOCK} ELSE false END
 	ON CONFLICT (key) DO UPDATE SET
-		key         = EXCLUDED.key, -- see below: makes the row lock FOR UPDATE
+		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE: see above
 		holder      = EXCLUDED.holder,
 		token       = EXCLUDED.token,
-		fence       = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
-		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at
-		               THEN l.fence ELSE l.fence + 1 END,
-		acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
-		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at
-		               THEN l.acquired_at ELSE clock_timestamp() END,
+		fence       = CASE WHEN {SAME} THEN l.fence ELSE greatest(l.fence + 1, EXCLUDED.fence) END,
+		acquired_at = CASE WHEN {SAME} THEN l.acquired_at ELSE clock_timestamp() END,
 		expires_at  = clock_timestamp() + $4::bigint * interval '1 microsecond',
-		released_at = NULL
-	WHERE l.released_at IS NOT NULL
-	   OR l.expires_at <= EXCLUDED.acquired_at
-	   OR (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
+		released_at = NULL,
+		hold_until  = NULL,
+		last_tick   = coalesce(EXCLUDED.last_tick, l.last_tick)
+	WHERE (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
+	   OR (NOT {HELD:l:EXCLUDED.acquired_at}
+	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false))
 	RETURNING l.fence, l.expires_at
 )
-SELECT true, fence, expires_at, $2::text FROM claimed
+SELECT 'acquired', fence, expires_at, $2::text, NULL::timestamptz, 0::bigint FROM claimed
 UNION ALL
-SELECT false, fence, expires_at, holder FROM cur`
+SELECT CASE WHEN ran THEN 'ran' WHEN released THEN 'min-hold' ELSE 'held' END,
+       fence, expires_at, holder, last_tick,
+       CASE WHEN held THEN free_in_us ELSE 0 END
+FROM cur`
 
-// renewSQL extends, in one statement, every listed lease that is still this
-// holder's under the same fence and not expired (invariants 3 and 7).
+// sameClaim: the row is this very claim, still live (a retry keeps its fence).
+const sameClaimFrag = `(l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
+		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at)`
+
+// renewSQL extends, in one statement, every listed lease that is still held
+// under the same holder, fence and claim token, and not expired
+// (invariants 3 and 7).
 //
-//	$1 jsonb object {key: fence, ...}, $2 holder, $3 duration in µs
+//	$1 jsonb object {key: [fence, token], ...}, $2 holder, $3 duration in µs
 //
 // Result rows: (key, fence, expires_at) of the leases renewed. A listed
-// lease missing from the result is gone: expired, released or taken over.
+// lease missing from the result is gone: expired, released, taken over, or
+// not on this server at all (after a failover to a standby that never
+// received it).
 //
 // The keys reach the table through `key = ANY(array)`, an index condition on
 // the primary key, whatever the statistics say: a join against a set-returning
 // function was planned, on a table not yet analyzed, as a nested loop that
-// re-parsed the whole list for every row (40 s for 10,000 leases). The fence
-// of each row is looked up in the jsonb object (a binary search).
+// re-parsed the whole list for every row (40 s for 10,000 leases).
 //
 // The UPDATE touches no key column, so it takes a FOR NO KEY UPDATE row lock,
 // which does not conflict with the FOR KEY SHARE lock of a fenced transaction
 // (guardSQL): the holder's own renew is never blocked by its fenced work.
+//
+// Durability: durable. A renew lost in a crash would leave the holder's
+// local deadline past the server's expiry, and another claimer could take
+// the key while the holder still believes it holds it.
 const renewSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
 UPDATE {T} AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
 FROM now
 WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
-  AND l.fence = ($1::jsonb ->> l.key)::bigint
+  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
+  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
   AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
 RETURNING l.key, l.fence, l.expires_at`
 
-// releaseSQL ends one lease, scoped to key, holder and fence, and only if it
-// has not expired: a late Unlock of an earlier run touches nothing. The row
-// stays, so the fence keeps counting.
+// releaseSQL ends one lease, scoped to key, holder, fence and claim token,
+// and only if it has not expired: a late Unlock of an earlier run touches
+// nothing. The row stays, so the fence keeps counting. With a minimum hold
+// ($5 > 0), a release before acquired_at + $5 keeps the key blocked until
+// then (hold_until); otherwise waiters are notified on {N} at commit with
+// the payload "<fence> <key>".
 //
-//	$1 key, $2 holder, $3 fence
+//	$1 key, $2 holder, $3 fence, $4 token, $5 minimum hold in µs
+//
+// Result: one row (fence, hold_until) if released, none otherwise.
+//
+// Durability: not durable (synchronous_commit off for this statement's own
+// transaction): only the claim of a job run pays a durable commit. If a
+// crash loses the release, the row reverts to the same holder and fence
+// until its expiry, which is what a holder that crashed costs anyway; the
+// fence is untouched, and the next claim's durable commit flushes the WAL
+// that carries this release first.
 const releaseSQL = `
-UPDATE {T} SET released_at = clock_timestamp()
-WHERE key = $1 AND holder = $2 AND fence = $3
-  AND released_at IS NULL AND expires_at > clock_timestamp()`
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+r AS (
+	UPDATE {T} AS l SET released_at = now.ts,
+		hold_until = CASE WHEN l.acquired_at + $5::bigint * interval '1 microsecond' > now.ts
+		             THEN l.acquired_at + $5::bigint * interval '1 microsecond' END
+	FROM now
+	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
+	  AND l.released_at IS NULL AND l.expires_at > now.ts
+	RETURNING l.key, l.fence, l.hold_until
+)
+SELECT r.fence, r.hold_until, {NOTIFY:r} FROM r`
 
 // releaseManySQL is releaseSQL for a batch (Close), planned like renewSQL.
 //
-//	$1 jsonb object {key: fence, ...}, $2 holder
-const releaseManySQL = `
-UPDATE {T} AS l SET released_at = clock_timestamp()
-WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
-  AND l.fence = ($1::jsonb ->> l.key)::bigint
-  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
-RETURNING l.key, l.fence`
-
-// abandonSQL releases a claim whose reply never arrived (the caller's
-// context ended mid-claim): identified by its token, since its fence is not
-// known. Without it the key would stay blocked for a whole lease.
+//	$1 jsonb object {key: [fence, token, minimum hold in µs], ...}, $2 holder
 //
-//	$1 key, $2 holder, $3 token
-const abandonSQL = `
-UPDATE {T} SET released_at = clock_timestamp()
-WHERE key = $1 AND holder = $2 AND token = $3 AND released_at IS NULL`
+// Durability: as releaseSQL.
+const releaseManySQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+r AS (
+	UPDATE {T} AS l SET released_at = now.ts,
+		hold_until = CASE WHEN l.acquired_at + ($1::jsonb -> l.key ->> 2)::bigint * interval '1 microsecond' > now.ts
+		             THEN l.acquired_at + ($1::jsonb -> l.key ->> 2)::bigint * interval '1 microsecond' END
+	FROM now
+	WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
+	  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
+	  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
+	  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
+	RETURNING l.key, l.fence, l.hold_until
+)
+SELECT r.key, r.fence, {NOTIFY:r} FROM r`
 
-// forceReleaseSQL ends the current lease whoever holds it and moves the fence
-// on, so the evicted holder's renew, release and fenced writes all fail.
-// Admin use (`pglease release --force`).
+// abandonLockSQL and abandonSQL undo a claim whose reply never arrived (the
+// caller's context or the local deadline ended mid-claim), identified by its
+// token since its fence is not known. They run in one transaction: the
+// first waits for the claim's advisory lock ({LOCK}), which the claim holds
+// until it commits or rolls back — also while it is queued behind a fenced
+// transaction — so the second sees the claim's outcome and cannot run
+// before it (a ghost claim nobody renews would block the key for a lease).
+//
+//	$1 key (abandonLockSQL); $1 key, $2 holder, $3 token (abandonSQL)
+//
+// Durability: as releaseSQL.
+const abandonLockSQL = `SELECT pg_advisory_xact_lock({C}, hashtext($1))`
+
+const abandonSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+r AS (
+	UPDATE {T} AS l SET released_at = now.ts, hold_until = NULL
+	FROM now
+	WHERE l.key = $1 AND l.holder = $2 AND l.token = $3 AND l.released_at IS NULL
+	RETURNING l.key, l.fence, l.hold_until
+)
+SELECT r.fence, {NOTIFY:r} FROM r`
+
+// forceReleaseSQL ends the current lease on a key whoever holds it (admin
+// use: ` + "`pglease release --force`" + `). A live lease is released and its fence
+// moved on, so the evicted holder's renew, release and fenced transactions
+// all fail; a lease that is not live (released, expired) keeps its fence —
+// the next claim moves it anyway — and only loses a pending minimum hold.
+// Waiters (and the evicted holder's Locker, if it listens) are notified.
+//
+// It waits for open fenced transactions on the key (FOR UPDATE conflicts
+// with their FOR KEY SHARE): the evicted holder's writes in flight commit
+// before the eviction, never after.
 //
 //	$1 key
+//
+// Result: (old holder, old fence, new fence, was live).
+//
+// Durability: durable. The operator is told the holder was evicted; a lost
+// eviction would bring that holder back.
 const forceReleaseSQL = `
-WITH old AS (
-	SELECT key, holder, fence, released_at IS NULL AND expires_at > clock_timestamp() AS live
-	FROM {T} WHERE key = $1 FOR UPDATE
+WITH now AS (SELECT clock_timestamp() AS ts),
+old AS (
+	SELECT l.key, l.holder, l.fence, (l.released_at IS NULL AND l.expires_at > now.ts) AS live
+	FROM {T} AS l, now WHERE l.key = $1 FOR UPDATE OF l
+),
+r AS (
+	UPDATE {T} AS l SET released_at = coalesce(l.released_at, now.ts), hold_until = NULL,
+		fence = CASE WHEN old.live THEN greatest(l.fence + 1, {BASE} + 1) ELSE l.fence END
+	FROM old, now WHERE l.key = old.key
+	RETURNING l.key, old.fence AS old_fence, l.fence, old.holder, old.live
 )
-UPDATE {T} AS l SET released_at = clock_timestamp(), fence = l.fence + 1
-FROM old WHERE l.key = old.key
-RETURNING old.holder, old.fence, l.fence, old.live`
+SELECT r.holder, r.old_fence, r.fence, r.live, pg_notify('{N}', r.old_fence || ' ' || r.key)::text FROM r`
+
+// releaseLostSQL frees the row of a lease that its holder declared lost at
+// the local deadline, in case the server did extend it (a renew whose reply
+// came too late): scoped like releaseSQL, without a minimum hold.
+//
+//	$1 key, $2 holder, $3 fence, $4 token
+//
+// Durability: as releaseSQL.
+const releaseLostSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+r AS (
+	UPDATE {T} AS l SET released_at = now.ts, hold_until = NULL
+	FROM now
+	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
+	  AND l.released_at IS NULL AND l.expires_at > now.ts
+	RETURNING l.key, l.fence, l.hold_until
+)
+SELECT r.fence, {NOTIFY:r} FROM r`
 
 // guardSQL checks, inside the caller's transaction, that the lease is still
-// held (same key, holder and fence, not released, not expired on the server
-// clock) and locks its row FOR KEY SHARE until that transaction ends. No
-// claim can take the key over while the lock is held (claimSQL waits for it),
-// so writes made in the transaction exclude every other holder's fenced
-// transactions. The holder's renew and release are not blocked by it.
+// held (same key, holder, fence and claim token, not released, not expired
+// on the server clock) and locks its row FOR KEY SHARE until that
+// transaction ends. No claim can take the key over while the lock is held
+// (claimSQL waits for it), so writes made in the transaction exclude every
+// other holder's fenced transactions. The holder's renew and release are not
+// blocked by it.
 //
-//	$1 key, $2 holder, $3 fence
+//	$1 key, $2 holder, $3 fence, $4 token
+//
+// Durability: part of the caller's transaction.
 const guardSQL = `
 SELECT expires_at FROM {T}
-WHERE key = $1 AND holder = $2 AND fence = $3
+WHERE key = $1 AND holder = $2 AND fence = $3 AND token = $4
   AND released_at IS NULL AND expires_at > clock_timestamp()
 FOR KEY SHARE`
 
@@ -170,14 +311,18 @@ RETURNING g.fence`
 // fenceCurrentSQL reads a resource's highest fence (for error messages).
 const fenceCurrentSQL = `SELECT fence FROM {F} WHERE resource = $1`
 
-// listSQL lists every lease row with its state on the server clock.
+// listSQL lists every lease row with its state on the server clock. For a
+// key inside a minimum hold, the last column is the time left until
+// hold_until; otherwise until expires_at.
 const listSQL = `
-SELECT key, holder, fence, acquired_at, expires_at, released_at,
-       CASE WHEN released_at IS NOT NULL THEN 'released'
-            WHEN expires_at <= clock_timestamp() THEN 'expired'
-            ELSE 'held' END,
-       (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint::text
-FROM {T} ORDER BY key`
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.released_at, l.hold_until, l.last_tick,
+       CASE WHEN l.released_at IS NULL AND l.expires_at > now.ts THEN 'held'
+            WHEN l.released_at IS NULL THEN 'expired'
+            WHEN coalesce(l.hold_until > now.ts, false) THEN 'min-hold'
+            ELSE 'released' END,
+       (extract(epoch FROM coalesce(l.hold_until, l.expires_at) - now.ts) * 1000000)::bigint::text
+FROM {T} AS l, now ORDER BY l.key`
 
 // migrateLockSQL serialises Migrate across replicas for the rest of its
 // transaction (a transaction-scoped advisory lock: released at COMMIT, no
@@ -220,33 +365,73 @@ var migrations = []string{
 	fence      bigint      NOT NULL CHECK (fence > 0),
 	updated_at timestamptz NOT NULL
 )`,
+	// v3: minimum hold (a released key stays blocked until hold_until) and
+	// the tick ledger (the last scheduled tick claimed on the key). Rows
+	// released by an older pglease have both NULL and stay free.
+	`ALTER TABLE {T} ADD COLUMN IF NOT EXISTS hold_until timestamptz,
+	ADD COLUMN IF NOT EXISTS last_tick timestamptz`,
 }
+
+// notifyFrag sends "<fence> <key>" on the table's channel for a released
+// row of alias a, unless a minimum hold keeps the key blocked (waiters then
+// wake at hold_until, which the claim's reply tells them). Its value is
+// always NULL; the column is there so that the notification is sent once
+// per released row, in the releasing statement (no extra round trip), and
+// delivered at commit.
+const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fence || ' ' || a.key)::text END) IS NULL`
 
 // statements are the SQL texts bound to one table.
 type statements struct {
-	claim, renew, release, releaseMany, abandon, forceRelease, list string
-	versionTable, currentVersion, recordVersion                     string
-	guard, fenceAdvance, fenceCurrent                               string
+	claim, renew, release, releaseMany, releaseLost, forceRelease, list string
+	abandonLock, abandon                                                string
+	versionTable, currentVersion, recordVersion                         string
+	guard, fenceAdvance, fenceCurrent                                   string
 }
 
-func (t table) bind(sql string) string {
-	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences).Replace(sql)
+var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
+
+// bind substitutes the shared fragments, then the table's names, into sql.
+func (t table) bind(sql string) string { return t.bindNames(fragments(sql)) }
+
+func fragments(sql string) string {
+	sql = fragRE.ReplaceAllStringFunc(sql, func(m string) string {
+		p := fragRE.FindStringSubmatch(m)
+		frag := heldFrag
+		if p[1] == "NOTIFY" {
+			frag = notifyFrag
+		}
+		return strings.NewReplacer("a.", p[2]+".", "ts", p[3]).Replace(frag)
+	})
+	return strings.NewReplacer(
+		"{SAME}", sameClaimFrag,
+		"{BASE}", baseFrag,
+		"{LOCK}", "pg_try_advisory_xact_lock({C}, hashtext($1))",
+	).Replace(sql)
+}
+
+// bindNames is the last step of binding: table names, lock class, channel.
+func (t table) bindNames(sql string) string {
+	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences,
+		"{C}", strconv.Itoa(int(t.lockClass)), "{N}", t.channel).Replace(sql)
 }
 
 func (t table) statements() statements {
+	b := t.bind
 	return statements{
-		claim:          t.bind(claimSQL),
-		renew:          t.bind(renewSQL),
-		release:        t.bind(releaseSQL),
-		releaseMany:    t.bind(releaseManySQL),
-		abandon:        t.bind(abandonSQL),
-		forceRelease:   t.bind(forceReleaseSQL),
-		list:           t.bind(listSQL),
-		versionTable:   t.bind(versionTableSQL),
-		currentVersion: t.bind(currentVersionSQL),
-		recordVersion:  t.bind(recordVersionSQL),
-		guard:          t.bind(guardSQL),
-		fenceAdvance:   t.bind(fenceAdvanceSQL),
-		fenceCurrent:   t.bind(fenceCurrentSQL),
+		claim:          b(claimSQL),
+		renew:          b(renewSQL),
+		release:        b(releaseSQL),
+		releaseMany:    b(releaseManySQL),
+		releaseLost:    b(releaseLostSQL),
+		abandonLock:    b(abandonLockSQL),
+		abandon:        b(abandonSQL),
+		forceRelease:   b(forceReleaseSQL),
+		list:           b(listSQL),
+		versionTable:   b(versionTableSQL),
+		currentVersion: b(currentVersionSQL),
+		recordVersion:  b(recordVersionSQL),
+		guard:          b(guardSQL),
+		fenceAdvance:   b(fenceAdvanceSQL),
+		fenceCurrent:   b(fenceCurrentSQL),
 	}
 }

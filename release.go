@@ -6,9 +6,11 @@ import (
 	"fmt"
 )
 
-// Unlock ends the lease with one statement scoped to its key, holder and
-// fence (see releaseSQL), stops renewing it and closes Done. The row is kept,
-// so the next claim gets a higher fence.
+// Unlock ends the lease with one statement scoped to its key, holder, fence
+// and claim token (releaseSQL, in queries.go), stops renewing it and closes
+// Done. The row is kept, so the next claim gets a higher fence. Waiters
+// (Acquire, Campaign) are notified at once — unless a minimum hold (MinHold)
+// keeps the key blocked; they then wake when it ends.
 //
 //   - If ctx is already done (a scheduler shutting down), Unlock still
 //     releases, under a fresh context. Either way it is bounded by the
@@ -33,7 +35,9 @@ func (le *Lease) Unlock(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)
 	defer cancel()
-	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence)
+	ctx, end := l.obs.span(ctx, "release", le.key)
+	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence, le.token, le.minHold.Microseconds())
+	end(err)
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
@@ -44,10 +48,11 @@ func (le *Lease) Unlock(ctx context.Context) error {
 			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
 	case n == 0:
-		le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over")
+		le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
 		return le.lostErr()
 	}
 	le.endUnlock(stateReleased)
+	l.obs.released(le, 1)
 	// If the deadline passed while the release was in flight, Done already
 	// reported a loss; say the same here.
 	return le.lostErr()
@@ -75,11 +80,13 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 		return nil
 	}
 	released := make(map[string]int64, len(batch))
-	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeKeyFences(batch), l.holder},
+	minHold := func(le *Lease) []int64 { return []int64{le.minHold.Microseconds()} }
+	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeLeases(batch, minHold), l.holder},
 		func(scan func(...any) error) error {
 			var key string
 			var fence int64
-			if err := scan(&key, &fence); err != nil {
+			var notified any
+			if err := scan(&key, &fence, &notified); err != nil {
 				return err
 			}
 			released[key] = fence
@@ -92,8 +99,9 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 			le.endUnlock(stateAbandoned)
 		case ok && f == le.fence:
 			le.endUnlock(stateReleased)
+			l.obs.released(le, 1)
 		default:
-			le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over")
+			le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over", lossUnlock)
 			if err := le.lostErr(); err != nil {
 				lost = append(lost, err)
 			}

@@ -9,13 +9,18 @@ import (
 // This file answers "who renews my lease": the Locker's renewer, one
 // goroutine per Locker (not per lease), alive while the Locker holds at
 // least one lease. At every beat it sends one statement (renewSQL) that
-// extends all of them. Per lease, the outcome is:
+// extends all of them — the newest lease of each key, scoped to its holder,
+// fence and claim token. Per lease, the outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
-//   - the statement failed (network, server down): WARN, retried next beat;
-//     if no beat succeeds before the local deadline, the lease's timer
-//     declares it lost.
+//   - the statement failed (network, server down, read-only during a
+//     failover): WARN, retried next beat; if no beat succeeds before the
+//     local deadline, the lease's timer declares it lost.
+//
+// A lease can also be checked out of beat (renewNow): when a fenced
+// transaction does not find it, or when a notification says its key was
+// force-released.
 
 func (l *Locker) renewLoop() {
 	defer l.wg.Done()
@@ -32,12 +37,13 @@ func (l *Locker) renewLoop() {
 			return
 		}
 		if len(batch) > 0 {
-			l.renewOnce(batch)
+			l.renew(batch, lossRenew)
 		}
 	}
 }
 
-// renewBatch lists the held leases; ok=false stops the renewer (none held).
+// renewBatch lists the leases to renew: the newest lease of each key, if it
+// is held (not being unlocked). ok=false stops the renewer (none held).
 func (l *Locker) renewBatch() ([]*Lease, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -45,21 +51,27 @@ func (l *Locker) renewBatch() ([]*Lease, bool) {
 		l.running = false
 		return nil, false
 	}
-	batch := make([]*Lease, 0, len(l.leases))
-	for le := range l.leases {
-		batch = append(batch, le)
+	batch := make([]*Lease, 0, len(l.byKey))
+	for _, le := range l.byKey {
+		if st, _ := le.snapshotState(); st == stateHeld {
+			batch = append(batch, le)
+		}
 	}
 	return batch, true
 }
 
-// encodeKeyFences encodes leases as the jsonb object {key: fence} that
-// renewSQL and releaseManySQL take.
-func encodeKeyFences(leases []*Lease) string {
-	kf := make(map[string]int64, len(leases))
+// encodeLeases encodes leases as the jsonb object {key: [fence, token, ...]}
+// that renewSQL and releaseManySQL take (extra adds fields per lease).
+func encodeLeases(leases []*Lease, extra func(*Lease) []int64) string {
+	m := make(map[string][]int64, len(leases))
 	for _, le := range leases {
-		kf[le.key] = le.fence
+		v := []int64{le.fence, le.token}
+		if extra != nil {
+			v = append(v, extra(le)...)
+		}
+		m[le.key] = v
 	}
-	b, _ := json.Marshal(kf) // keys are valid UTF-8 (checkKey): cannot fail
+	b, _ := json.Marshal(m) // keys are valid UTF-8 (checkKey): cannot fail
 	return string(b)
 }
 
@@ -68,16 +80,18 @@ type renewResult struct {
 	expiresAt time.Time
 }
 
-func (l *Locker) renewOnce(batch []*Lease) {
+// renew extends batch with one statement; a lease missing from the result
+// is lost for the reason given. It reports whether the statement ran.
+func (l *Locker) renew(batch []*Lease, why lossReason) bool {
 	// A renew must not outlast its beat (a hung connection would delay the
 	// next one); Close cancels it too.
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.heartbeat)
 	defer cancel()
-
+	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
 	got := make(map[string]renewResult, len(batch))
 	err := l.db.query(ctx, l.sql.renew,
-		[]any{encodeKeyFences(batch), l.holder, l.cfg.duration.Microseconds()},
+		[]any{encodeLeases(batch, nil), l.holder, l.cfg.duration.Microseconds()},
 		func(scan func(...any) error) error {
 			var (
 				key string
@@ -89,19 +103,29 @@ func (l *Locker) renewOnce(batch []*Lease) {
 			got[key] = r
 			return nil
 		})
+	end(err)
+	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
 	if err != nil {
-		if l.ctx.Err() != nil {
-			return // closing
+		if l.ctx.Err() == nil {
+			l.log.Warn("pglease: renew failed, will retry at the next beat",
+				"holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))
 		}
-		l.log.Warn("pglease: renew failed, will retry at the next beat",
-			"holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))
-		return
+		return false
 	}
 	for _, le := range batch {
 		if r, ok := got[le.key]; ok && r.fence == le.fence {
 			le.renewed(sentAt, r.expiresAt)
 		} else {
-			le.lose("renew found the lease expired, released or taken over")
+			le.lose("renew found the lease expired, released or taken over", why)
 		}
+	}
+	return true
+}
+
+// renewNow checks le out of beat, renewing it if it is still held and
+// ending it if not. Used when there is a reason to think it is gone.
+func (l *Locker) renewNow(le *Lease, why lossReason) {
+	if st, _ := le.snapshotState(); st == stateHeld {
+		l.renew([]*Lease{le}, why)
 	}
 }

@@ -267,10 +267,10 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 	}
 	leases := make([]*Lease, 5000)
 	for i := range leases {
-		leases[i] = &Lease{key: fmt.Sprintf("k%d", i+1), fence: 1}
+		leases[i] = &Lease{key: fmt.Sprintf("k%d", i+1), fence: 1, token: 1}
 	}
 	for _, stmt := range []string{l.sql.renew, l.sql.releaseMany} {
-		args := []any{encodeKeyFences(leases), l.Holder()}
+		args := []any{encodeLeases(leases, func(*Lease) []int64 { return []int64{0} }), l.Holder()}
 		if stmt == l.sql.renew {
 			args = append(args, int64(time.Hour/time.Microsecond))
 		}

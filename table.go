@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -26,7 +27,12 @@ type table struct {
 	quoted  string // "schema"."name", for statements
 	version string // the companion version table, quoted
 	fences  string // the companion fence-guard table, quoted
-	name    string // the unqualified name, for messages and lock ids
+
+	// lockClass is the first key of the claims' advisory locks, and
+	// channel the name releases are notified on: both derived from the
+	// quoted name, so that every replica using the table agrees on them.
+	lockClass int32
+	channel   string
 }
 
 func parseTable(name string) (table, error) {
@@ -46,12 +52,17 @@ func parseTable(name string) (table, error) {
 		id[len(id)-1] += suffix
 		return id.Sanitize()
 	}
+	quoted := ident("")
+	h := fnv.New64a()
+	h.Write([]byte(quoted))
+	sum := h.Sum64()
 	return table{
-		display: name,
-		quoted:  ident(""),
-		version: ident("_version"),
-		fences:  ident("_fences"),
-		name:    parts[len(parts)-1],
+		display:   name,
+		quoted:    quoted,
+		version:   ident("_version"),
+		fences:    ident("_fences"),
+		lockClass: int32(uint32(sum)),
+		channel:   fmt.Sprintf("pglease_%016x", sum),
 	}, nil
 }
 

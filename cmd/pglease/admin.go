@@ -98,7 +98,7 @@ func newMigrateCmd(e *env) *cobra.Command {
 			if err := pglease.Migrate(cmd.Context(), db, pglease.WithTable(f.table)); err != nil {
 				return explain(err, f.table)
 			}
-			fmt.Fprintf(e.stdout, "lease table %q is at schema version %d\n", f.table, pglease.SchemaVersion)
+			fmt.Fprintf(e.stdout, "lease table %q is at schema version %d\n", f.table, pglease.SchemaVersion())
 			return nil
 		},
 	}

@@ -1,0 +1,75 @@
+package pglease
+
+import (
+	"context"
+	"time"
+)
+
+// This file holds the Locker's background clean-ups: statements that free
+// what a lease or a claim may still hold on the server when the code that
+// owned it could not (a lost reply, a local deadline). They run on the
+// Locker's wait group, so Close waits for them.
+
+// undoClaim releases, in the background, whatever a claim with this token
+// took, once the claim's outcome is known (abandonLockSQL queues behind the
+// claim's advisory lock). It retries until a round trip succeeds, with
+// backoff; after Close it makes one last attempt and gives up.
+func (l *Locker) undoClaim(key string, token int64) {
+	l.background(func() {
+		for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+			err := l.withReleaseTimeout(func(ctx context.Context) error {
+				return l.db.inTx(ctx, func(tx backend) error {
+					if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
+						return err
+					}
+					_, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
+					return err
+				})
+			})
+			if err == nil || l.ctx.Err() != nil {
+				return
+			}
+			l.log.Warn("pglease: undoing a claim whose reply was lost failed, will retry",
+				"key", key, "holder", l.holder, "error", l.table.wrapDB("undo claim", err))
+			if !sleepCtx(l.ctx, delay) {
+				return
+			}
+		}
+	})
+}
+
+// releaseInBackground frees the row of a lease that was never handed out or
+// that its holder gave up at the local deadline, scoped to its holder, fence
+// and token, without a minimum hold. One attempt: if it fails, the lease
+// expires by itself.
+func (l *Locker) releaseInBackground(le *Lease) {
+	l.background(func() {
+		_ = l.withReleaseTimeout(func(ctx context.Context) error {
+			_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
+			return err
+		})
+	})
+}
+
+func (l *Locker) withReleaseTimeout(fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
+	defer cancel()
+	return fn(ctx)
+}
+
+// background runs fn on the Locker's wait group, so Close waits for it; once
+// the Locker is closed it runs fn synchronously instead.
+func (l *Locker) background(fn func()) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		fn()
+		return
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		fn()
+	}()
+}

@@ -1,0 +1,346 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// Issue 9, defect 1: a Locker that still holds an evicted lease on a key and
+// claims the key again must keep the new lease alive: only the newest lease
+// of a key is renewed, and the stale one ends at once.
+func TestStaleLeaseDoesNotKillLiveOne(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithLeaseDuration(2*time.Second), WithHeartbeat(50*time.Millisecond))
+	c := ctx(t)
+	for round := 0; round < 8; round++ {
+		old, err := l.Lock(c, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+			t.Fatal(err)
+		}
+		live, err := l.Lock(c, "k")
+		if err != nil {
+			t.Fatalf("round %d: claim after force-release: %v", round, err)
+		}
+		select {
+		case <-old.Done():
+		default:
+			t.Fatalf("round %d: the evicted lease is still open after the Locker claimed the key again", round)
+		}
+		// Several beats: each must renew the live lease, never lose it.
+		before := renewsSeen(t, f, "k")
+		waitFor(t, 20*time.Second, func() bool { return renewsSeen(t, f, "k").After(before.Add(150 * time.Millisecond)) })
+		if err := live.Err(); err != nil {
+			t.Fatalf("round %d: live lease (fence %d) reported lost: %v", round, live.Fence(), err)
+		}
+		if err := live.Unlock(c); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
+
+// renewsSeen is the row's expiry: it moves forward at each renew.
+func renewsSeen(t *testing.T, f *fixture, key string) time.Time {
+	t.Helper()
+	var e time.Time
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT expires_at FROM "`+f.table+`" WHERE key = $1`, key).Scan(&e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// Issue 9, defect 2: when Guard finds the lease gone on the server, the
+// lease ends locally at once, not at the next beat.
+func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db, WithLeaseDuration(time.Minute)) // beat: 20 s, far beyond the test
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Guard after eviction: %v", err)
+	}
+	select {
+	case <-le.Done():
+	default:
+		t.Fatal("Guard found the lease gone but Done is still open")
+	}
+	if !errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatalf("Err: %v", le.Err())
+	}
+}
+
+// Issue 9, defect 3: a claim that gives up at its local deadline while it
+// is queued behind a fenced transaction must not leave a ghost lease once
+// that transaction ends.
+func TestNoGhostClaimAfterDeadline(t *testing.T) {
+	f := newFixture(t)
+	dbA := pgtest.SQL(t, 3)
+	a := f.locker(dbA, WithLeaseDuration(time.Minute))
+	b := f.replica(2, WithLeaseDuration(400*time.Millisecond))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := la.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	f.expire("job") // A's lease is over on the server; its fenced tx is still open
+	if _, err := b.Lock(c, "job"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("B's claim behind the fenced transaction: want a deadline error, got %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// B's queued claim now commits (its connection may be gone, its
+	// backend is not); the undo must run after it.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := f.row("job"); ok && r.Live && r.Holder == b.Holder() {
+		t.Fatalf("ghost lease left by B's abandoned claim: %+v", r)
+	}
+}
+
+// Issue 9, defect 4: the heartbeat must leave room for one retry before the
+// local deadline.
+func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		lease, beat time.Duration
+		ok          bool
+	}{
+		{time.Second, 500 * time.Millisecond, false}, // was accepted: no retry before duration − margin
+		{time.Second, 450 * time.Millisecond, true},
+		{time.Minute, 20 * time.Second, true}, // the default beat
+		{100 * time.Millisecond, 0, true},     // the default beat at the shortest lease
+	} {
+		opts := []Option{WithTable(f.table), WithLeaseDuration(tc.lease)}
+		if tc.beat > 0 {
+			opts = append(opts, WithHeartbeat(tc.beat))
+		}
+		l, err := New(f.admin, opts...)
+		if (err == nil) != tc.ok {
+			t.Fatalf("lease %v beat %v: err %v, want ok=%v", tc.lease, tc.beat, err, tc.ok)
+		}
+		if err == nil {
+			if 2*l.cfg.heartbeat > l.cfg.duration-l.cfg.margin {
+				t.Fatalf("lease %v: beat %v margin %v leave no retry", tc.lease, l.cfg.heartbeat, l.cfg.margin)
+			}
+			_ = l.Close()
+		} else if !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("want ErrInvalidOption, got %v", err)
+		}
+	}
+}
+
+// Issue 9, defect 5: a lease lost at its local deadline frees its row, in
+// case a late renew did extend it on the server.
+func TestDeadlineLossFreesRow(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(3, WithLeaseDuration(2*time.Second), WithHeartbeat(600*time.Millisecond))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold the row so that renewals queue on the server and time out on
+	// the client: the holder must give the lease up at its deadline.
+	tx, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR NO KEY UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	<-le.Done()
+	if !errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatalf("want a loss, got %v", le.Err())
+	}
+	// The queued renewals now extend the row: the background release must
+	// free it anyway.
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
+	if r, _ := f.row("job"); r.Live {
+		t.Fatalf("the row of a lease lost at its deadline is still live: %+v", r)
+	}
+}
+
+// noBackendWaits: no statement on the table is waiting for a lock.
+func noBackendWaits(t *testing.T, f *fixture) bool {
+	var n int
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, f.table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 0
+}
+
+// Issue 9, defect 6: renew and Guard are scoped by the claim token too: a
+// row with the same holder and fence but another claim is not ours.
+func TestWritesScopedByClaimToken(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db, WithHolder("pod-0"), WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another process with the same holder id and fence (a reused pod
+	// name): only the token tells them apart.
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET token = token + 1 WHERE key = 'job'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Guard of another claim's row passed: %v", err)
+	}
+	<-le.Done()
+	if r, _ := f.row("job"); !r.Live || r.Released {
+		t.Fatalf("the other claim's lease must be untouched: %+v", r)
+	}
+}
+
+// Issue 9, defect 7 (library side): ForceRelease bounded by its context
+// while a fenced transaction holds the row says so and changes nothing.
+func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	before := f.dump()
+	short, cancel := context.WithTimeout(c, 300*time.Millisecond)
+	defer cancel()
+	_, err = ForceRelease(short, f.admin, "job", WithTable(f.table))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "fenced transaction") {
+		t.Fatalf("want a bounded, explained failure, got %v", err)
+	}
+	if f.dump() != before {
+		t.Fatal("a ForceRelease that gave up changed the table")
+	}
+}
+
+// Force-releasing a lease that is not live evicts nobody and keeps the fence.
+func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ForceRelease(c, f.admin, "job", WithTable(f.table))
+	if err != nil || r.WasLive || r.NewFence != le.Fence() {
+		t.Fatalf("force release of a released lease: %+v %v", r, err)
+	}
+}
+
+// Entry points that use only the table refuse the other options.
+func TestTableOnlyEntryPointsRefuseOtherOptions(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	bad := []Option{WithTable(f.table), WithLeaseDuration(time.Second)}
+	checks := map[string]error{
+		"Migrate": Migrate(c, f.admin, bad...),
+	}
+	_, checks["List"] = List(c, f.admin, bad...)
+	_, checks["ForceRelease"] = ForceRelease(c, f.admin, "k", bad...)
+	_, checks["NewFenceGuard"] = NewFenceGuard(bad...)
+	_, checks["SchemaVersionOf"] = SchemaVersionOf(c, f.admin, bad...)
+	for name, err := range checks {
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithLeaseDuration") {
+			t.Errorf("%s with WithLeaseDuration: %v", name, err)
+		}
+	}
+	if v, err := SchemaVersionOf(c, f.admin, WithTable(f.table)); err != nil || v != SchemaVersion() {
+		t.Fatalf("SchemaVersionOf: %d %v", v, err)
+	}
+	if v, err := SchemaVersionOf(c, f.admin, WithTable("never_migrated_here")); err != nil || v != 0 {
+		t.Fatalf("SchemaVersionOf of a missing table: %d %v", v, err)
+	}
+}
+
+// Racing claims on a free key: the one in flight holds the key's advisory
+// lock, and the others return at once without writing (no transaction id)
+// instead of queueing on the row.
+func TestRacingClaimLosersWriteNothing(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.replica(2), f.replica(2)
+	c := ctx(t)
+	t1, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t1.Rollback()
+	var outcome string
+	var skip any
+	if err := t1.QueryRowContext(c, a.sql.claim, "free", a.holder, int64(1), int64(10e6), nil).
+		Scan(&outcome, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "acquired" {
+		t.Fatalf("first claim: %q %v", outcome, err)
+	}
+	other := pgtest.SQL(t, 1)
+	t2, err := other.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Rollback()
+	short, cancel := context.WithTimeout(c, 5*time.Second)
+	defer cancel()
+	err = t2.QueryRowContext(short, b.sql.claim, "free", b.holder, int64(2), int64(10e6), nil).
+		Scan(&outcome, &skip, &skip, &skip, &skip, &skip)
+	if err == nil || short.Err() != nil || !strings.Contains(err.Error(), "no rows") {
+		t.Fatalf("racing claim: want no row at once, got %q %v (ctx %v)", outcome, err, short.Err())
+	}
+	var xid *string
+	if err := t2.QueryRowContext(c, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil || xid != nil {
+		t.Fatalf("the losing claim took a transaction id (%v, %v)", xid, err)
+	}
+}

@@ -1,0 +1,94 @@
+package pglease
+
+import (
+	"fmt"
+	"time"
+)
+
+// MaxTickAhead is how far past the local clock a tick may lie: a tick
+// further ahead would block every earlier tick of its key until then, which
+// is a bug in the caller (a wrong time zone, a schedule read wrongly).
+const MaxTickAhead = time.Hour
+
+// A LockOption tunes one claim (Lock, Acquire, Do). Invalid values make the
+// call fail with an error wrapping ErrInvalidOption, before any I/O.
+type LockOption func(*lockConfig)
+
+type lockConfig struct {
+	minHold time.Duration
+	tick    time.Time
+	hasTick bool
+	err     error
+}
+
+// MinHold keeps the key blocked until acquired_at + d on the server's clock
+// even if the lease is unlocked earlier — ShedLock's lockAtLeastFor. Unlock
+// still returns at once, the lease ends for its holder as usual, and the
+// next claim gets the next fence; other claimers see ErrAlreadyLocked until
+// the hold ends (List shows the state "min-hold"). This makes a fast
+// scheduled job run once per tick on replicas whose clocks or start times
+// differ by less than d. A lease lost or force-released is not held.
+// Overrides WithMinHold; 0 disables it; at most MaxLeaseDuration.
+func MinHold(d time.Duration) LockOption {
+	return func(c *lockConfig) {
+		if err := checkMinHold(d); err != nil {
+			c.err = err
+			return
+		}
+		c.minHold = d
+	}
+}
+
+// Tick ties the claim to a scheduled run: t is the run's scheduled time,
+// which every replica derives the same way from the schedule (not from its
+// own clock). The key records the last tick claimed; a claim for that tick
+// or an earlier one fails with ErrAlreadyRun (an *AlreadyRunError) and
+// writes nothing, whoever holds the key and whatever the clocks say. A
+// later tick is claimable as soon as the key is free; while the previous
+// run still holds it (a run longer than its period), the claim fails with
+// ErrAlreadyLocked and that tick is skipped, not queued.
+//
+// t must not be zero nor more than MaxTickAhead past the local clock. The
+// server stores it with microsecond precision.
+func Tick(t time.Time) LockOption {
+	return func(c *lockConfig) {
+		switch {
+		case t.IsZero():
+			c.err = fmt.Errorf("%w: zero tick", ErrInvalidOption)
+		case time.Until(t) > MaxTickAhead:
+			c.err = fmt.Errorf("%w: tick %s is more than %v in the future", ErrInvalidOption,
+				t.UTC().Format(time.RFC3339Nano), MaxTickAhead)
+		default:
+			c.tick, c.hasTick = t.Truncate(time.Microsecond), true
+		}
+	}
+}
+
+func checkMinHold(d time.Duration) error {
+	if d < 0 || d > MaxLeaseDuration {
+		return fmt.Errorf("%w: minimum hold %v must be between 0 and %v", ErrInvalidOption, d, MaxLeaseDuration)
+	}
+	return nil
+}
+
+func (l *Locker) lockConfig(opts []LockOption) (lockConfig, error) {
+	c := lockConfig{minHold: l.cfg.minHold}
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("%w: nil LockOption", ErrInvalidOption)
+		}
+		o(&c)
+		if c.err != nil {
+			return c, c.err
+		}
+	}
+	return c, nil
+}
+
+// tickArg is the claim's $5: the tick, or NULL.
+func (c lockConfig) tickArg() any {
+	if !c.hasTick {
+		return nil
+	}
+	return c.tick
+}
