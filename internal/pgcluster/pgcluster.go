@@ -51,6 +51,9 @@ type Cluster struct {
 	bin     string
 	cred    *credential // nil: the server runs as the current user
 	opts    Options
+	name    string // a standby's cluster_name and slot name
+	// conninfo is a standby's primary_conninfo, kept by StopReceiving.
+	conninfo string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -87,6 +90,34 @@ func versionOf(path string) int {
 
 // Start creates a new cluster and starts it. Call Remove when done.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	c, err := newCluster(opts)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(c.dir)
+		}
+	}()
+	initdb := exec.CommandContext(ctx, filepath.Join(c.bin, "initdb"),
+		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
+	initdb.SysProcAttr = childAttr(c.cred)
+	initdb.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
+	}
+	if err := c.start(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// newCluster makes the temporary directory (empty data and socket
+// directories, owned by the server user when running as root) and picks a
+// free port. The caller removes c.dir on failure.
+func newCluster(opts Options) (*Cluster, error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -96,52 +127,43 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "sock"), bin: bin, opts: opts}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(dir)
-		}
-	}()
+	if err := c.prepareDirs(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if c.port, err = freePort(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) prepareDirs() error {
 	for _, d := range []string{c.dataDir, c.sockDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, fmt.Errorf("pgcluster: %w", err)
+			return fmt.Errorf("pgcluster: %w", err)
 		}
 	}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("pgcluster: running as root needs a 'postgres' system user to run the server (%v); %s", err, InstallHint)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		c.cred = newCredential(uid, gid)
-		for _, d := range []string{dir, c.dataDir, c.sockDir} {
-			if err := os.Chown(d, uid, gid); err != nil {
-				return nil, fmt.Errorf("pgcluster: %w", err)
-			}
-		}
-		// The server user must be able to reach the temporary directory.
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("pgcluster: %w", err)
-		}
+	if os.Geteuid() != 0 {
+		return nil
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
-	initdb.SysProcAttr = childAttr(c.cred)
-	initdb.Env = append(os.Environ(), "LC_ALL=C")
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
-	}
-	port, err := freePort()
+	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("pgcluster: running as root needs a 'postgres' system user to run the server (%v); %s", err, InstallHint)
 	}
-	c.port = port
-	if err := c.start(ctx); err != nil {
-		return nil, err
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	c.cred = newCredential(uid, gid)
+	for _, d := range []string{c.dir, c.dataDir, c.sockDir} {
+		if err := os.Chown(d, uid, gid); err != nil {
+			return fmt.Errorf("pgcluster: %w", err)
+		}
 	}
-	ok = true
-	return c, nil
+	// The server user must be able to reach the temporary directory.
+	if err := os.Chmod(c.dir, 0o711); err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	return nil
 }
 
 func freePort() (int, error) {
