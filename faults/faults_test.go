@@ -200,7 +200,7 @@ func scenarios() []scenario {
 		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
 		{name: "force-relock", what: "an operator ForceRelease of the held key, and the same Locker claims it again at once (new fence), 4 rounds in a row (issue 9, defect 1)",
-			server: "shared", replicas: 2, keys: 2, inject: forceRelock, optIn: "the root package's fix of issue 9 defect 1"},
+			server: "shared", replicas: 2, keys: 2, inject: forceRelock},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it",
 			server: "bouncer", proxies: true, replicas: 3, keys: 2, inject: bouncerFaults},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",

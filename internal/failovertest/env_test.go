@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -166,13 +167,17 @@ func waitRenewed(t *testing.T, le *pglease.Lease, since time.Time) {
 }
 
 // failover kills the primary with SIGKILL (postmaster and backends) right
-// after every held lease was renewed, and promotes the standby.
-func (x *pair) failover(held ...*pglease.Lease) {
+// after every held lease was renewed, runs during (if not nil) while no
+// server accepts writes, and promotes the standby.
+func (x *pair) failover(during func(), held ...*pglease.Lease) {
 	for _, le := range held {
 		waitRenewed(x.t, le, le.ExpiresAt())
 	}
 	if err := x.p.Crash(); err != nil {
 		x.t.Fatal(err)
+	}
+	if during != nil {
+		during()
 	}
 	t0 := time.Now()
 	if err := x.s.Promote(x.ctx); err != nil {
@@ -183,6 +188,18 @@ func (x *pair) failover(held ...*pglease.Lease) {
 		x.t.Fatalf("promoted standby's timeline: %d, %v", tl, err)
 	}
 	x.t.Logf("primary killed (-9); standby promoted in %v, now on timeline %d", time.Since(t0).Round(time.Millisecond), tl)
+}
+
+// logFences logs the fences issued per key, keys in order.
+func logFences(t *testing.T, when string, m map[string][]int64) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		t.Logf("%s, %q got fences %s", when, k, fences(m[k]))
+	}
 }
 
 // downstream is a FenceGuard on the test server (not the failed-over pair).

@@ -46,10 +46,23 @@ func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
 	if got := before["job"]; maxOf(got) != 8 || maxOf(before["fresh"]) != 4 {
 		t.Fatalf("setup: job fences %v, fresh fences %v; want up to 8 and 4", got, before["fresh"])
 	}
-	for k, fs := range before {
-		t.Logf("before the failover, %q got fences %s", k, fences(fs))
+	logFences(t, "before the failover", before)
+	// While no server accepts writes (the primary dead, the standby not yet
+	// promoted), a claim fails with an error the caller can retry: not
+	// "held by another", not a loss; the same Locker succeeds afterwards.
+	probe := x.locker("probe", "stdlib")
+	x.failover(func() {
+		_, err := probe.Lock(x.ctx, "probe")
+		if err == nil || errors.Is(err, pglease.ErrAlreadyLocked) || errors.Is(err, pglease.ErrLeaseLost) {
+			t.Errorf("Lock with the primary dead and the standby in recovery: %v; want a retryable connection error", err)
+		}
+		t.Logf("Lock during the failover: %v", err)
+	}, held...)
+	if le, failed := x.lockRetry(probe, "probe"); failed > 0 {
+		t.Errorf("after the promotion, the probe Locker needed %d retries", failed)
+	} else {
+		_ = le.Unlock(x.ctx)
 	}
-	x.failover(held...)
 
 	// Each old holder learns of the loss from the new primary.
 	for _, le := range held {
@@ -111,10 +124,8 @@ func TestFailoverSyncLeasesSurvive(t *testing.T) {
 	if err := down.write("res:job", held[0].Fence()); err != nil {
 		t.Fatal(err)
 	}
-	for k, fs := range before {
-		t.Logf("before the failover, %q got fences %s", k, fences(fs))
-	}
-	x.failover(held...)
+	logFences(t, "before the failover", before)
+	x.failover(nil, held...)
 
 	rival := x.locker("rival", "stdlib")
 	for _, le := range held {
