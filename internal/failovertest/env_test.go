@@ -3,7 +3,8 @@
 // multi-host connection strings (pgx stdlib, pgxpool, lib/pq), a kill -9 of
 // the primary and a promotion, then assertions on the fences and on what
 // the holders were told. Downstream fence guards live on a third server
-// (internal/pgtest), which the failover does not touch.
+// (internal/pgtest), which the failover does not touch. crash_test.go kills
+// a durable single server right after acknowledged releases and claims.
 package failovertest
 
 import (
