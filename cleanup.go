@@ -60,16 +60,7 @@ func (l *Locker) withReleaseTimeout(fn func(ctx context.Context) error) error {
 // background runs fn on the Locker's wait group, so Close waits for it; once
 // the Locker is closed it runs fn synchronously instead.
 func (l *Locker) background(fn func()) {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.spawn(fn) {
 		fn()
-		return
 	}
-	l.wg.Add(1)
-	l.mu.Unlock()
-	go func() {
-		defer l.wg.Done()
-		fn()
-	}()
 }

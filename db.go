@@ -36,6 +36,9 @@ type backend interface {
 	exec(ctx context.Context, sql string, args ...any) (int64, error)
 	// inTx runs fn in one transaction, committed when fn returns nil.
 	inTx(ctx context.Context, fn func(b backend) error) error
+	// listenConfig returns the settings of a connection that can LISTEN,
+	// to open one outside the pool; nil if the driver cannot (lib/pq).
+	listenConfig(ctx context.Context) (*pgx.ConnConfig, error)
 }
 
 func newBackend[D DB](db D) (backend, error) {
@@ -109,6 +112,26 @@ func (b sqlBackend) inTx(ctx context.Context, fn func(backend) error) error {
 	return tx.Commit()
 }
 
+func (b sqlBackend) listenConfig(ctx context.Context) (*pgx.ConnConfig, error) {
+	db, ok := b.q.(*sql.DB)
+	if !ok {
+		return nil, nil
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var cfg *pgx.ConnConfig
+	err = conn.Raw(func(dc any) error {
+		if c, ok := dc.(interface{ Conn() *pgx.Conn }); ok { // pgx's stdlib driver
+			cfg = c.Conn().Config()
+		}
+		return nil
+	})
+	return cfg, err
+}
+
 // pgxLike is what *pgxpool.Pool and pgx.Tx share.
 type pgxLike interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -159,6 +182,13 @@ func (b pgxBackend) inTx(ctx context.Context, fn func(backend) error) error {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+func (b pgxBackend) listenConfig(context.Context) (*pgx.ConnConfig, error) {
+	if p, ok := b.q.(*pgxpool.Pool); ok {
+		return p.Config().ConnConfig.Copy(), nil
+	}
+	return nil, nil
 }
 
 // sqlTime scans a timestamptz from any driver.

@@ -4,43 +4,219 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"sync"
 	"time"
 )
 
-// Campaign blocks until this Locker holds key — leader election — or ctx
-// ends. It calls Lock at every heartbeat (with ±20 % jitter, so replicas do
-// not retry in step); while someone else holds the key, each attempt is the
-// claim's cheap read-only path. Transient errors (server unreachable,
-// read-only during a failover) are logged at WARN and retried; errors that
-// retrying cannot fix (bad key, closed Locker, missing table) are returned.
-//
-// The leader keeps the lease until Unlock; it must stop acting as leader when
-// the lease's Done closes, and may Campaign again.
-func (l *Locker) Campaign(ctx context.Context, key string) (*Lease, error) {
+// An Election is leader election on one key, in the forms Go users know
+// from etcd's concurrency.Election and Kubernetes' leaderelection: Campaign
+// and Resign, Leader and Observe (watch the leader without campaigning),
+// and Run with callbacks. The leader is whoever holds the key's lease; its
+// fence is the term number. Safe for concurrent use; one Election per key
+// and Locker.
+type Election struct {
+	l   *Locker
+	key string
+
+	mu   sync.Mutex
+	lead *Lease // the lease while this Election leads
+}
+
+// LeaderInfo describes the current leader.
+type LeaderInfo struct {
+	Key    string
+	Holder string
+	Fence  int64     // the term: strictly greater for every new leader
+	Since  time.Time // acquired at, server clock
+	// ExpiresIn is how long the leader's lease runs without a renew, on
+	// the server clock when it was read.
+	ExpiresIn time.Duration
+}
+
+// ErrNoLeader: nobody holds the election's key.
+var ErrNoLeader = errors.New("pglease: no leader")
+
+// NewElection returns an Election on key for l.
+func NewElection(l *Locker, key string) (*Election, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: nil Locker", ErrInvalidOption)
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	return &Election{l: l, key: key}, nil
+}
+
+// Campaign blocks until elected or ctx ends (see Locker.Campaign):
+// leadership ends with ctx, on Resign, on loss, or when the Locker closes
+// (Close resigns at once).
+func (e *Election) Campaign(ctx context.Context) (*Lease, error) {
+	le, err := e.l.Campaign(ctx, e.key)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.lead = le
+	e.mu.Unlock()
+	return le, nil
+}
+
+// Resign gives leadership up (the lease is released and waiters are
+// notified at once). It returns nil if this Election does not lead.
+func (e *Election) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	le := e.lead
+	e.lead = nil
+	e.mu.Unlock()
+	if le == nil {
+		return nil
+	}
+	err := le.Unlock(ctx)
+	if errors.Is(err, ErrLeaseLost) {
+		return nil // nothing left to give up
+	}
+	return err
+}
+
+// IsLeader reports, without a round trip, whether this Election holds the
+// lease now. It turns false the moment the lease is lost or released.
+func (e *Election) IsLeader() bool {
+	e.mu.Lock()
+	le := e.lead
+	e.mu.Unlock()
+	if le == nil {
+		return false
+	}
+	st, _ := le.snapshotState()
+	return st == stateHeld
+}
+
+// Leader reads the current leader (one read, no write); ErrNoLeader if the
+// key is free.
+func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
+	li := LeaderInfo{Key: e.key}
+	var left int64
+	var exp time.Time
+	err := e.l.db.queryRow(ctx, e.l.sql.leader, []any{e.key}, &li.Holder, &li.Fence, &li.Since, &exp, &left)
+	switch {
+	case errors.Is(err, errNoRows):
+		return LeaderInfo{}, ErrNoLeader
+	case err != nil:
+		return LeaderInfo{}, e.l.table.wrapDB(fmt.Sprintf("leader of %q", e.key), err)
+	}
+	li.ExpiresIn = time.Duration(left) * time.Microsecond
+	return li, nil
+}
+
+// Observe streams leadership changes until ctx ends, then closes the
+// channel. It sends the current state first, then each change of holder or
+// fence; a zero LeaderInfo (Holder "") means nobody leads. It wakes on
+// release notifications, at the leader's expiry and at the poll interval;
+// read errors are logged at WARN and retried. A slow reader only misses
+// intermediate states, never the latest.
+func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
+	out := make(chan LeaderInfo, 1)
+	if !e.l.spawn(func() { e.observe(ctx, out) }) {
+		close(out)
+	}
+	return out
+}
+
+func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
+	defer close(out)
+	w := e.l.lis.wait(e.key)
+	defer w.stop()
+	var last *LeaderInfo
+	next := time.Duration(0)
 	for {
-		le, err := l.Lock(ctx, key)
-		switch {
-		case err == nil:
-			return le, nil
-		case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrClosed),
-			errors.Is(err, ErrNotMigrated), errors.Is(err, ErrSchemaTooNew):
-			return nil, err
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("pglease: campaign for %q: %w", key, ctx.Err())
-		case !errors.Is(err, ErrAlreadyLocked):
-			l.log.Warn("pglease: campaign attempt failed, will retry", "key", key, "holder", l.holder, "error", err)
+		if err := e.l.sleepUntilRetry(ctx, w, next); err != nil {
+			return
 		}
-		wait := time.Duration(float64(l.cfg.heartbeat) * (0.8 + 0.4*rand.Float64()))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("pglease: campaign for %q: %w", key, ctx.Err())
-		case <-l.ctx.Done():
-			t.Stop()
-			return nil, ErrClosed
-		case <-t.C:
+		li, err := e.Leader(ctx)
+		switch {
+		case errors.Is(err, ErrNoLeader):
+			li, err = LeaderInfo{Key: e.key}, nil
+			next = e.l.retryIn(nil, 0)
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			e.l.log.Warn("pglease: observing the leader failed, will retry", "key", e.key, "error", err)
+			next = e.l.retryIn(err, 1)
+			continue
+		default:
+			next = e.l.retryIn(&HeldError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn}, 0)
+		}
+		if last != nil && last.Holder == li.Holder && last.Fence == li.Fence {
+			continue
+		}
+		last = &li
+		select { // keep only the latest state for a slow reader
+		case <-out:
+		default:
+		}
+		out <- li
+		if li.Holder == "" {
+			next = min(next, 20*time.Millisecond) // a new leader usually follows a release
+		}
+	}
+}
+
+// Callbacks are Run's hooks, in the manner of Kubernetes' leaderelection.
+type Callbacks struct {
+	// OnStartedLeading runs while this replica leads, with a context that
+	// ends when leadership ends (lost, Run's ctx done, Locker closed). When
+	// it returns, Run resigns; a non-nil error ends Run with that error, nil
+	// makes Run campaign again. Required.
+	OnStartedLeading func(ctx context.Context, lead *Lease) error
+	// OnStoppedLeading runs after each term of this replica, once the
+	// lease is released or lost. Optional.
+	OnStoppedLeading func()
+	// OnNewLeader runs for each change of leader seen (any replica,
+	// including this one; Holder "" when nobody leads). Optional.
+	OnNewLeader func(LeaderInfo)
+}
+
+// Run campaigns, leads through OnStartedLeading, resigns and campaigns
+// again, until ctx ends — then it resigns and returns nil: a clean shutdown
+// is not an error. It returns OnStartedLeading's error, or an error that
+// campaigning cannot get past (closed Locker, missing table).
+func (e *Election) Run(ctx context.Context, cb Callbacks) error {
+	if cb.OnStartedLeading == nil {
+		return fmt.Errorf("%w: Callbacks.OnStartedLeading is required", ErrInvalidOption)
+	}
+	if cb.OnNewLeader != nil {
+		octx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		ch := e.Observe(octx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for li := range ch {
+				cb.OnNewLeader(li)
+			}
+		}()
+	}
+	for {
+		lead, err := e.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = cb.OnStartedLeading(lead.Context(), lead)
+		_ = e.Resign(context.WithoutCancel(ctx))
+		if cb.OnStoppedLeading != nil {
+			cb.OnStoppedLeading()
+		}
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
 		}
 	}
 }

@@ -39,7 +39,8 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	unlockMu sync.Mutex // serialises Unlock calls
+	unlockMu sync.Mutex  // serialises Unlock calls
+	stopTie  func() bool // undoes endWith, once the lease has ended
 
 	mu        sync.Mutex
 	state     leaseState
@@ -65,6 +66,29 @@ func (le *Lease) arm() {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	le.timer = time.AfterFunc(time.Until(le.deadline), le.deadlinePassed)
+}
+
+// endWith ties the lease to ctx: when ctx ends, the lease is unlocked
+// (under a fresh context bounded by the release timeout).
+func (le *Lease) endWith(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() { _ = le.Unlock(context.WithoutCancel(ctx)) })
+	le.mu.Lock()
+	ended := le.state != stateHeld
+	le.stopTie = stop
+	le.mu.Unlock()
+	if ended {
+		stop()
+	}
+}
+
+// untie stops a tie set by endWith (the lease ended otherwise).
+func (le *Lease) untie() {
+	le.mu.Lock()
+	stop := le.stopTie
+	le.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // Key is the leased key.
@@ -164,6 +188,7 @@ func (le *Lease) finishLost(from leaseState, reason string, why lossReason) *Los
 		"key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)
 	le.cancel(err)
 	le.locker.remove(le)
+	le.untie()
 	le.locker.obs.lost(le, why)
 	return err
 }
@@ -201,6 +226,7 @@ func (le *Lease) endUnlock(state leaseState) {
 	le.mu.Unlock()
 	le.cancel(ErrUnlocked)
 	le.locker.remove(le)
+	le.untie()
 }
 
 func (le *Lease) snapshotState() (leaseState, error) {

@@ -20,6 +20,7 @@ type Locker struct {
 	holder string
 	log    *slog.Logger
 	obs    observer
+	lis    *listener
 
 	mu      sync.Mutex
 	leases  map[*Lease]struct{}
@@ -56,6 +57,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		byKey:  make(map[string]*Lease),
 		obs:    newObserver(cfg),
 	}
+	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil
 }
@@ -98,6 +100,9 @@ func (l *Locker) add(le *Lease) bool {
 		go l.renewLoop()
 	}
 	l.mu.Unlock()
+	if l.cfg.listen == ListenAlways {
+		l.lis.retain()
+	}
 	if old != nil && old.fence < le.fence {
 		old.lose(fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
 	}
@@ -106,11 +111,32 @@ func (l *Locker) add(le *Lease) bool {
 
 func (l *Locker) remove(le *Lease) {
 	l.mu.Lock()
+	_, had := l.leases[le]
 	delete(l.leases, le)
 	if l.byKey[le.key] == le {
 		delete(l.byKey, le.key)
 	}
 	l.mu.Unlock()
+	if had && l.cfg.listen == ListenAlways {
+		l.lis.unretain()
+	}
+}
+
+// spawn runs fn in a goroutine on the Locker's wait group, so Close waits
+// for it; it reports false (and does nothing) once the Locker is closed.
+func (l *Locker) spawn(fn func()) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		fn()
+	}()
+	return true
 }
 
 // Close releases every lease the Locker holds (one statement), stops the

@@ -32,6 +32,8 @@ type config struct {
 	logger         *slog.Logger
 	releaseTimeout time.Duration
 	minHold        time.Duration
+	listen         ListenMode
+	poll           time.Duration
 	given          []string // the options given, by name (see tableOnly)
 	errs           []error
 }
@@ -130,6 +132,37 @@ func WithMinHold(d time.Duration) Option {
 	}
 }
 
+// WithListen sets when the Locker keeps a connection listening for
+// releases (default ListenWhenWaiting; see ListenMode). With ListenNever,
+// waiters poll (WithPollInterval) and wake at the expiry of the lease they
+// wait for.
+func WithListen(m ListenMode) Option {
+	return func(c *config) {
+		c.note("WithListen")
+		if m < ListenWhenWaiting || m > ListenNever {
+			c.errs = append(c.errs, fmt.Errorf("%w: listen mode %d", ErrInvalidOption, m))
+			return
+		}
+		c.listen = m
+	}
+}
+
+// WithPollInterval sets how often a waiter retries when no notification
+// can wake it (ListenNever, lib/pq, PgBouncer, a listener down), with ±20 %
+// jitter; default 1s, between MinHeartbeat and the lease duration. Waiters
+// also retry at the expiry of the lease they wait for, and — when
+// notifications work — once per heartbeat as a safety net.
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) {
+		c.note("WithPollInterval")
+		if d < MinHeartbeat || d > MaxLeaseDuration {
+			c.errs = append(c.errs, fmt.Errorf("%w: poll interval %v must be between %v and %v", ErrInvalidOption, d, MinHeartbeat, MaxLeaseDuration))
+			return
+		}
+		c.poll = d
+	}
+}
+
 // tableOnly builds the configuration of an entry point that uses only
 // WithTable, and refuses any other option: it would have no effect.
 func tableOnly(entry string, opts []Option) (table, error) {
@@ -176,6 +209,9 @@ func buildConfig(opts []Option) (config, table, error) {
 		return c, t, fmt.Errorf("%w: heartbeat %v must be between %v and half of lease %v minus margin %v (%v), "+
 			"so that a failed renew is retried once before the local deadline",
 			ErrInvalidOption, c.heartbeat, MinHeartbeat, c.duration, c.margin, (c.duration-c.margin)/2)
+	}
+	if c.poll == 0 {
+		c.poll = min(time.Second, c.duration)
 	}
 	if c.holder == "" {
 		c.holder = defaultHolder()

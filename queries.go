@@ -372,6 +372,25 @@ var migrations = []string{
 	ADD COLUMN IF NOT EXISTS last_tick timestamptz`,
 }
 
+// notifyProbeSQL is the listener's self-test: a notification it must
+// receive on its own connection (see listener.go).
+//
+//	$1 payload
+const notifyProbeSQL = `SELECT pg_notify('{N}', $1)::text`
+
+// leaderSQL reads the live lease of a key, if any (Election.Leader and
+// Observe). It writes nothing.
+//
+//	$1 key
+//
+// Result: (holder, fence, acquired_at, expires_at, time left in µs).
+const leaderSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT l.holder, l.fence, l.acquired_at, l.expires_at,
+       (extract(epoch FROM l.expires_at - now.ts) * 1000000)::bigint
+FROM {T} AS l, now
+WHERE l.key = $1 AND l.released_at IS NULL AND l.expires_at > now.ts`
+
 // notifyFrag sends "<fence> <key>" on the table's channel for a released
 // row of alias a, unless a minimum hold keeps the key blocked (waiters then
 // wake at hold_until, which the claim's reply tells them). Its value is
@@ -383,7 +402,7 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 // statements are the SQL texts bound to one table.
 type statements struct {
 	claim, renew, release, releaseMany, releaseLost, forceRelease, list string
-	abandonLock, abandon                                                string
+	abandonLock, abandon, notifyProbe, leader                           string
 	versionTable, currentVersion, recordVersion                         string
 	guard, fenceAdvance, fenceCurrent                                   string
 }
@@ -425,6 +444,8 @@ func (t table) statements() statements {
 		releaseLost:    b(releaseLostSQL),
 		abandonLock:    b(abandonLockSQL),
 		abandon:        b(abandonSQL),
+		notifyProbe:    b(notifyProbeSQL),
+		leader:         b(leaderSQL),
 		forceRelease:   b(forceReleaseSQL),
 		list:           b(listSQL),
 		versionTable:   b(versionTableSQL),

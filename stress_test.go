@@ -58,7 +58,10 @@ func TestStressReplicas(t *testing.T) {
 					k := rng.IntN(keys)
 					st := states[k]
 					le, err := l.Lock(c, fmt.Sprintf("key-%d", k))
-					if errors.Is(err, ErrAlreadyLocked) {
+					if errors.Is(err, ErrAlreadyLocked) || errors.Is(err, context.DeadlineExceeded) {
+						// A claim that found no reply within the local
+						// deadline (a loaded machine) gave up safely: it
+						// is a skip, not a violation.
 						skips.Add(1)
 						time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
 						continue

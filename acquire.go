@@ -1,0 +1,121 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Acquire waits until this Locker holds key, or ctx ends — for work that
+// must run rather than be skipped. Each attempt is Lock's claim: while
+// someone else holds the key it writes nothing. Between attempts the caller
+// sleeps until the first of:
+//
+//   - a release of the key is notified (see listener.go), plus 0–2 ms of
+//     jitter so that waiters of several replicas do not claim in step;
+//   - the current lease's expiry, as the server reported it (a holder that
+//     vanished is replaced a few milliseconds after its lease expires);
+//   - the poll interval (WithPollInterval, ±20 %) when notifications are
+//     not known to work, else one heartbeat as a safety net.
+//
+// Transient errors (server unreachable, read-only during a failover) are
+// logged at WARN and retried; errors retrying cannot fix (bad key or
+// option, closed Locker, missing table, a tick already run) are returned.
+// When ctx ends, Acquire returns an error wrapping ctx's error; the lease
+// it returns lives until Unlock, like Lock's.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
+	lc, err := l.prepareClaim(ctx, key, opts)
+	if err != nil {
+		return nil, err
+	}
+	w := l.lis.wait(key)
+	defer w.stop()
+	start := time.Now()
+	for failures := 0; ; {
+		le, err := l.lockOnce(ctx, key, lc)
+		if err == nil {
+			l.obs.waited(ctx, key, time.Since(start), true)
+			return le, nil
+		}
+		if final(err) {
+			return nil, err
+		}
+		if !errors.Is(err, ErrAlreadyLocked) && ctx.Err() == nil {
+			failures++
+			l.log.Warn("pglease: claim attempt failed, will retry", "key", key, "holder", l.holder, "error", err)
+		} else {
+			failures = 0
+		}
+		if err := l.sleepUntilRetry(ctx, w, l.retryIn(err, failures)); err != nil {
+			l.obs.waited(ctx, key, time.Since(start), false)
+			return nil, fmt.Errorf("pglease: acquire %q: %w", key, err)
+		}
+	}
+}
+
+// final reports errors that waiting cannot fix.
+func final(err error) bool {
+	for _, e := range []error{ErrInvalidKey, ErrInvalidOption, ErrClosed, ErrNotMigrated, ErrSchemaTooNew, ErrAlreadyRun} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// retryIn is how long to sleep at most before the next attempt.
+func (l *Locker) retryIn(err error, failures int) time.Duration {
+	poll := l.cfg.poll
+	if l.lis.isLive() {
+		poll = l.cfg.heartbeat
+	}
+	poll = time.Duration(float64(poll) * (0.8 + 0.4*rand.Float64()))
+	var held *HeldError
+	switch {
+	case errors.As(err, &held) && held.Holder == "":
+		// A concurrent claim was in flight: look again very soon.
+		return time.Duration(2+rand.IntN(8)) * time.Millisecond
+	case errors.As(err, &held) && held.FreeIn > 0:
+		return min(poll, held.FreeIn+time.Millisecond)
+	case failures > 0:
+		return min(poll, time.Duration(failures)*100*time.Millisecond)
+	}
+	return poll
+}
+
+// sleepUntilRetry waits for d, a notification for the key, ctx or Close.
+func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.c:
+		if !sleepCtx(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
+			return ctx.Err()
+		}
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.ctx.Done():
+		return ErrClosed
+	}
+}
+
+// Campaign blocks until this Locker holds key — leader election — or ctx
+// ends, waiting like Acquire. Leadership is tied to ctx: when ctx ends, the
+// leader resigns (its lease is released, Done closes, Context is cancelled),
+// so a leader loop run under signal.NotifyContext stops leading on SIGTERM.
+// The leader must stop acting as leader when the lease's Done closes, and
+// may Campaign again. Election wraps this in the usual forms (Run, Resign,
+// Observe).
+func (l *Locker) Campaign(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
+	le, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		return nil, err
+	}
+	le.endWith(ctx)
+	return le, nil
+}

@@ -1,0 +1,274 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// A waiter in another Locker and pool is handed the key when the holder
+// unlocks: woken by the release's notification, not by a poll (the poll
+// interval and the lease are far longer than the test's bound).
+func TestAcquireWokenByRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T) *Locker
+	}{
+		{"stdlib", nil},
+		{"pgxpool", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			var waiterL *Locker
+			opts := []Option{WithLeaseDuration(time.Minute), WithPollInterval(time.Minute)}
+			if tc.name == "pgxpool" {
+				l, err := New(pgtest.Pgx(t, 2), append([]Option{WithTable(f.table)}, opts...)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = l.Close() })
+				waiterL = l
+			} else {
+				waiterL = f.replica(2, opts...)
+			}
+			holder := f.replica(2, opts...)
+			c := ctx(t)
+			held, err := holder.Lock(c, "job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *Lease, 1)
+			errc := make(chan error, 1)
+			go func() {
+				le, err := waiterL.Acquire(c, "job")
+				if err != nil {
+					errc <- err
+					return
+				}
+				got <- le
+			}()
+			waitFor(t, 20*time.Second, waiterL.lis.isLive)
+			select {
+			case le := <-got:
+				t.Fatalf("acquired while held: fence %d", le.Fence())
+			case err := <-errc:
+				t.Fatal(err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			if err := held.Unlock(c); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case le := <-got:
+				if le.Fence() != held.Fence()+1 {
+					t.Fatalf("fence %d after %d", le.Fence(), held.Fence())
+				}
+			case err := <-errc:
+				t.Fatal(err)
+			case <-time.After(15 * time.Second): // the poll would take a minute
+				t.Fatal("the waiter was not woken by the release")
+			}
+		})
+	}
+}
+
+// A holder that vanishes without unlocking is replaced at its lease's
+// expiry, which the waiter learns from the server (not from its poll).
+func TestAcquireWakesAtExpiry(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 2)
+	gone := f.locker(db, WithLeaseDuration(time.Second), WithHeartbeat(200*time.Millisecond))
+	w := f.replica(2, WithLeaseDuration(time.Second), WithPollInterval(time.Second), WithListen(ListenNever))
+	c := ctx(t)
+	le, err := gone.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.stop() // the renewer stops, as if the process had died
+	got, err := w.Acquire(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Fence() <= le.Fence() {
+		t.Fatalf("fence %d after %d", got.Fence(), le.Fence())
+	}
+}
+
+// Without notifications (lib/pq cannot listen; ListenNever) waiting still
+// works, by polling.
+func TestAcquirePollingFallback(t *testing.T) {
+	f := newFixture(t)
+	pq, err := sql.Open("postgres", pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pq.Close() })
+	for name, l := range map[string]*Locker{
+		"lib/pq":      f.locker(pq, WithPollInterval(50*time.Millisecond)),
+		"ListenNever": f.replica(2, WithListen(ListenNever), WithPollInterval(50*time.Millisecond)),
+	} {
+		holder := f.replica(2)
+		c := ctx(t)
+		held, err := holder.Lock(c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			le, err := l.Acquire(c, name)
+			if err == nil {
+				err = le.Unlock(c)
+			}
+			done <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if l.lis.isLive() {
+			t.Fatalf("%s: a listener runs", name)
+		}
+		if err := held.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
+
+// The listener's connection is killed: it reconnects and waiters are still
+// handed the key.
+func TestAcquireSurvivesListenerKill(t *testing.T) {
+	f := newFixture(t)
+	w := f.replica(2, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
+	holder := f.replica(2)
+	c := ctx(t)
+	held, err := holder.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		le, err := w.Acquire(c, "job")
+		if err == nil {
+			err = le.Unlock(c)
+		}
+		done <- err
+	}()
+	waitFor(t, 20*time.Second, w.lis.isLive)
+	if _, err := f.admin.ExecContext(c, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' OR query LIKE '%pg_notify(''pglease_%'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return !w.lis.isLive() })
+	waitFor(t, 30*time.Second, w.lis.isLive)
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no handoff after the listener reconnected")
+	}
+}
+
+// Acquire ends with its context and with Close; a listener is held only
+// while somebody waits.
+func TestAcquireCancelAndClose(t *testing.T) {
+	f := newFixture(t)
+	w := f.replica(2)
+	holder := f.replica(2)
+	c := ctx(t)
+	if _, err := holder.Lock(c, "job"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(c, 200*time.Millisecond)
+	defer cancel()
+	if _, err := w.Acquire(short, "job"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want the context's error, got %v", err)
+	}
+	waitFor(t, 10*time.Second, func() bool { w.lis.mu.Lock(); defer w.lis.mu.Unlock(); return w.lis.cancel == nil })
+	done := make(chan error, 1)
+	go func() { _, err := w.Acquire(c, "job"); done <- err }()
+	waitFor(t, 20*time.Second, w.lis.isLive)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Acquire during Close: %v", err)
+	}
+	if _, err := w.Acquire(c, "x"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+}
+
+// Many waiters in several Lockers: each release hands the key to exactly
+// one of them, and every waiter gets it in turn.
+func TestManyWaitersOneWinnerPerRelease(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	var lockers []*Locker
+	for i := 0; i < 4; i++ {
+		lockers = append(lockers, f.replica(3))
+	}
+	var mu sync.Mutex
+	holding := 0
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func(l *Locker) {
+			defer wg.Done()
+			le, err := l.Acquire(c, "job")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			holding++
+			if holding > 1 {
+				t.Error("two waiters hold the key")
+			}
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			holding--
+			mu.Unlock()
+			if err := le.Unlock(c); err != nil {
+				t.Error(err)
+			}
+		}(lockers[i%4])
+	}
+	wg.Wait()
+	if r, _ := f.row("job"); r.Fence != 16 {
+		t.Fatalf("16 terms expected, fence %d", r.Fence)
+	}
+}
+
+// With ListenAlways, a holder evicted by ForceRelease is told at once, not
+// at its next beat (20 s here).
+func TestEvictedHolderToldAtOnce(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithLeaseDuration(time.Minute), WithListen(ListenAlways))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, l.lis.isLive)
+	if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-le.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the evicted holder was not told before its next beat")
+	}
+	if !errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatal(le.Err())
+	}
+}

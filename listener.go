@@ -1,0 +1,308 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file answers "how does a waiter wake up". Every release (Unlock,
+// Close, ForceRelease, the undo of a lost claim) notifies "<fence> <key>" on
+// the table's channel in its own statement, delivered at commit. A Locker
+// runs at most one listener: a dedicated connection opened outside the pool
+// (from the pool's settings) only while one of its callers waits in Acquire,
+// Campaign or Observe — or, with ListenAlways, while it holds a lease — and
+// closed when nobody needs it. It wakes the waiters of the notified key, and
+// checks at once a lease of this Locker on that key (an eviction ends it now
+// rather than at the next beat).
+//
+// Notifications only make waiting faster, never correct: a waiter also wakes
+// when the lease it waits for expires (the claim's reply says when, on the
+// server clock) and at a jittered poll interval. So when the listener cannot
+// work — lib/pq (no access to the connection), PgBouncer in transaction
+// pooling mode (LISTEN's session is not ours), a dropped connection — waiting
+// degrades to polling, it does not break. The listener proves that it works:
+// after LISTEN, and after every 5 s of silence, it sends itself a probe
+// through the pool and expects it on its own connection within 2 s; without
+// it, the listener is not trusted, waiters poll, and it reconnects.
+
+// ListenMode says when a Locker keeps a listening connection (WithListen).
+type ListenMode int
+
+const (
+	// ListenWhenWaiting (default): a connection is held only while a
+	// caller waits (Acquire, Campaign, Observe).
+	ListenWhenWaiting ListenMode = iota
+	// ListenAlways: also while the Locker holds a lease, so that a holder
+	// evicted by ForceRelease is told at once instead of at its next beat.
+	ListenAlways
+	// ListenNever: never listen; waiters poll (for PgBouncer in transaction
+	// pooling mode, where notifications are not delivered reliably).
+	ListenNever
+)
+
+const (
+	listenHealthEvery = 5 * time.Second
+	listenProbeWait   = 2 * time.Second
+)
+
+var errCannotListen = errors.New("pglease: the driver cannot listen (database/sql with lib/pq): waiters poll")
+
+type listener struct {
+	l *Locker
+
+	mu      sync.Mutex
+	waiters map[string]map[*waiter]struct{}
+	users   int                // waiters, plus held leases with ListenAlways
+	cancel  context.CancelFunc // stops the running loop; nil when none runs
+	live    bool               // LISTEN in effect and a probe came back
+	probe   string             // payload of the probe in flight
+	probeC  chan struct{}
+}
+
+// A waiter is woken (its channel gets a value) by a notification for its
+// key, or when the listener (re)starts working.
+type waiter struct {
+	key string
+	c   chan struct{}
+	lis *listener
+}
+
+func newListener(l *Locker) *listener {
+	return &listener{l: l, waiters: make(map[string]map[*waiter]struct{})}
+}
+
+// wait registers a waiter for key and makes sure the listener runs.
+func (ls *listener) wait(key string) *waiter {
+	w := &waiter{key: key, c: make(chan struct{}, 1), lis: ls}
+	ls.mu.Lock()
+	m := ls.waiters[key]
+	if m == nil {
+		m = make(map[*waiter]struct{})
+		ls.waiters[key] = m
+	}
+	m[w] = struct{}{}
+	ls.mu.Unlock()
+	ls.retain()
+	return w
+}
+
+func (w *waiter) stop() {
+	ls := w.lis
+	ls.mu.Lock()
+	delete(ls.waiters[w.key], w)
+	if len(ls.waiters[w.key]) == 0 {
+		delete(ls.waiters, w.key)
+	}
+	ls.mu.Unlock()
+	ls.unretain()
+}
+
+func (ls *listener) retain() {
+	if ls.l.cfg.listen == ListenNever {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.users++
+	if ls.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(ls.l.ctx)
+	if ls.l.spawn(func() { ls.run(ctx) }) {
+		ls.cancel = cancel
+	} else {
+		cancel()
+	}
+}
+
+func (ls *listener) unretain() {
+	if ls.l.cfg.listen == ListenNever {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.users--
+	if ls.users == 0 && ls.cancel != nil {
+		ls.cancel()
+		ls.cancel = nil
+		ls.live = false
+	}
+}
+
+// isLive reports whether notifications are known to arrive.
+func (ls *listener) isLive() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.live
+}
+
+// run keeps a listening connection until ctx ends, reconnecting with
+// backoff after a failure.
+func (ls *listener) run(ctx context.Context) {
+	for delay := 100 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
+		err := ls.session(ctx)
+		ls.setLive(false)
+		if ctx.Err() != nil || errors.Is(err, errCannotListen) {
+			return
+		}
+		ls.l.log.Warn("pglease: listener connection lost or not delivering, waiters poll meanwhile; reconnecting",
+			"holder", ls.l.holder, "error", err)
+		if !sleepCtx(ctx, delay) {
+			return
+		}
+	}
+}
+
+// session is the life of one listening connection.
+func (ls *listener) session(ctx context.Context) error {
+	cfg, err := ls.l.db.listenConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if cfg == nil {
+		return errCannotListen
+	}
+	// A config copied from a live connection carries that connection's
+	// notification handler: pgx installs its own only when none is set.
+	cfg.OnNotification = nil
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ls.l.table.channel}.Sanitize()); err != nil {
+		return err
+	}
+	if err := ls.checkDelivery(ctx, conn); err != nil {
+		return err
+	}
+	ls.setLive(true)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenHealthEvery)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil && n != nil:
+			ls.dispatch(n.Payload)
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil
+		case wctx.Err() != nil: // silence: prove the connection still delivers
+			if err := ls.checkDelivery(ctx, conn); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// checkDelivery sends a probe through the pool and waits for it on conn,
+// dispatching whatever else arrives meanwhile.
+func (ls *listener) checkDelivery(ctx context.Context, conn *pgx.Conn) error {
+	payload := "probe " + strconv.FormatUint(rand.Uint64(), 36)
+	ls.mu.Lock()
+	ls.probe, ls.probeC = payload, make(chan struct{})
+	got := ls.probeC
+	ls.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, listenProbeWait)
+	defer cancel()
+	if _, err := ls.l.db.exec(pctx, ls.l.sql.notifyProbe, payload); err != nil {
+		return fmt.Errorf("listener probe: %w", err)
+	}
+	for {
+		select {
+		case <-got:
+			return nil
+		default:
+		}
+		n, err := conn.WaitForNotification(pctx)
+		if err != nil {
+			if ctx.Err() == nil && pctx.Err() != nil {
+				return errors.New("listener probe: no notification came back within 2s (PgBouncer in transaction pooling mode? use WithListen(ListenNever))")
+			}
+			return err
+		}
+		if n != nil {
+			ls.dispatch(n.Payload)
+		}
+	}
+}
+
+func (ls *listener) setLive(live bool) {
+	ls.mu.Lock()
+	ls.live = live && ls.cancel != nil
+	var all []*waiter
+	if ls.live {
+		for _, m := range ls.waiters {
+			for w := range m {
+				all = append(all, w)
+			}
+		}
+	}
+	ls.mu.Unlock()
+	// Waiters that tried while LISTEN was not in effect may have missed a
+	// release: let them try again now.
+	for _, w := range all {
+		w.wake()
+	}
+}
+
+// dispatch handles one notification payload: "<fence> <key>" or a probe.
+func (ls *listener) dispatch(payload string) {
+	ls.mu.Lock()
+	if payload == ls.probe && ls.probeC != nil {
+		close(ls.probeC)
+		ls.probeC = nil
+		ls.mu.Unlock()
+		return
+	}
+	f, key, ok := strings.Cut(payload, " ")
+	fence, err := strconv.ParseInt(f, 10, 64)
+	if !ok || err != nil {
+		ls.mu.Unlock()
+		return
+	}
+	ws := make([]*waiter, 0, len(ls.waiters[key]))
+	for w := range ls.waiters[key] {
+		ws = append(ws, w)
+	}
+	ls.mu.Unlock()
+	for _, w := range ws {
+		w.wake()
+	}
+	ls.l.checkEvicted(key, fence)
+}
+
+func (w *waiter) wake() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// checkEvicted checks at once a held lease of this Locker on key whose
+// fence is not above a released one: it was force-released (or undone).
+func (l *Locker) checkEvicted(key string, fence int64) {
+	l.mu.Lock()
+	le := l.byKey[key]
+	l.mu.Unlock()
+	if le == nil || le.fence > fence {
+		return
+	}
+	if st, _ := le.snapshotState(); st == stateHeld {
+		l.spawn(func() { l.renewNow(le, lossNotified) })
+	}
+}
