@@ -3,18 +3,15 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"runtime"
-	"runtime/debug"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
@@ -34,10 +31,26 @@ func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.table, "table", pglease.DefaultTable, `lease table, "name" or "schema.name"`)
 }
 
-// open checks the flags, connects and pings. Nothing is written.
-func (f *dbFlags) open(ctx context.Context, e *env) (*sql.DB, error) {
+// check validates the flags without connecting.
+func (f *dbFlags) check() error {
+	if f.table == "" {
+		return usagef("--table: must not be empty (default %s)", pglease.DefaultTable)
+	}
 	if _, err := pglease.SchemaSQL(f.table); err != nil { // validates the table name
-		return nil, usageError{fmt.Errorf("--table: %w", err)}
+		return usageError{fmt.Errorf("--table: %w", err)}
+	}
+	return nil
+}
+
+// cancelGrace is how long a cancelled statement may take to end on the
+// server (after the cancel request) before the connection is dropped.
+const cancelGrace = 3 * time.Second
+
+// open checks the flags, connects and pings. Nothing is written. params are
+// extra run-time parameters for the server (see openDB).
+func (f *dbFlags) open(ctx context.Context, e *env, params map[string]string) (*sql.DB, error) {
+	if err := f.check(); err != nil {
+		return nil, err
 	}
 	url := f.url
 	if url == "" {
@@ -46,17 +59,27 @@ func (f *dbFlags) open(ctx context.Context, e *env) (*sql.DB, error) {
 	if url == "" {
 		return nil, usagef("no database: pass --database-url or set DATABASE_URL")
 	}
-	return openDB(ctx, url)
+	return openDB(ctx, url, params)
 }
 
-func openDB(ctx context.Context, url string) (*sql.DB, error) {
-	if _, err := pgx.ParseConfig(url); err != nil {
-		return nil, usagef("invalid database URL: %v", err)
-	}
-	db, err := sql.Open("pgx", url)
+// openDB connects and pings. params are extra run-time parameters for the
+// server (e.g. lock_timeout), sent when connecting.
+//
+// When a statement's context ends (Ctrl-C, a timeout), a cancel request is
+// sent to the server: by default pgx only closes the socket, and the server
+// would go on waiting for a row lock and then commit the statement.
+func openDB(ctx context.Context, url string, params map[string]string) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)
 	}
+	for k, v := range params {
+		cfg.RuntimeParams[k] = v
+	}
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	}
+	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(2)
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
@@ -65,283 +88,62 @@ func openDB(ctx context.Context, url string) (*sql.DB, error) {
 		if ctx.Err() != nil {
 			return nil, errInterrupted
 		}
-		return nil, fmt.Errorf("cannot reach the database: %w", err)
+		return nil, connectError(err)
 	}
 	return db, nil
 }
 
-// explain turns the library's sentinel errors into the advice an operator needs.
+// explain turns the library's errors into what an operator needs: the
+// specific cause first (kept from the library or the server), then the
+// advice. Errors it does not recognise pass through unchanged.
 func explain(err error, table string) error {
-	switch {
-	case errors.Is(err, pglease.ErrNotMigrated):
-		return fmt.Errorf("lease table %q does not exist or is not migrated: run `pglease migrate --table %s` first", table, table)
-	case errors.Is(err, pglease.ErrSchemaTooNew):
-		return fmt.Errorf("lease table %q was migrated by a newer pglease: upgrade this tool", table)
-	case errors.Is(err, context.Canceled):
-		return errInterrupted
+	if e := explainCommon(err, table); e != nil {
+		return e
+	}
+	if errors.Is(err, pglease.ErrNotMigrated) {
+		return fmt.Errorf("lease table %q does not exist or is not migrated%s: run `pglease migrate --table %s` first",
+			table, serverCause(err), table)
 	}
 	return err
 }
 
-func newMigrateCmd(e *env) *cobra.Command {
-	var f dbFlags
-	cmd := &cobra.Command{
-		Use:   "migrate",
-		Short: "Create or upgrade the lease table (idempotent)",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := f.open(cmd.Context(), e)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := pglease.Migrate(cmd.Context(), db, pglease.WithTable(f.table)); err != nil {
-				return explain(err, f.table)
-			}
-			fmt.Fprintf(e.stdout, "lease table %q is at schema version %d\n", f.table, pglease.SchemaVersion())
-			return nil
-		},
+// explainMigrate is explain for `pglease migrate` itself, which must not
+// advise running itself again.
+func explainMigrate(err error, table string) error {
+	if e := explainCommon(err, table); e != nil {
+		return e
 	}
-	f.register(cmd)
-	return cmd
+	return err
 }
 
-// leaseJSON is one lease as `pglease list --json` prints it.
-type leaseJSON struct {
-	Key         string     `json:"key"`
-	Holder      string     `json:"holder"`
-	Fence       int64      `json:"fence"`
-	State       string     `json:"state"` // held, expired, released
-	AcquiredAt  time.Time  `json:"acquired_at"`
-	ExpiresAt   time.Time  `json:"expires_at"`
-	ReleasedAt  *time.Time `json:"released_at"`
-	ExpiresInMS int64      `json:"expires_in_ms"` // server clock; negative once expired
-}
-
-func toJSON(ls []pglease.LeaseInfo) []leaseJSON {
-	out := make([]leaseJSON, 0, len(ls))
-	for _, l := range ls {
-		out = append(out, leaseJSON{
-			Key: l.Key, Holder: l.Holder, Fence: l.Fence, State: l.State,
-			AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC(), ReleasedAt: utcPtr(l.ReleasedAt),
-			ExpiresInMS: l.ExpiresIn.Milliseconds(),
-		})
-	}
-	return out
-}
-
-func utcPtr(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	u := t.UTC()
-	return &u
-}
-
-// expiresCell is the EXPIRES column: "in 12.3s", "expired 4s ago" or "released".
-func expiresCell(l pglease.LeaseInfo) string {
-	switch l.State {
-	case "released":
-		return "released"
-	case "expired":
-		return "expired " + roundDur(-l.ExpiresIn).String() + " ago"
-	}
-	return "in " + roundDur(l.ExpiresIn).String()
-}
-
-func roundDur(d time.Duration) time.Duration {
-	if d < 10*time.Second {
-		return d.Round(100 * time.Millisecond)
-	}
-	return d.Round(time.Second)
-}
-
-func printLeases(w io.Writer, table string, ls []pglease.LeaseInfo) {
-	if len(ls) == 0 {
-		fmt.Fprintf(w, "no leases in %q\n", table)
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED AT\tEXPIRES")
-	for _, l := range ls {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", oneLine(l.Key), oneLine(l.Holder), l.Fence,
-			l.AcquiredAt.UTC().Format("2006-01-02 15:04:05.000Z"), expiresCell(l))
-	}
-	tw.Flush()
-}
-
-// oneLine keeps a key or holder with control characters from breaking the table.
-func oneLine(s string) string {
-	if strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) {
-		return fmt.Sprintf("%q", s)
-	}
-	return s
-}
-
-func newListCmd(e *env) *cobra.Command {
-	var (
-		f      dbFlags
-		asJSON bool
-	)
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the leases: key, holder, fence, acquired at, expiry",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := f.open(cmd.Context(), e)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			ls, err := pglease.List(cmd.Context(), db, pglease.WithTable(f.table))
-			if err != nil {
-				return explain(err, f.table)
-			}
-			if asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(toJSON(ls))
-			}
-			printLeases(e.stdout, f.table, ls)
-			return nil
-		},
-	}
-	f.register(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the leases as a JSON array")
-	return cmd
-}
-
-// clearScreen moves the cursor home and clears the terminal (ANSI).
-const clearScreen = "\x1b[H\x1b[2J"
-
-func newWatchCmd(e *env) *cobra.Command {
-	var (
-		f        dbFlags
-		interval time.Duration
-	)
-	cmd := &cobra.Command{
-		Use:   "watch",
-		Short: "List the leases, refreshed every --interval until Ctrl-C",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if interval < 10*time.Millisecond {
-				return usagef("--interval %v: must be at least 10ms", interval)
-			}
-			ctx := cmd.Context()
-			db, err := f.open(ctx, e)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			// The first read must work: a missing table is an error, not a screen.
-			ls, err := pglease.List(ctx, db, pglease.WithTable(f.table))
-			if err != nil {
-				return explain(err, f.table)
-			}
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			for {
-				var b strings.Builder
-				b.WriteString(clearScreen)
-				fmt.Fprintf(&b, "pglease watch: %q every %v, %s (Ctrl-C to stop)\n\n",
-					f.table, interval, time.Now().UTC().Format("15:04:05"))
-				if err != nil {
-					fmt.Fprintf(&b, "error: %s (retrying)\n", errorLine(explain(err, f.table)))
-				} else {
-					printLeases(&b, f.table, ls)
-				}
-				_, _ = io.WriteString(e.stdout, b.String())
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-tick.C:
-				}
-				ls, err = pglease.List(ctx, db, pglease.WithTable(f.table))
-				if ctx.Err() != nil {
-					return nil
-				}
-			}
-		},
-	}
-	f.register(cmd)
-	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
-	return cmd
-}
-
-func newReleaseCmd(e *env) *cobra.Command {
-	var (
-		f     dbFlags
-		force bool
-	)
-	cmd := &cobra.Command{
-		Use:   "release --force KEY",
-		Short: "End the lease on KEY whoever holds it, and move its fence on",
-		Long: `release --force ends the current lease on KEY, whoever holds it, and moves
-the fence on: the evicted holder's next renew reports the loss, its Unlock
-changes nothing, and its writes fenced with the old fence are rejected.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return usagef("release takes exactly one KEY, got %d arguments", len(args))
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key := args[0]
-			if !force {
-				return usagef("refusing to release %q without --force: it evicts the current holder, whose fenced writes will then be rejected", key)
-			}
-			db, err := f.open(cmd.Context(), e)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			r, err := pglease.ForceRelease(cmd.Context(), db, key, pglease.WithTable(f.table))
-			switch {
-			case errors.Is(err, pglease.ErrUnknownKey):
-				return fmt.Errorf("no lease with key %q in %q (see `pglease list`); nothing changed", key, f.table)
-			case errors.Is(err, pglease.ErrInvalidKey):
-				return usageError{err}
-			case err != nil:
-				return explain(err, f.table)
-			}
-			state := "live lease"
-			if !r.WasLive {
-				state = "lease already expired or released"
-			}
-			fmt.Fprintf(e.stdout, "released %q: evicted holder %q (%s), fence %d -> %d\n",
-				r.Key, r.Holder, state, r.OldFence, r.NewFence)
-			return nil
-		},
-	}
-	f.register(cmd)
-	cmd.Flags().BoolVar(&force, "force", false, "really evict the current holder")
-	return cmd
-}
-
-// version is the module version from the build info, or "devel".
-func version() string {
-	v := "devel"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			v = bi.Main.Version
+func explainCommon(err error, table string) error {
+	var pe *pgconn.PgError
+	switch {
+	case errors.Is(err, context.Canceled):
+		return errInterrupted
+	case errors.As(err, &pe) && pe.Code == "3F000": // invalid_schema_name
+		schema, _, qualified := strings.Cut(table, ".")
+		if !qualified {
+			return err // no schema in the name: the server's own words say more
 		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " (" + s.Value[:12] + ")"
-			}
-		}
+		return fmt.Errorf("schema %q does not exist: create it with CREATE SCHEMA %s; then `pglease migrate --table %s` creates the lease table in it",
+			schema, pgx.Identifier{schema}.Sanitize(), table)
+	case errors.Is(err, pglease.ErrSchemaTooNew):
+		return fmt.Errorf("%w: upgrade this tool", err)
 	}
-	return "pglease " + v + " " + runtime.Version()
+	return nil
 }
 
-func newVersionCmd(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the version",
-		Args:  noArgs,
-		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintln(e.stdout, version())
-			return nil
-		},
+// serverCause is " (the server's message)" when err carries one.
+func serverCause(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return " (" + pe.Message + ")"
 	}
+	return ""
+}
+
+// quotedTable is the table name as an SQL identifier, for hints to paste.
+func quotedTable(table string) string {
+	return pgx.Identifier(strings.Split(table, ".")).Sanitize()
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +20,15 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	table := pgtest.Table(t)
 	db := pgtest.SQL(t, 2)
 	env := map[string]string{"DATABASE_URL": pgtest.URL()}
-	for i := range 2 {
+	// The first run says it created the table, the next ones that it is current.
+	for i, want := range []string{
+		fmt.Sprintf("created lease table %q at schema version %d\n", table, pglease.SchemaVersion()),
+		fmt.Sprintf("lease table %q is current (schema version %d): nothing to do\n", table, pglease.SchemaVersion()),
+		fmt.Sprintf("lease table %q is current (schema version %d): nothing to do\n", table, pglease.SchemaVersion()),
+	} {
 		r := cli(t, ctx, env, "migrate", "--table", table)
-		if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, table) || !strings.Contains(r.stdout, "schema version") {
-			t.Fatalf("migrate #%d: code %d stdout %q stderr %q", i+1, r.code, r.stdout, r.stderr)
+		if r.code != 0 || r.stderr != "" || r.stdout != want {
+			t.Fatalf("migrate #%d: code %d stdout %q (want %q) stderr %q", i+1, r.code, r.stdout, want, r.stderr)
 		}
 	}
 	if !tableExists(t, db, table) {
@@ -33,6 +40,30 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		"migrate", "--table", table2, "--database-url", pgtest.URL())
 	if r.code != 0 || !tableExists(t, db, table2) {
 		t.Fatalf("migrate with --database-url: code %d stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestMigrateMissingSchema: the real cause (the schema), not the circular
+// "run pglease migrate" advice; nothing created.
+func TestMigrateMissingSchema(t *testing.T) {
+	ctx := testCtx(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	schema := "s_" + pgtest.Table(t) // unique: the table name of this test
+	table := schema + ".t"
+	r := cli(t, ctx, env, "migrate", "--table", table)
+	wantError(t, r, exitError,
+		fmt.Sprintf(`schema %q does not exist: create it with CREATE SCHEMA "%s"`, schema, schema))
+	if strings.Contains(r.stderr, "is not migrated") || strings.Contains(r.stderr, "first") {
+		t.Errorf("migrate gave circular advice: %q", r.stderr)
+	}
+	// Once the schema exists, the advised command works.
+	db := pgtest.SQL(t, 1)
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA "` + schema + `" CASCADE`) })
+	if r := cli(t, ctx, env, "migrate", "--table", table); r.code != 0 || !strings.HasPrefix(r.stdout, "created lease table") {
+		t.Fatalf("migrate after CREATE SCHEMA: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
 
@@ -138,8 +169,22 @@ func TestList(t *testing.T) {
 			t.Errorf("%s: %+v", key, l)
 		case state == "released" && l.ReleasedAt == nil, state != "released" && l.ReleasedAt != nil:
 			t.Errorf("%s: released_at %v", key, l.ReleasedAt)
-		case state == "held" && l.ExpiresInMS <= 0, state == "expired" && l.ExpiresInMS >= 0:
-			t.Errorf("%s: expires_in_ms %d", key, l.ExpiresInMS)
+		case state == "released" && l.ExpiresInMS != nil:
+			t.Errorf("%s: expires_in_ms %d for a released lease", key, *l.ExpiresInMS)
+		case state == "held" && (l.ExpiresInMS == nil || *l.ExpiresInMS <= 0),
+			state == "expired" && (l.ExpiresInMS == nil || *l.ExpiresInMS >= 0):
+			t.Errorf("%s: expires_in_ms %v", key, l.ExpiresInMS)
+		}
+	}
+	// The released lease's object has no expires_in_ms key at all (as docs/cli.md shows).
+	r = cli(t, testCtx(t), f.env, "list", "--json", "--table", f.table)
+	var raw []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range raw {
+		if _, has := o["expires_in_ms"]; has == (o["state"] == "released") {
+			t.Errorf("%v: expires_in_ms present=%v for state %v", o["key"], has, o["state"])
 		}
 	}
 }
@@ -219,29 +264,62 @@ func TestReleaseForce(t *testing.T) {
 	}
 	_ = le.Unlock(ctx)
 
-	// An already released lease: works, and says it was not live.
-	r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, "released")
-	if r.code != 0 || !strings.Contains(r.stdout, "already expired or released") || !strings.Contains(r.stdout, "fence 1 -> 2") {
-		t.Errorf("release --force of a released lease: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	// A lease that is not live: nothing to evict, said so, and the fence
+	// is reported as it is in the table.
+	for _, key := range []string{"released", "expired"} {
+		r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, key)
+		l := listJSON(t, f)[key]
+		fence := fmt.Sprintf("fence stays %d", l.Fence)
+		if l.Fence != 1 {
+			fence = fmt.Sprintf("fence 1 -> %d", l.Fence) // the library still moves it
+		}
+		want := fmt.Sprintf(`nothing to evict: the lease on %q (last holder "worker-1") was already released or expired; %s`+"\n", key, fence)
+		if r.code != 0 || r.stdout != want || r.stderr != "" {
+			t.Errorf("release --force of the %s lease: code %d stdout %q (want %q) stderr %q", key, r.code, r.stdout, want, r.stderr)
+		}
+		if l.State != "released" {
+			t.Errorf("after release --force: %+v", l)
+		}
 	}
 }
 
 func TestWatch(t *testing.T) {
 	f := newLeaseFixture(t)
-	ctx, cancel := context.WithTimeout(testCtx(t), 1500*time.Millisecond)
-	defer cancel()
-	r := cli(t, ctx, f.env, "watch", "--interval", "100ms", "--table", f.table)
-	if r.code != 0 || r.stderr != "" {
-		t.Fatalf("watch: code %d stderr %q", r.code, r.stderr)
-	}
-	frames := strings.Split(r.stdout, clearScreen)
-	if len(frames) < 2 || frames[0] != "" {
-		t.Fatalf("watch should redraw after a clear-screen sequence, got %q", r.stdout)
-	}
-	last := frames[len(frames)-1]
-	for _, w := range []string{"KEY", "held", "released", "expired", "worker-1", f.table} {
-		if !strings.Contains(last, w) {
-			t.Errorf("watch frame lacks %q:\n%s", w, last)
+	for _, tty := range []bool{true, false} {
+		ctx, cancel := context.WithTimeout(testCtx(t), 1500*time.Millisecond)
+		r := cliOn(ctx, f.env, tty, &syncBuffer{}, "watch", "--interval", "100ms", "--table", f.table)
+		cancel()
+		if r.code != 0 || r.stderr != "" {
+			t.Fatalf("watch (tty %v): code %d stderr %q", tty, r.code, r.stderr)
+		}
+		var frames []string
+		if tty {
+			// A terminal: each snapshot redraws the screen.
+			frames = strings.Split(r.stdout, clearScreen)
+			if len(frames) < 3 || frames[0] != "" {
+				t.Fatalf("watch on a terminal should redraw after a clear-screen sequence, got %q", r.stdout)
+			}
+			frames = frames[1:]
+		} else {
+			// Not a terminal: no control codes; snapshots separated by a
+			// blank line, each headed by a timestamp.
+			if strings.Contains(r.stdout, "\x1b") {
+				t.Fatalf("watch wrote control codes to a non-terminal: %q", r.stdout)
+			}
+			frames = strings.Split(r.stdout, "\n\n")
+			if len(frames) < 2 {
+				t.Fatalf("watch should print several snapshots separated by a blank line, got %q", r.stdout)
+			}
+		}
+		for i, fr := range frames {
+			if !regexp.MustCompile(`^pglease watch: "` + f.table + `" every 100ms, \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ`).MatchString(fr) {
+				t.Errorf("snapshot %d lacks its timestamped header: %q", i, fr)
+			}
+			for _, w := range []string{"KEY", "held", "released", "expired", "worker-1"} {
+				if !strings.Contains(fr, w) {
+					t.Errorf("snapshot %d lacks %q:\n%s", i, w, fr)
+				}
+			}
 		}
 	}
 }

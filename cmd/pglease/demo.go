@@ -150,7 +150,7 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	// other users are not disturbed.
 	cfg.lockBase = int64(binary.BigEndian.Uint32(rnd[3:7]))<<16 | 1
 
-	admin, err := openDB(ctx, url)
+	admin, err := openDB(ctx, url, nil)
 	if err != nil {
 		return err
 	}

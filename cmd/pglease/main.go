@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/pglease/pglease"
 )
 
 // Exit codes.
@@ -26,32 +28,45 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	code := run(ctx, os.Args[1:], &env{
+		stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
+		stdoutTTY: isTerminal(os.Stdout),
+	})
 	stop()
 	os.Exit(code)
 }
 
-// env is what the commands take from the process: the output streams and
-// the environment (DATABASE_URL). Tests give their own.
+// env is what the commands take from the process: the output streams, the
+// environment (DATABASE_URL) and whether stdout is a terminal. Tests give
+// their own.
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	stdoutTTY      bool // watch redraws the screen only on a terminal
+}
+
+// isTerminal reports whether f is a character device (a terminal; also
+// /dev/null, where redrawing is harmless). Portable: no ioctl.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // run executes the command line args and returns the exit code. Every error
 // is printed here, as one line on stderr starting with "pglease: ".
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	e := &env{stdout: stdout, stderr: stderr, getenv: getenv}
+func run(ctx context.Context, args []string, e *env) int {
 	root := newRootCmd(e)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, errorLine(err))
+	fmt.Fprintln(e.stderr, errorLine(err))
 	var ue usageError
 	switch {
-	case errors.As(err, &ue) || isCobraUsageError(err):
+	case errors.As(err, &ue) || isCobraUsageError(err),
+		// An option or key the library refused: bad input, nothing was done.
+		errors.Is(err, pglease.ErrInvalidOption), errors.Is(err, pglease.ErrInvalidKey):
 		return exitUsage
 	case errors.Is(err, errInterrupted):
 		return exitInterrupted
@@ -77,12 +92,15 @@ func isCobraUsageError(err error) bool {
 		strings.HasPrefix(msg, "unknown shorthand flag") || strings.Contains(msg, "arg(s), received")
 }
 
-// errorLine renders err as a single line with exactly one "pglease: " prefix.
+// errorLine renders err as a single line with exactly one "pglease: " prefix:
+// the library's errors start with "pglease: " too, and wrapping them must not
+// repeat it ("--table: pglease: invalid option" reads "--table: invalid option").
 func errorLine(err error) string {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
 	for strings.HasPrefix(msg, "pglease: ") {
 		msg = strings.TrimPrefix(msg, "pglease: ")
 	}
+	msg = strings.ReplaceAll(msg, ": pglease: ", ": ")
 	return "pglease: " + msg
 }
 
@@ -97,7 +115,7 @@ func newRootCmd(e *env) *cobra.Command {
   pglease migrate   create or upgrade the lease table
   pglease list      show the leases
   pglease watch     show the leases, refreshed until Ctrl-C
-  pglease release   end a lease by force (--force), moving its fence on
+  pglease release   end a lease by force (--force), evicting its holder
 
 Admin commands connect to --database-url, or to $DATABASE_URL.`,
 		SilenceUsage:  true,

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,12 +22,36 @@ type cliResult struct {
 }
 
 // cli runs the root command with args, with no DATABASE_URL in its
-// environment unless env gives one.
+// environment unless env gives one; stdout is not a terminal.
 func cli(t *testing.T, ctx context.Context, env map[string]string, args ...string) cliResult {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code := run(ctx, args, &out, &errb, func(k string) string { return env[k] })
+	return cliOn(ctx, env, false, &syncBuffer{}, args...)
+}
+
+// cliOn is cli with stdout a terminal or not, and stderr going to errb
+// (which a test may read while the command runs).
+func cliOn(ctx context.Context, vars map[string]string, tty bool, errb *syncBuffer, args ...string) cliResult {
+	var out bytes.Buffer
+	code := run(ctx, args, &env{stdout: &out, stderr: errb, getenv: func(k string) string { return vars[k] }, stdoutTTY: tty})
 	return cliResult{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -44,8 +70,8 @@ func wantError(t *testing.T, r cliResult, code int, want ...string) {
 	if !strings.HasPrefix(r.stderr, "pglease: ") || strings.Count(r.stderr, "\n") != 1 || !strings.HasSuffix(r.stderr, "\n") {
 		t.Errorf("stderr is not one line starting with \"pglease: \": %q", r.stderr)
 	}
-	if strings.Contains(r.stderr, "pglease: pglease:") {
-		t.Errorf("doubled prefix: %q", r.stderr)
+	if strings.Count(r.stderr, "pglease:") != 1 {
+		t.Errorf("repeated \"pglease:\" prefix: %q", r.stderr)
 	}
 	for _, w := range want {
 		if !strings.Contains(r.stderr, w) {
@@ -97,6 +123,28 @@ func TestUsageErrors(t *testing.T) {
 		{"demo one replica", nil, []string{"demo", "--replicas", "1"}, []string{"--replicas"}},
 		{"demo zero tick", nil, []string{"demo", "--tick", "0s"}, []string{"--tick"}},
 		{"invalid url", nil, []string{"list", "--database-url", "postgres://%zz"}, []string{"invalid database URL"}},
+		{"release zero timeout", url, []string{"release", "--force", "k", "--timeout", "0s"}, []string{"--timeout 0s: must be positive"}},
+		{"release bad timeout", url, []string{"release", "--force", "k", "--timeout", "soon"}, []string{"--timeout"}},
+		{"release empty key", url, []string{"release", "--force", ""}, []string{"invalid key: empty key"}},
+		{"watch short interval", url, []string{"watch", "--interval", "1ms"}, []string{"--interval 1ms: must be at least 10ms"}},
+	}
+	// Every admin command: an empty or malformed --table is a usage error,
+	// one clean line (no "--table: pglease: invalid option").
+	for _, cmd := range [][]string{{"migrate"}, {"list"}, {"list", "--json"}, {"watch"}, {"release", "--force", "k"}} {
+		cases = append(cases,
+			struct {
+				name string
+				env  map[string]string
+				args []string
+				want []string
+			}{strings.Join(cmd, " ") + " empty table", url, append(cmd, "--table", ""), []string{"--table: must not be empty"}},
+			struct {
+				name string
+				env  map[string]string
+				args []string
+				want []string
+			}{strings.Join(cmd, " ") + " bad table", url, append(cmd, "--table", "a.b.c"), []string{"--table: invalid option: table name \"a.b.c\""}},
+		)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -105,15 +153,43 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-func TestUnreachableDatabase(t *testing.T) {
-	// Port 1 on loopback: nothing listens there, the connection is refused.
-	url := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=5"
-	for _, args := range [][]string{
-		{"migrate"}, {"list"}, {"watch"}, {"release", "--force", "k"},
-	} {
-		t.Run(args[0], func(t *testing.T) {
-			r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": url}, args...)
-			wantError(t, r, exitError, "cannot reach the database")
-		})
+// TestConnectErrors: one line, the cause first and once, whatever pgx tried
+// (sslmode=prefer makes it try TLS, then plain text).
+func TestConnectErrors(t *testing.T) {
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("sslmode", "prefer") // a TLS attempt first: its refusal must not hide the cause
+	u.RawQuery = q.Encode()
+	noDB := *u
+	noDB.Path = "/nosuchdb_cli"
+	cases := []struct {
+		name, url, want string
+	}{
+		// Port 1 on loopback: nothing listens there, the connection is refused.
+		{"refused", "postgres://postgres@127.0.0.1:1/postgres?sslmode=prefer&connect_timeout=5",
+			"pglease: cannot connect to 127.0.0.1:1: connection refused\n"},
+		{"no such database", noDB.String(),
+			"pglease: cannot connect to " + u.Host + `: database "nosuchdb_cli" does not exist` + "\n"},
+		{"no such host", "postgres://postgres@nosuchhost.invalid:5432/postgres?connect_timeout=5",
+			"pglease: cannot connect to nosuchhost.invalid:5432: cannot resolve host \"nosuchhost.invalid\": "},
+	}
+	for _, c := range cases {
+		for _, args := range [][]string{{"migrate"}, {"list"}, {"watch"}, {"release", "--force", "k"}} {
+			t.Run(c.name+"/"+args[0], func(t *testing.T) {
+				r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": c.url}, args...)
+				wantError(t, r, exitError)
+				if !strings.HasPrefix(r.stderr, c.want) {
+					t.Errorf("stderr %q, want it to start with %q", r.stderr, c.want)
+				}
+				for _, noise := range []string{"TLS", "tls", "failed to connect", "dial"} {
+					if strings.Contains(r.stderr, noise) {
+						t.Errorf("stderr %q contains pgx's noise %q", r.stderr, noise)
+					}
+				}
+			})
+		}
 	}
 }

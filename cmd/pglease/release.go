@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+
+	"github.com/pglease/pglease"
+)
+
+// waitNoticeAfter is how long release waits before saying what it waits for.
+var waitNoticeAfter = time.Second
+
+const releaseLong = `release --force ends the lease on KEY, whoever holds it.
+
+If the lease is live, its holder is evicted: the fence moves on, the holder's
+Unlock changes nothing and its renew reports the loss. The evicted holder
+learns at once if its Locker listens for release notifications, otherwise at
+its next renew: within one heartbeat (a third of the lease by default). Until
+then it may still be working. What protects the data meanwhile is fencing:
+  - a fenced transaction (Lease.Guard) rejects the evicted holder at once;
+  - a FenceGuard check (or "WHERE last_fence <= $fence") rejects it only once
+    a newer holder has written with its higher fence.
+
+If the lease was already released or expired there is nothing to evict: the
+fence stays (the next claim moves it on).
+
+Open fenced transactions on KEY hold its row until they commit or roll back;
+release waits for them, at most --timeout. On timeout nothing is released.`
+
+func newReleaseCmd(e *env) *cobra.Command {
+	var (
+		f       dbFlags
+		force   bool
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "release --force KEY",
+		Short: "End the lease on KEY whoever holds it (evicts a live holder)",
+		Long:  releaseLong,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("release takes exactly one KEY, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if !force {
+				return usagef("refusing to release %q without --force: it evicts the current holder (see `pglease release --help`)", key)
+			}
+			if timeout <= 0 {
+				return usagef("--timeout %v: must be positive", timeout)
+			}
+			// The context bounds the wait (a cancel request then ends the
+			// statement on the server); lock_timeout, a little longer, is
+			// the server's own backstop should the cancel request be lost.
+			db, err := f.open(cmd.Context(), e, map[string]string{
+				"lock_timeout": strconv.FormatInt((timeout + cancelGrace).Milliseconds(), 10),
+			})
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			r, err := forceRelease(cmd.Context(), e, &f, key, timeout, func(ctx context.Context) (pglease.ForceReleased, error) {
+				return pglease.ForceRelease(ctx, db, key, pglease.WithTable(f.table))
+			})
+			if err != nil {
+				return err
+			}
+			printReleased(e.stdout, r)
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&force, "force", false, "really evict the current holder")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "give up (releasing nothing) if open fenced transactions on KEY have not ended by then")
+	return cmd
+}
+
+// forceRelease runs release under timeout, saying on stderr what it waits
+// for once that takes longer than waitNoticeAfter.
+func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout time.Duration,
+	release func(context.Context) (pglease.ForceReleased, error)) (pglease.ForceReleased, error) {
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan struct{})
+	noticed := make(chan struct{})
+	go func() {
+		defer close(noticed)
+		t := time.NewTimer(waitNoticeAfter)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			fmt.Fprintf(e.stderr, "waiting for open fenced transactions on %q to end (they hold the row until they commit or roll back); giving up after --timeout %v ...\n", key, timeout)
+		}
+	}()
+	r, err := release(tctx)
+	close(done)
+	<-noticed // the notice, if any, is written before the result
+	switch {
+	case err == nil:
+		return r, nil
+	case errors.Is(err, pglease.ErrUnknownKey):
+		return r, fmt.Errorf("no lease with key %q in %q (see `pglease list`); nothing changed", key, f.table)
+	case !statementCancelled(err) && (ctx.Err() != nil || tctx.Err() != nil):
+		// No answer from the server: the statement may still commit.
+		return r, fmt.Errorf("gave up waiting for the server (%v); the release of %q may or may not have happened: check with `pglease list`", context.Cause(tctx), key)
+	case ctx.Err() != nil:
+		return r, fmt.Errorf("%w: lease on %q was NOT released", errInterrupted, key)
+	case tctx.Err() != nil || sqlState(err) == "55P03":
+		return r, fmt.Errorf("lease on %q was NOT released: open fenced transactions on it did not end within --timeout %v; "+
+			"find them with SELECT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation = '%s'::regclass, "+
+			"end them (commit, roll back or pg_terminate_backend(pid)), or retry with a longer --timeout",
+			key, timeout, quotedTable(f.table))
+	}
+	return r, explain(err, f.table)
+}
+
+// statementCancelled reports whether the server answered that it cancelled
+// the statement (57014, after the cancel request) or gave up on the row lock
+// (55P03, lock_timeout): either way the statement was rolled back.
+func statementCancelled(err error) bool {
+	switch sqlState(err) {
+	case "57014", "55P03":
+		return true
+	}
+	return false
+}
+
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// printReleased says what ForceRelease did: an eviction, or nothing to evict.
+func printReleased(w io.Writer, r pglease.ForceReleased) {
+	fence := fmt.Sprintf("fence %d -> %d", r.OldFence, r.NewFence)
+	if r.NewFence == r.OldFence {
+		fence = fmt.Sprintf("fence stays %d", r.NewFence)
+	}
+	if r.WasLive {
+		fmt.Fprintf(w, "released %q: evicted holder %q (live lease), %s\n", r.Key, r.Holder, fence)
+		return
+	}
+	fmt.Fprintf(w, "nothing to evict: the lease on %q (last holder %q) was already released or expired; %s\n",
+		r.Key, r.Holder, fence)
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// fencedTx opens a transaction fenced by the fixture's live lease on "held"
+// (Lease.Guard): it holds the lease row until it ends.
+func fencedTx(t *testing.T, ctx context.Context, f *leaseFixture) *sql.Tx {
+	t.Helper()
+	db := pgtest.SQL(t, 1)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	if err := f.held.Guard(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+func shortWaitNotice(t *testing.T) {
+	old := waitNoticeAfter
+	waitNoticeAfter = 50 * time.Millisecond
+	t.Cleanup(func() { waitNoticeAfter = old })
+}
+
+const waitNotice = `waiting for open fenced transactions on "held" to end (they hold the row until they commit or roll back); giving up after --timeout %v ...` + "\n"
+
+// TestReleaseTimesOutBehindFencedTransaction: an open fenced transaction
+// blocks release --force; it says what it waits for, gives up at --timeout
+// with one line saying nothing was released and how to get out, and indeed
+// nothing was released.
+func TestReleaseTimesOutBehindFencedTransaction(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	shortWaitNotice(t)
+	tx := fencedTx(t, ctx, f)
+
+	r := cliOn(ctx, f.env, false, &syncBuffer{}, "release", "--force", "--timeout", "1s", "--table", f.table, "held")
+	if r.code != exitError || r.stdout != "" {
+		t.Fatalf("release behind a fenced transaction: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	notice := fmt.Sprintf(waitNotice, time.Second)
+	errLine, ok := strings.CutPrefix(r.stderr, notice)
+	if !ok {
+		t.Fatalf("stderr %q should start with the wait notice %q", r.stderr, notice)
+	}
+	wantError(t, cliResult{stderr: errLine, code: r.code}, exitError,
+		`pglease: lease on "held" was NOT released: open fenced transactions on it did not end within --timeout 1s; find them with SELECT`,
+		`pg_stat_activity`, `'"`+f.table+`"'::regclass`, `pg_terminate_backend(pid)`, `or retry with a longer --timeout`)
+
+	// Nothing was released: the fenced transaction commits, the lease is
+	// still held at fence 1 and its holder still has it.
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("the fenced transaction could not commit after the timed-out release: %v", err)
+	}
+	if l := listJSON(t, f)["held"]; l.State != "held" || l.Fence != 1 {
+		t.Errorf("after a timed-out release: %+v", l)
+	}
+	if err := f.held.Err(); err != nil {
+		t.Errorf("the holder lost its lease: %v", err)
+	}
+}
+
+// TestReleaseWaitsForFencedTransaction: release --force waits for the open
+// fenced transaction (saying so), and evicts once it ends.
+func TestReleaseWaitsForFencedTransaction(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	shortWaitNotice(t)
+	tx := fencedTx(t, ctx, f)
+
+	errb := &syncBuffer{}
+	res := make(chan cliResult, 1)
+	go func() {
+		res <- cliOn(ctx, f.env, false, errb, "release", "--force", "--timeout", "1m", "--table", f.table, "held")
+	}()
+	notice := fmt.Sprintf(waitNotice, time.Minute)
+	for errb.String() != notice {
+		select {
+		case r := <-res:
+			t.Fatalf("release returned while the fenced transaction was open: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+		case <-ctx.Done():
+			t.Fatalf("no wait notice; stderr %q", errb.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The notice is out; release keeps waiting as long as the transaction
+	// is open (a correct release never returns here, so this cannot flake).
+	select {
+	case r := <-res:
+		t.Fatalf("release returned while the fenced transaction was open: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// End the transaction: release goes through.
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	want := `released "held": evicted holder "worker-1" (live lease), fence 1 -> 2` + "\n"
+	if r.code != 0 || r.stdout != want || r.stderr != notice {
+		t.Fatalf("release after the transaction ended: code %d stdout %q (want %q) stderr %q", r.code, r.stdout, want, r.stderr)
+	}
+	if l := listJSON(t, f)["held"]; l.State != "released" || l.Fence != 2 {
+		t.Errorf("after release --force: %+v", l)
+	}
+}
+
+// TestReleaseQuickNoNotice: an unblocked release prints no wait notice.
+func TestReleaseQuickNoNotice(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	r := cli(t, ctx, f.env, "release", "--force", "--table", f.table, "held")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("release: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
