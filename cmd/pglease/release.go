@@ -58,11 +58,12 @@ func newReleaseCmd(e *env) *cobra.Command {
 			if timeout <= 0 {
 				return usagef("--timeout %v: must be positive", timeout)
 			}
-			// The context bounds the wait (a cancel request then ends the
-			// statement on the server); lock_timeout, a little longer, is
-			// the server's own backstop should the cancel request be lost.
+			// The server bounds the wait for the row (lock_timeout): it then
+			// rolls the statement back and says so, a certain outcome. The
+			// context, a little longer, is the backstop should the server
+			// not answer (a cancel request is then sent, see openDB).
 			db, err := f.open(cmd.Context(), e, map[string]string{
-				"lock_timeout": strconv.FormatInt((timeout + cancelGrace).Milliseconds(), 10),
+				"lock_timeout": strconv.FormatInt(timeout.Milliseconds(), 10),
 			})
 			if err != nil {
 				return err
@@ -88,7 +89,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 // for once that takes longer than waitNoticeAfter.
 func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout time.Duration,
 	release func(context.Context) (pglease.ForceReleased, error)) (pglease.ForceReleased, error) {
-	tctx, cancel := context.WithTimeout(ctx, timeout)
+	tctx, cancel := context.WithTimeout(ctx, timeout+cancelGrace)
 	defer cancel()
 	done := make(chan struct{})
 	noticed := make(chan struct{})
@@ -110,29 +111,19 @@ func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout t
 		return r, nil
 	case errors.Is(err, pglease.ErrUnknownKey):
 		return r, fmt.Errorf("no lease with key %q in %q (see `pglease list`); nothing changed", key, f.table)
-	case !statementCancelled(err) && (ctx.Err() != nil || tctx.Err() != nil):
-		// No answer from the server: the statement may still commit.
-		return r, fmt.Errorf("gave up waiting for the server (%v); the release of %q may or may not have happened: check with `pglease list`", context.Cause(tctx), key)
-	case ctx.Err() != nil:
-		return r, fmt.Errorf("%w: lease on %q was NOT released", errInterrupted, key)
-	case tctx.Err() != nil || sqlState(err) == "55P03":
+	case sqlState(err) == "55P03": // lock_not_available: lock_timeout, rolled back
 		return r, fmt.Errorf("lease on %q was NOT released: open fenced transactions on it did not end within --timeout %v; "+
 			"find them with SELECT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation = '%s'::regclass, "+
 			"end them (commit, roll back or pg_terminate_backend(pid)), or retry with a longer --timeout",
 			key, timeout, quotedTable(f.table))
+	case ctx.Err() != nil:
+		return r, fmt.Errorf("%w while waiting for the row: the release of %q may or may not have happened (a cancel request was sent): check with `pglease list`",
+			errInterrupted, key)
+	case tctx.Err() != nil:
+		return r, fmt.Errorf("no answer from the server within --timeout %v + %v: the release of %q may or may not have happened: check with `pglease list`",
+			timeout, cancelGrace, key)
 	}
 	return r, explain(err, f.table)
-}
-
-// statementCancelled reports whether the server answered that it cancelled
-// the statement (57014, after the cancel request) or gave up on the row lock
-// (55P03, lock_timeout): either way the statement was rolled back.
-func statementCancelled(err error) bool {
-	switch sqlState(err) {
-	case "57014", "55P03":
-		return true
-	}
-	return false
 }
 
 func sqlState(err error) string {
