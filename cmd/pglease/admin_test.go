@@ -43,6 +43,31 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	}
 }
 
+// TestMigrateReportsUpgrade: a table at an older schema version is reported
+// as upgraded, from that version to the current one. (The migrations are
+// idempotent: forgetting the last version record makes Migrate re-apply it.)
+func TestMigrateReportsUpgrade(t *testing.T) {
+	ctx := testCtx(t)
+	table := pgtest.Table(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	if r := cli(t, ctx, env, "migrate", "--table", table); r.code != 0 {
+		t.Fatalf("migrate: %q", r.stderr)
+	}
+	latest := pglease.SchemaVersion()
+	db := pgtest.SQL(t, 1)
+	if _, err := db.ExecContext(ctx, `DELETE FROM "`+table+`_version" WHERE version = $1`, latest); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, ctx, env, "migrate", "--table", table)
+	want := fmt.Sprintf("upgraded lease table %q from schema version %d to %d\n", table, latest-1, latest)
+	if r.code != 0 || r.stdout != want || r.stderr != "" {
+		t.Fatalf("migrate of an older schema: code %d stdout %q (want %q) stderr %q", r.code, r.stdout, want, r.stderr)
+	}
+	if v, err := pglease.SchemaVersionOf(ctx, db, pglease.WithTable(table)); err != nil || v != latest {
+		t.Fatalf("after the upgrade: version %d, %v", v, err)
+	}
+}
+
 // TestMigrateMissingSchema: the real cause (the schema), not the circular
 // "run pglease migrate" advice; nothing created.
 func TestMigrateMissingSchema(t *testing.T) {
