@@ -124,3 +124,28 @@ func TestReleaseQuickNoNotice(t *testing.T) {
 		t.Fatalf("release: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestReleaseHelp: the help says how soon the evicted holder learns and what
+// protects the data meanwhile, without the old overclaim.
+func TestReleaseHelp(t *testing.T) {
+	r := cli(t, testCtx(t), nil, "release", "--help")
+	if r.code != 0 {
+		t.Fatalf("release --help: code %d stderr %q", r.code, r.stderr)
+	}
+	help := strings.Join(strings.Fields(r.stdout), " ")
+	for _, w := range []string{
+		"at once if its Locker is listening for notifications",
+		"otherwise at its next renew: within one heartbeat (a third of the lease by default)",
+		"a fenced transaction (Lease.Guard) rejects the evicted holder at once",
+		"a FenceGuard check (or \"WHERE last_fence <= $fence\") rejects it only once a newer holder has written",
+		"nothing to evict: the fence stays",
+		"--timeout duration",
+	} {
+		if !strings.Contains(help, w) {
+			t.Errorf("release --help lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	if strings.Contains(help, "fenced writes are rejected") || strings.Contains(help, "fenced writes will then be rejected") {
+		t.Errorf("release --help still overclaims:\n%s", r.stdout)
+	}
+}
