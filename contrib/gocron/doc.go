@@ -1,0 +1,26 @@
+// Package pgleasegocron connects pglease to gocron v2
+// (github.com/go-co-op/gocron/v2) so that a job scheduled on every replica
+// of a service runs once per tick, not once per replica.
+//
+// gocron's distributed Locker is called when a job fires and its lock is
+// released as soon as the job (and its listeners) return. A plain lock
+// therefore does not give "once per tick": a 5 ms job is locked and released
+// before a replica whose clock or start time is a few hundred milliseconds
+// behind fires the same tick, finds the key free and runs the job again
+// (gocron issue #841). Locker closes that gap in one of two ways:
+//
+//   - Minimum hold (the default): the key stays blocked for a minimum hold
+//     after it was claimed, on the database server's clock, even if the job
+//     unlocked it earlier (ShedLock's lockAtLeastFor). Every replica firing
+//     within the hold is refused. The hold must be longer than the spread of
+//     the replicas' firing times (clock skew plus start offsets plus dispatch
+//     latency) and shorter than the job's period minus that spread, or the
+//     next tick is refused too.
+//   - Tick mode (WithTicks): each claim carries the run's tick, derived from
+//     the replica's clock; the database remembers the last tick of each key
+//     and refuses that tick and every earlier one (pglease.ErrAlreadyRun),
+//     whatever the skew between replicas and however short the job.
+//
+// Elector is the other gocron integration: only the replica holding an
+// election lease runs jobs, and IsLeader answers from local state.
+package pgleasegocron

@@ -1,0 +1,150 @@
+package pgleasegocron
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/pglease/pglease"
+)
+
+// DefaultMinHold is the minimum hold a Locker applies when neither
+// WithMinHold nor WithTicks is given (capped at the pglease Locker's lease
+// duration). Half a second covers the usual spread of firing times between
+// replicas (clocks kept by NTP agree within milliseconds; cron schedules
+// fire on the same second everywhere) and still lets a job that runs every
+// second run every second. Set it explicitly when the spread is larger or
+// the period shorter.
+const DefaultMinHold = 500 * time.Millisecond
+
+// Locker is a gocron.Locker backed by a pglease.Locker. Use it with
+// gocron.WithDistributedLocker (every job) or gocron.WithDistributedJobLocker
+// (one job). The key is the job's name: give every job a stable, unique name
+// with gocron.WithName.
+//
+// A Lock error makes gocron skip the run: errors.Is(err,
+// pglease.ErrAlreadyLocked) means another replica runs (or just ran) the job,
+// errors.Is(err, pglease.ErrAlreadyRun) that this tick has run elsewhere;
+// anything else is an infrastructure error (the database is unreachable), and
+// the run is skipped too, so a job never runs unguarded.
+type Locker struct {
+	l       *pglease.Locker
+	minHold time.Duration
+	tick    time.Duration // 0: minimum-hold mode
+	now     func() time.Time
+}
+
+var _ gocron.Locker = (*Locker)(nil)
+
+// An Option configures a Locker.
+type Option func(*Locker) error
+
+// WithMinHold sets the minimum hold (see the package doc): 0 disables it,
+// which leaves a plain lock — fast jobs then run on several replicas per
+// tick. At most pglease.MaxLeaseDuration.
+func WithMinHold(d time.Duration) Option {
+	return func(k *Locker) error {
+		if d < 0 || d > pglease.MaxLeaseDuration {
+			return fmt.Errorf("%w: pgleasegocron: minimum hold %v must be between 0 and %v", pglease.ErrInvalidOption, d, pglease.MaxLeaseDuration)
+		}
+		k.minHold = d
+		return nil
+	}
+}
+
+// WithTicks turns on tick mode for jobs whose activations lie on a grid of
+// period interval, counted from the Unix epoch (UTC): cron jobs (every
+// second, minute, hour...) and duration jobs started on the grid (gocron
+// WithStartAt). gocron does not tell the Locker the scheduled time, so the
+// tick is derived: the Locker's clock at the moment of Lock, rounded to the
+// nearest multiple of interval. Every replica derives the same tick for the
+// same activation from its own clock, so skew between replicas does not
+// matter; what must hold is that each replica calls Lock within interval/2
+// of its own activation (gocron calls it at once; a process paused longer
+// would claim the wrong tick). A replica whose clock is ahead by more than
+// the period claims ticks the others have not reached yet: they then find
+// their ticks run (ErrAlreadyRun), and if that replica stops, the others
+// resume once their clocks pass its last tick.
+//
+// Tick mode drops the default minimum hold (set one with WithMinHold if you
+// want both). A run longer than its period keeps the key, so the next tick
+// is skipped (ErrAlreadyLocked), never queued nor run twice.
+func WithTicks(interval time.Duration) Option {
+	return func(k *Locker) error {
+		if interval <= 0 || interval > pglease.MaxTickAhead {
+			return fmt.Errorf("%w: pgleasegocron: tick interval %v must be in (0, %v]", pglease.ErrInvalidOption, interval, pglease.MaxTickAhead)
+		}
+		k.tick = interval
+		return nil
+	}
+}
+
+// WithClock sets the clock the tick is derived from (default time.Now).
+// Give the same clock as gocron.WithClock when you use one.
+func WithClock(now func() time.Time) Option {
+	return func(k *Locker) error {
+		if now == nil {
+			return fmt.Errorf("%w: pgleasegocron: nil clock", pglease.ErrInvalidOption)
+		}
+		k.now = now
+		return nil
+	}
+}
+
+// NewLocker returns a Locker over l. Without options it applies
+// DefaultMinHold (capped at l's lease duration).
+func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
+	}
+	k := &Locker{l: l, minHold: -1, now: time.Now}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: pgleasegocron: nil Option", pglease.ErrInvalidOption)
+		}
+		if err := o(k); err != nil {
+			return nil, err
+		}
+	}
+	if k.minHold < 0 {
+		k.minHold = min(DefaultMinHold, l.LeaseDuration())
+		if k.tick > 0 {
+			k.minHold = 0
+		}
+	}
+	return k, nil
+}
+
+// Lock claims key for one run of the job. ctx bounds the claim only; the
+// lease is renewed until gocron calls Unlock. On error the returned Lock is
+// nil.
+func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
+	opts := []pglease.LockOption{pglease.MinHold(k.minHold)}
+	if k.tick > 0 {
+		opts = append(opts, pglease.Tick(k.TickAt(k.now())))
+	}
+	le, err := k.l.Lock(ctx, key, opts...)
+	if err != nil {
+		return nil, err // a nil interface, not a typed nil
+	}
+	return &lock{le: le}, nil
+}
+
+// TickAt is the tick tick mode derives from the time t: t rounded to the
+// nearest multiple of the tick interval. Zero outside tick mode.
+func (k *Locker) TickAt(t time.Time) time.Time {
+	if k.tick <= 0 {
+		return time.Time{}
+	}
+	return t.Round(k.tick)
+}
+
+type lock struct{ le *pglease.Lease }
+
+// Unlock releases the run's lease (keeping the key blocked until the end of
+// the minimum hold). gocron discards the error and may pass a context that
+// is already cancelled (scheduler shutdown): pglease then still releases,
+// under a fresh context bounded by the release timeout.
+func (l *lock) Unlock(ctx context.Context) error { return l.le.Unlock(ctx) }
