@@ -83,8 +83,9 @@ func TestAcquireWakesAtExpiry(t *testing.T) {
 	f := newFixture(t)
 	db := pgtest.SQL(t, 2)
 	gone := f.locker(db, WithLeaseDuration(time.Second), WithHeartbeat(200*time.Millisecond))
-	w := f.replica(2, WithLeaseDuration(time.Second), WithPollInterval(time.Second), WithListen(ListenNever))
-	c := ctx(t)
+	w := f.replica(2, WithLeaseDuration(time.Second), WithPollInterval(time.Minute), WithListen(ListenNever))
+	c, cancel := context.WithTimeout(ctx(t), 20*time.Second) // the poll would take a minute
+	defer cancel()
 	le, err := gone.Lock(c, "job")
 	if err != nil {
 		t.Fatal(err)

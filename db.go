@@ -42,19 +42,17 @@ type backend interface {
 }
 
 func newBackend[D DB](db D) (backend, error) {
-	switch d := any(db).(type) {
-	case *sql.DB:
-		if d == nil {
-			return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
-		}
-		return sqlBackend{d}, nil
-	case *pgxpool.Pool:
-		if d == nil {
+	if p, ok := any(db).(*pgxpool.Pool); ok {
+		if p == nil {
 			return nil, fmt.Errorf("%w: nil *pgxpool.Pool", ErrInvalidOption)
 		}
-		return pgxBackend{d}, nil
+		return pgxBackend{p}, nil
 	}
-	panic("unreachable")
+	d := any(db).(*sql.DB) // DB admits no third type
+	if d == nil {
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+	}
+	return sqlBackend{d}, nil
 }
 
 // sqlQuerier is what *sql.DB, *sql.Conn and *sql.Tx share.
@@ -190,6 +188,3 @@ func (b pgxBackend) listenConfig(context.Context) (*pgx.ConnConfig, error) {
 	}
 	return nil, nil
 }
-
-// sqlTime scans a timestamptz from any driver.
-type sqlTime = sql.NullTime

@@ -70,12 +70,11 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 		return fmt.Errorf("pglease: guard %q (fence %d) after Unlock: %w", le.key, le.fence, ErrUnlocked)
 	}
 	l := le.locker
-	var exp sqlTime
 	ctx, end := l.obs.span(ctx, "guard", le.key)
-	err := b.queryRow(ctx, l.sql.guard, []any{le.key, l.holder, le.fence, le.token}, &exp)
+	n, err := b.exec(ctx, l.sql.guard, le.key, l.holder, le.fence, le.token)
 	end(err)
 	switch {
-	case errors.Is(err, errNoRows):
+	case err == nil && n == 0:
 		l.obs.rejected(ctx, "guard")
 		// Check the lease outside tx (whose snapshot may be older than the
 		// lease) and end it now if it is gone, rather than at the next beat.

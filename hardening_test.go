@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -342,5 +343,34 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 	var xid *string
 	if err := t2.QueryRowContext(c, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil || xid != nil {
 		t.Fatalf("the losing claim took a transaction id (%v, %v)", xid, err)
+	}
+}
+
+// Guard counts the rows its statement locks: with lib/pq too.
+func TestGuardWithLibPQ(t *testing.T) {
+	f := newFixture(t)
+	pq, err := sql.Open("postgres", pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pq.Close() })
+	l := f.locker(pq)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{nil, ErrLeaseLost} {
+		tx, err := pq.BeginTx(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Guard(c, tx); !errors.Is(err, want) || (want == nil && err != nil) {
+			t.Fatalf("guard %d: %v, want %v", i, err, want)
+		}
+		_ = tx.Rollback()
+		if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

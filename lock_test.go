@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"strconv"
 	"database/sql"
 	"errors"
 	"sync"
@@ -203,7 +204,7 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 	c := ctx(t)
 	leases := make([]*Lease, 0, 1000)
 	for i := 0; i < 1000; i++ {
-		le, err := l.Lock(c, "job-"+itoa(i))
+		le, err := l.Lock(c, "job-"+strconv.Itoa(i))
 		if err != nil {
 			t.Fatalf("lease %d: %v", i, err)
 		}
@@ -237,17 +238,6 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 	}
 }
 
-func itoa(i int) string {
-	const digits = "0123456789"
-	if i == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; i > 0; i /= 10 {
-		b = append([]byte{digits[i%10]}, b...)
-	}
-	return string(b)
-}
 
 // New and Migrate work with pgx's stdlib driver, lib/pq and pgxpool.
 func TestDrivers(t *testing.T) {

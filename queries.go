@@ -290,7 +290,7 @@ SELECT r.fence, {NOTIFY:r} FROM r`
 //
 // Durability: part of the caller's transaction.
 const guardSQL = `
-SELECT expires_at FROM {T}
+SELECT FROM {T}
 WHERE key = $1 AND holder = $2 AND fence = $3 AND token = $4
   AND released_at IS NULL AND expires_at > clock_timestamp()
 FOR KEY SHARE`
