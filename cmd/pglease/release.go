@@ -21,10 +21,11 @@ const releaseLong = `release --force ends the lease on KEY, whoever holds it.
 
 If the lease is live, its holder is evicted: the fence moves on, the holder's
 Unlock changes nothing and its renew reports the loss. The evicted holder
-learns at once if its Locker is listening for notifications (it is while one
-of its callers waits in Acquire or Campaign), otherwise at its next renew:
-within one heartbeat (a third of the lease by default). Until then it may
-still be working. What protects the data meanwhile is fencing:
+learns at once if its Locker is listening for notifications (always with
+WithListen(ListenAlways); by default only while one of its callers waits in
+Acquire, Campaign or Observe), otherwise at its next renew: within one
+heartbeat (a third of the lease by default). Until then it may still be
+working. What protects the data meanwhile is fencing:
   - a fenced transaction (Lease.Guard) rejects the evicted holder at once;
   - a FenceGuard check (or "WHERE last_fence <= $fence") rejects it only once
     a newer holder has written with its higher fence.
