@@ -101,9 +101,15 @@ func ExampleLease_Guard() {
 	lease, _ := locker.Lock(ctx, "settle-accounts")
 	defer lease.Unlock(ctx)
 
-	tx, _ := db.BeginTx(ctx, nil)
-	if err := lease.Guard(ctx, tx); errors.Is(err, pglease.ErrLeaseLost) {
-		_ = tx.Rollback() // superseded: write nothing
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return
+	}
+	if err := lease.Guard(ctx, tx); err != nil {
+		// Any error — the lease lost (ErrLeaseLost), unlocked, a cancelled
+		// context, a driver error — means the transaction is not fenced:
+		// roll back and write nothing.
+		_ = tx.Rollback()
 		return
 	}
 	// Until COMMIT, no other replica can take the lease over.
@@ -146,4 +152,98 @@ func ExampleFenceGuard() {
 	// <nil> <nil>
 	// <nil>
 	// true
+}
+
+// Leader election: Run campaigns, calls OnStartedLeading while this replica
+// leads (its context ends when leadership does), and returns nil when ctx
+// ends — a clean shutdown, after resigning.
+func ExampleElection_Run() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_election")
+	_ = pglease.Migrate(ctx, db, table)
+	locker, _ := pglease.New(db, table)
+	defer locker.Close()
+	election, _ := pglease.NewElection(locker, "scheduler-leader")
+
+	run, shutdown := context.WithCancel(ctx) // in a service: signal.NotifyContext
+	err := election.Run(run, pglease.Callbacks{
+		OnStartedLeading: func(ctx context.Context, lead *pglease.Lease) error {
+			fmt.Println("leading, term", lead.Fence())
+			shutdown() // SIGTERM arrives
+			<-ctx.Done()
+			return nil
+		},
+		OnStoppedLeading: func() { fmt.Println("stopped leading") },
+	})
+	fmt.Println("Run:", err)
+
+	_, _ = db.Exec(`DROP TABLE example_election, example_election_version, example_election_fences`)
+	// Output:
+	// leading, term 1
+	// stopped leading
+	// Run: <nil>
+}
+
+// A scheduled job that runs once per tick across replicas: each replica's
+// scheduler fires at (about) the same time and calls Do with the tick it
+// fired for; one runs the job, the others get ErrAlreadyRun or
+// ErrAlreadyLocked and skip.
+func ExampleLocker_Do() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_do")
+	_ = pglease.Migrate(ctx, db, table)
+	a, _ := pglease.New(db, table)
+	defer a.Close()
+	b, _ := pglease.New(db, table)
+	defer b.Close()
+
+	tick := time.Now().Truncate(time.Minute) // the schedule's time, the same on every replica
+	job := func(ctx context.Context, lease *pglease.Lease) error {
+		fmt.Println("job runs with fence", lease.Fence())
+		return nil
+	}
+	fmt.Println(a.Do(ctx, "hourly-report", job, pglease.Tick(tick)))
+	err := b.Do(ctx, "hourly-report", job, pglease.Tick(tick)) // B fires late: the tick has run
+	fmt.Println(errors.Is(err, pglease.ErrAlreadyRun))
+
+	_, _ = db.Exec(`DROP TABLE example_do, example_do_version, example_do_fences`)
+	// Output:
+	// job runs with fence 1
+	// <nil>
+	// true
+}
+
+// Waiting for a key (work that must run, not be skipped): Acquire returns
+// when the holder unlocks, woken by the release's notification.
+func ExampleLocker_Acquire() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_acquire")
+	_ = pglease.Migrate(ctx, db, table)
+	a, _ := pglease.New(db, table)
+	defer a.Close()
+	b, _ := pglease.New(db, table)
+	defer b.Close()
+
+	held, _ := a.Lock(ctx, "migration")
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = held.Unlock(ctx)
+	}()
+	lease, err := b.Acquire(ctx, "migration") // blocks until A unlocks
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("acquired, fence", lease.Fence())
+	_ = lease.Unlock(ctx)
+
+	_, _ = db.Exec(`DROP TABLE example_acquire, example_acquire_version, example_acquire_fences`)
+	// Output:
+	// acquired, fence 2
 }

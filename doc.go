@@ -1,0 +1,125 @@
+// Package pglease gives services that run on several replicas leases stored
+// in PostgreSQL — job locks, scheduled jobs that run once per tick, leader
+// election — with fencing tokens that actually fence.
+//
+// # What a lease is
+//
+// A lease is one row of the lease table (Migrate creates it): a key, the
+// holder id and random claim token of the claim that took it, a fence, and
+// an expiry on the server's clock. It is claimed in one statement, renewed
+// by heartbeats, released scoped to holder, fence and token, and never
+// deleted: the fence — a counter that strictly increases each time the key
+// is acquired — survives releases. No connection is held between calls; a
+// pool of one connection can hold and renew a thousand leases. Every
+// statement is in queries.go, each with its reasoning.
+//
+//	locker, err := pglease.New(db)               // *sql.DB or *pgxpool.Pool
+//	lease, err := locker.Lock(ctx, "nightly")     // skip if held: ErrAlreadyLocked
+//	lease, err := locker.Acquire(ctx, "nightly")  // or wait for it
+//	err = locker.Do(ctx, "nightly", job, pglease.Tick(scheduled), pglease.MinHold(time.Second))
+//	err = election.Run(ctx, pglease.Callbacks{OnStartedLeading: lead})
+//
+// # The states of a lease, and who moves it
+//
+// On the server a key's row is held (unreleased, unexpired), expired,
+// released, or in its minimum hold (released by its holder, blocked until
+// hold_until). In the process a Lease is held, unlocking (Unlock or Close is
+// sending the release), released, lost, or abandoned (the release failed;
+// the row expires by itself). The moves:
+//
+//   - Lock, Acquire, Campaign, Do: free → held (claimSQL). The fence becomes
+//     max(fence + 1, timeline base + 1); a retry of the same claim keeps it.
+//   - The renewer (renew.go; one goroutine per Locker, one statement per
+//     beat for all its leases, the newest of each key only): held → held with
+//     a later expiry, or → lost if the row is no longer this claim's.
+//   - The local deadline timer: held → lost when no renew succeeded in time;
+//     the row is then released in the background in case a late renew did
+//     extend it.
+//   - Unlock, Close: held → unlocking → released (or minimum hold on the
+//     server); the release notifies waiters.
+//   - Guard finding the row gone, a notification of a force-release (with
+//     ListenAlways), or a newer claim of the same key by the same Locker:
+//     held → lost, at once.
+//   - ForceRelease (operators): any → released on the server, fence moved on
+//     if the lease was live; the holder learns it at its next renew.
+//
+// # Deadline arithmetic
+//
+// A claim or renew sent at local monotonic time s makes the server set
+// expires_at = (its clock when it writes) + d, with d the lease duration. The
+// server writes after it receives, so expiry ≥ s + d on any clock that runs
+// at the server's rate. The holder trusts the lease until s + d − m, its
+// local deadline, with m the safety margin (default d/100 + 50 ms, at most
+// d/5), which absorbs clock-rate drift, a late timer on a loaded host and
+// the time the job takes to notice Done. The clocks need not agree on the
+// time, only on its rate. A renew is sent every heartbeat h (default d/3);
+// 2h ≤ d − m is enforced, so a failed renew is retried once before the
+// deadline. Loss is therefore signalled before any other process can claim
+// the key — unless the holder is paused (GC, SIGSTOP, a stalled VM) past its
+// deadline, which only fencing can catch.
+//
+// # Fencing, and the row-lock modes it relies on
+//
+// Guard makes a transaction in the lease's database a fenced transaction: it
+// checks the row is still this claim's and locks it FOR KEY SHARE until the
+// transaction ends. A takeover claim must lock the row FOR UPDATE — the
+// claim's INSERT … ON CONFLICT DO UPDATE lists the key column in its SET
+// list, and PostgreSQL then locks the conflicting row FOR UPDATE rather than
+// FOR NO KEY UPDATE — so it waits for open fenced transactions and then gets
+// a higher fence: their writes are mutually exclusive with every other
+// holder's, even after a pause. Renew and release touch no key column (FOR
+// NO KEY UPDATE), so the holder's own fenced work never blocks them.
+// TestTakeoverWaitsForFencedTransaction is the canary for this behaviour of
+// ON CONFLICT: run it when upgrading PostgreSQL. FenceGuard records the
+// highest fence per resource for writes elsewhere; it rejects a stale holder
+// only once a newer one has written.
+//
+// # Racing claims, lost replies
+//
+// A claim that can succeed first takes a transaction-scoped advisory lock on
+// (table, key) with pg_try_advisory_xact_lock: of claims racing for a key just
+// freed, one proceeds and the others return at once, without writing. A
+// claim whose reply is lost (context ended, connection dropped) is undone in
+// the background by a transaction that first waits for that advisory lock,
+// so it runs after the claim's commit or rollback, never before.
+//
+// # Waiting
+//
+// Releases notify "<fence> <key>" on a channel derived from the table name,
+// in the releasing statement. Each Locker opens one listening connection,
+// outside its pool, while a caller waits (Acquire, Campaign, Observe), proves
+// it delivers with a probe, and wakes that key's waiters. Waiters also wake
+// at the current lease's expiry, which the claim's reply gives on the
+// server clock, and at a jittered poll; so without notifications (lib/pq,
+// PgBouncer in transaction pooling mode, ListenNever) waiting still works,
+// only slower. See listener.go.
+//
+// # Scheduled jobs
+//
+// A fast job released at once lets a replica whose clock is a little behind
+// run the same tick again. MinHold keeps a released key blocked until
+// acquired_at + hold on the server clock; Tick ties a claim to the run's
+// scheduled time, and the key remembers the last tick claimed, so a tick runs
+// once whatever the skew or the job's length (ErrAlreadyRun for the others).
+// The adapters for gocron v2 and robfig/cron live in their own modules under
+// contrib/.
+//
+// # Failover
+//
+// Fences are composed with the server's timeline ID, which grows at every
+// promotion: every fence issued after a failover is above every fence issued
+// before it, even for rows the promoted standby never received. A holder
+// whose row did not survive learns it at its next renew. Acknowledged claims
+// survive only with synchronous replication; what no library can do is fence
+// off an old primary that keeps accepting writes — that is the HA system's
+// job.
+//
+// # Limits
+//
+// A lease bounds the window in which two processes may both believe they
+// hold a key; fencing closes it only where the writes are checked. The local
+// deadline relies on clock rates agreeing within the margin. Deleting a row
+// by hand restarts its fence at 1 (use ForceRelease). A fenced transaction
+// holds back a takeover: keep it short. Jobs under a plain lease should be
+// idempotent.
+package pglease
