@@ -133,6 +133,7 @@ Admin commands connect to --database-url, or to $DATABASE_URL.`,
 		newListCmd(e),
 		newWatchCmd(e),
 		newReleaseCmd(e),
+		newServeCmd(e),
 		newVersionCmd(e),
 	)
 	return root

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/statuspage"
+)
+
+// serveTokenEnv names the variable that may carry the force-release token.
+const serveTokenEnv = "PGLEASE_SERVE_TOKEN"
+
+// serveFlags are the flags of `pglease serve`.
+type serveFlags struct {
+	db           dbFlags
+	listen       string
+	interval     time.Duration
+	allowRemote  bool
+	allowRelease bool
+	tokenFile    string
+	keyMetrics   bool
+}
+
+func newServeCmd(e *env) *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve a live status page, /api/leases, /metrics and /healthz (localhost, read-only by default)",
+		Long: `serve runs an HTTP server for one lease table:
+
+  /              a status page that updates itself (no reload, no external assets)
+  /api/leases    the leases as JSON (times RFC 3339, durations in ms)
+  /events        the same as server-sent events, every --interval
+  /metrics       Prometheus text format (OpenTelemetry gauges read at scrape time)
+  /healthz       200 "ok" when the database answers and the table exists, else 503
+
+It listens on 127.0.0.1 by default and refuses any non-loopback address unless
+--allow-remote is given: the server has no login of its own, so expose it only
+behind an authenticating proxy. It is read-only unless --allow-force-release is
+given together with a token (--token-file, or $PGLEASE_SERVE_TOKEN); the page
+then asks for the token and sends it as "Authorization: Bearer"; cross-origin
+requests are refused.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), e, &f) },
+	}
+	f.db.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8089", "address to listen on (host:port; port 0 picks a free one)")
+	fl.DurationVar(&f.interval, "interval", time.Second, "how often the page is refreshed")
+	fl.BoolVar(&f.allowRemote, "allow-remote", false, "allow a non-loopback --listen address (put an authenticating proxy in front)")
+	fl.BoolVar(&f.allowRelease, "allow-force-release", false, "enable force release from the page (needs a token)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the force-release token (default $"+serveTokenEnv+")")
+	fl.BoolVar(&f.keyMetrics, "key-metrics", false, "export pglease.lease.time_left, one series per key")
+	return cmd
+}
+
+// check validates the flags before anything is opened.
+func (f *serveFlags) check(e *env) (token string, err error) {
+	if err := checkListen(f.listen, f.allowRemote); err != nil {
+		return "", err
+	}
+	if f.interval < statuspage.MinInterval {
+		return "", usagef("--interval %v: must be at least %v", f.interval, statuspage.MinInterval)
+	}
+	if f.tokenFile != "" {
+		b, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return "", usagef("--token-file: %v", err)
+		}
+		token = strings.TrimSpace(string(b))
+	} else {
+		token = strings.TrimSpace(e.getenv(serveTokenEnv))
+	}
+	switch {
+	case !f.allowRelease && f.tokenFile != "":
+		return "", usagef("--token-file is only used with --allow-force-release")
+	case !f.allowRelease:
+		return "", nil // a token in the environment is ignored: read-only
+	case token == "":
+		return "", usagef("--allow-force-release needs a token: pass --token-file or set %s", serveTokenEnv)
+	case len(token) < statuspage.MinTokenLen:
+		return "", usagef("the force-release token is %d bytes; use at least %d (e.g. `openssl rand -hex 32`)", len(token), statuspage.MinTokenLen)
+	}
+	return token, nil
+}
+
+// checkListen refuses a non-loopback address unless allowRemote: the page and
+// /api/leases show every key and holder, and nothing in them asks for a login.
+func checkListen(addr string, allowRemote bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("--listen %q: %v", addr, err)
+	}
+	if allowRemote || host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return usagef("--listen %q is not a loopback address: the status page has no login of its own and shows every key and holder; "+
+		"keep it on 127.0.0.1 (reach it through an SSH tunnel) or put it behind an authenticating proxy and pass --allow-remote", addr)
+}
+
+func runServe(ctx context.Context, e *env, f *serveFlags) error {
+	token, err := f.check(e)
+	if err != nil {
+		return err
+	}
+	db, err := f.db.open(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4) // page, event streams, scrapes and health checks share it
+	// The table must be readable at start: a typo is an error, not a page.
+	if _, err := pglease.List(ctx, db, pglease.WithTable(f.db.table)); err != nil {
+		return explain(err, f.db.table)
+	}
+	srv, err := statuspage.New(statuspage.Config{
+		DB: db, Table: f.db.table, Interval: f.interval,
+		AllowForceRelease: f.allowRelease, Token: token, KeyMetrics: f.keyMetrics,
+		Logger: slog.New(slog.NewTextHandler(e.stderr, nil)),
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", f.listen, err)
+	}
+	mode := "read-only"
+	if f.allowRelease {
+		mode = "force release enabled (token required)"
+	}
+	fmt.Fprintf(e.stdout, "pglease serve: http://%s/ table %q, %s (Ctrl-C to stop)\n", ln.Addr(), f.db.table, mode)
+	return serveUntilDone(ctx, ln, srv)
+}
+
+// serveUntilDone serves until ctx ends, then shuts down: open event streams
+// end with the base context, other requests get a few seconds to finish.
+func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error {
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	cancelBase()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}

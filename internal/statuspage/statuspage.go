@@ -1,0 +1,134 @@
+// Package statuspage is the HTTP side of `pglease serve`: a live status page
+// of a lease table (GET /), its data as JSON (GET /api/leases) and as
+// server-sent events (GET /events), a health check (GET /healthz), Prometheus
+// metrics computed from the table at scrape time (GET /metrics), and, only
+// when enabled with a token, a force-release endpoint
+// (POST /api/leases/{key}/release).
+//
+// Everything is read from the table with pglease.List on the database's
+// clock; the page computes time left from the server's ExpiresIn and the
+// browser's monotonic clock, never from the browser's wall clock. The page
+// has no external assets and builds the DOM with textContent only.
+package statuspage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// MinInterval is the shortest refresh interval accepted.
+const MinInterval = 100 * time.Millisecond
+
+// MinTokenLen is the shortest force-release token accepted, in bytes.
+const MinTokenLen = 16
+
+// ErrConfig marks an invalid Config.
+var ErrConfig = errors.New("statuspage: invalid configuration")
+
+// Config configures a Server.
+type Config struct {
+	DB       *sql.DB       // the database holding the lease table (required)
+	Table    string        // lease table; pglease.DefaultTable when empty
+	Interval time.Duration // how often the page is refreshed; 1s when zero
+
+	// AllowForceRelease enables POST /api/leases/{key}/release and the page's
+	// buttons. Token is then required (at least MinTokenLen bytes) and must be
+	// sent as "Authorization: Bearer <token>".
+	AllowForceRelease bool
+	Token             string
+
+	// KeyMetrics adds pglease.lease.time_left, one series per key, to
+	// /metrics. Off by default: keys can be many.
+	KeyMetrics bool
+
+	// ReadTimeout bounds one read of the table (List); 5s when zero.
+	ReadTimeout time.Duration
+
+	Logger *slog.Logger // nil: slog.Default()
+}
+
+// Server serves the status page. Create it with New and release it with Close.
+type Server struct {
+	cfg     Config
+	cache   *cache
+	metrics *metrics
+	mux     *http.ServeMux
+	log     *slog.Logger
+}
+
+// New checks cfg and builds a Server. It does not touch the database.
+func New(cfg Config) (*Server, error) {
+	if cfg.DB == nil {
+		return nil, fmt.Errorf("%w: no database", ErrConfig)
+	}
+	if cfg.Table == "" {
+		cfg.Table = pglease.DefaultTable
+	}
+	if _, err := pglease.SchemaSQL(cfg.Table); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Interval < MinInterval {
+		return nil, fmt.Errorf("%w: interval %v is below %v", ErrConfig, cfg.Interval, MinInterval)
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = 5 * time.Second
+	}
+	cfg.Token = strings.TrimSpace(cfg.Token)
+	switch {
+	case cfg.AllowForceRelease && len(cfg.Token) < MinTokenLen:
+		return nil, fmt.Errorf("%w: force release needs a token of at least %d bytes", ErrConfig, MinTokenLen)
+	case !cfg.AllowForceRelease && cfg.Token != "":
+		return nil, fmt.Errorf("%w: a token is only used with force release enabled", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	s.cache = newCache(cfg.DB, cfg.Table, cfg.Interval/2, cfg.ReadTimeout)
+	m, err := newMetrics(s)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	s.mux = s.routes()
+	return s, nil
+}
+
+// Close releases the metrics pipeline. It does not close the database.
+func (s *Server) Close() error {
+	return s.metrics.shutdown(context.Background())
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	// The release route is matched on the escaped path: a key may contain
+	// "/", "..", or anything else that the mux would clean or split.
+	if key, ok := releasePath(r.URL); ok {
+		s.handleRelease(w, r, key)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", s.handlePage)
+	mux.HandleFunc("GET /api/leases", s.handleLeases)
+	mux.HandleFunc("GET /events", s.handleEvents)
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	mux.Handle("GET /metrics", s.metrics.handler)
+	return mux
+}
