@@ -113,3 +113,5 @@ func find(s statuspage.Snapshot, key string) (statuspage.Lease, bool) {
 	}
 	return statuspage.Lease{}, false
 }
+
+func (*fixture) dbFor(t *testing.T) *sql.DB { return pgtest.SQL(t, 1) }
