@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// TestServeRefusesNonLoopback: a non-loopback --listen is a usage error that
+// says why and how to override, before any database is contacted.
+func TestServeRefusesNonLoopback(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:8089", ":8089", "192.0.2.1:80", "[::]:8089", "example.com:80"} {
+		r := cli(t, testCtx(t), nil, "serve", "--listen", addr)
+		wantError(t, r, exitUsage, "not a loopback address", "--allow-remote", "authenticating proxy")
+	}
+	r := cli(t, testCtx(t), nil, "serve", "--listen", "no-port")
+	wantError(t, r, exitUsage, "--listen")
+	// Loopback addresses pass the check (and then fail on the missing database).
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0"} {
+		r := cli(t, testCtx(t), nil, "serve", "--listen", addr)
+		wantError(t, r, exitUsage, "no database")
+	}
+}
+
+// TestServeForceReleaseNeedsAToken: --allow-force-release without a token,
+// with a short one, or a token file without the flag, are usage errors.
+func TestServeForceReleaseNeedsAToken(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("abc\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(good, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--allow-force-release"), exitUsage, "needs a token", "--token-file", serveTokenEnv)
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--allow-force-release", "--token-file", short), exitUsage, "at least 16")
+	wantError(t, cli(t, testCtx(t), map[string]string{serveTokenEnv: "abc"}, "serve", "--allow-force-release"), exitUsage, "at least 16")
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--token-file", good), exitUsage, "only used with --allow-force-release")
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--allow-force-release", "--token-file", filepath.Join(dir, "missing")), exitUsage, "--token-file")
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--interval", "1ms"), exitUsage, "--interval")
+	// A good token gets past the checks (to the missing database).
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--allow-force-release", "--token-file", good), exitUsage, "no database")
+}
+
+// TestServeMissingTableIsAnError: a table that is not there stops serve at
+// once with the migrate advice, instead of serving an error page.
+func TestServeMissingTableIsAnError(t *testing.T) {
+	r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": pgtest.URL()}, "serve", "--listen", "127.0.0.1:0", "--table", "nowhere_table")
+	wantError(t, r, exitError, "pglease migrate")
+}
+
+// serveLineWriter is a goroutine-safe writer that hands over its first line.
+type serveLineWriter struct {
+	mu    sync.Mutex
+	buf   strings.Builder
+	first chan string
+	once  sync.Once
+}
+
+func (w *serveLineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if i := strings.IndexByte(w.buf.String(), '\n'); i >= 0 {
+		w.once.Do(func() { w.first <- w.buf.String()[:i] })
+	}
+	return len(p), nil
+}
+
+// TestServeServesUntilInterrupted: serve prints its address, answers
+// /healthz, /api/leases (with a real lease), / and /metrics, refuses force
+// release (read-only), and exits 0 when its context ends, even with an
+// event stream open.
+func TestServeServesUntilInterrupted(t *testing.T) {
+	db := pgtest.SQL(t, 2)
+	table := pgtest.Table(t)
+	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := pglease.New(db, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Lock(testCtx(t), "served-key"); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &serveLineWriter{first: make(chan string, 1)}
+	var errb serveBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
+			out, &errb, func(k string) string { return map[string]string{"DATABASE_URL": pgtest.URL()}[k] })
+	}()
+	var base string
+	select {
+	case line := <-out.first:
+		m := regexp.MustCompile(`^pglease serve: (http://127\.0\.0\.1:\d+)/ table "[^"]+", read-only`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("first line %q", line)
+		}
+		base = m[1]
+	case code := <-done:
+		t.Fatalf("serve exited %d: %s", code, errb.String())
+	case <-time.After(time.Minute):
+		t.Fatal("serve printed nothing")
+	}
+
+	for path, want := range map[string]string{
+		"/healthz":    "ok",
+		"/api/leases": `"key": "served-key"`,
+		"/":           "served-key",
+		"/metrics":    `pglease_leases{pglease_lease_state="held"} 1`,
+	} {
+		code, body := serveGet(t, base+path)
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d, want 200 with %q:\n%s", path, code, want, body)
+		}
+	}
+	resp, err := http.Post(base+"/api/leases/served-key/release", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("read-only serve: release answered %d", resp.StatusCode)
+	}
+
+	// An open event stream must not hold up the shutdown.
+	stream, err := http.Get(base + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	if line, err := bufio.NewReader(stream.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "retry:") {
+		t.Fatalf("event stream: %q %v", line, err)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after interrupt: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop after its context ended")
+	}
+}
+
+func serveGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type serveBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *serveBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *serveBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
