@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/internal/tcpproxy"
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// setup migrates a fresh table and returns a locker on it.
+func setup(t *testing.T, holder string, d time.Duration, opts ...pglease.Option) (string, *pglease.Locker) {
+	t.Helper()
+	db := pgtest.SQL(t, 4)
+	table := pgtest.Table(t)
+	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	return table, locker(t, db, table, holder, d, opts...)
+}
+
+func locker[D pglease.DB](t *testing.T, db D, table, holder string, d time.Duration, opts ...pglease.Option) *pglease.Locker {
+	t.Helper()
+	l, err := pglease.New(db, append([]pglease.Option{pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(d)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func lock(t *testing.T, l *pglease.Locker, key string) *pglease.Lease {
+	t.Helper()
+	le, err := l.Lock(testCtx(t), key)
+	if err != nil {
+		t.Fatalf("Lock(%q): %v", key, err)
+	}
+	return le
+}
+
+// TestStatusPageFollowsLeases: in a real browser, the page shows the leases
+// a test takes (held, one expired after its replica is cut off, one
+// released), shows a lease released after Unlock without reloading, fits a
+// phone's width, and is saved as a screenshot.
+func TestStatusPageFollowsLeases(t *testing.T) {
+	table, a := setup(t, "worker-a@host-1", 30*time.Second)
+	report := lock(t, a, "nightly-report")
+	lock(t, a, "billing/invoice-run")
+	lock(t, a, "email-digest")
+	cleanup := lock(t, a, "cleanup-tmp")
+	if err := cleanup.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	// A second replica, reached through a proxy, is cut off: its lease
+	// stays in the table until it expires.
+	proxy, err := tcpproxy.New(dbAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cut := openVia(t, proxy.Addr())
+	b2 := locker(t, cut, table, "worker-b@host-2", 2*time.Second, pglease.WithReleaseTimeout(200*time.Millisecond))
+	lock(t, b2, "reindex-search")
+	proxy.SetMode(tcpproxy.Drop)
+
+	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	br.waitFor(t, "the held lease", stateOf("nightly-report")+` === 'held'`)
+	br.waitFor(t, "the released lease", stateOf("cleanup-tmp")+` === 'released'`)
+	br.waitFor(t, "the cut-off replica's lease to expire", stateOf("reindex-search")+` === 'expired'`)
+	if holder := eval[string](t, br, `document.querySelector('#leases .lease dd:nth-of-type(2)').textContent`); holder != "worker-a@host-1" {
+		t.Errorf("first card's holder %q", holder)
+	}
+
+	// No reload: a marker set on this document survives the update.
+	eval[int](t, br, `window.__sameDocument = 42`)
+	if err := report.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	br.waitFor(t, "the page to show the Unlock", stateOf("nightly-report")+` === 'released'`)
+	if eval[int](t, br, `window.__sameDocument || 0`) != 42 {
+		t.Fatal("the page reloaded to show the Unlock")
+	}
+	br.checkClean(t)
+
+	time.Sleep(300 * time.Millisecond) // let the bars settle
+	ctx, cancel := br.timeout()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	cancel()
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil {
+		t.Fatalf("screenshot is not a PNG: %v", err)
+	}
+	if w := img.Bounds().Dx(); w < 1000 {
+		t.Errorf("screenshot %d px wide", w)
+	}
+	out := filepath.Join(t.TempDir(), "status-page.png")
+	if *screenshot != "" {
+		out = *screenshot
+	}
+	if err := os.WriteFile(out, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%dx%d)", out, img.Bounds().Dx(), img.Bounds().Dy())
+
+	// On a phone: nothing wider than the screen.
+	br.do(t, "phone viewport", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile))
+	br.waitFor(t, "the phone layout", `document.documentElement.scrollWidth <= window.innerWidth`)
+}
+
+// TestStatusPageRendersHostileKeyAsText: keys and holders that are markup
+// are shown as text, character for character; nothing in them runs (no
+// handler fired, no CSP violation: nothing even tried), whether they arrive
+// in the server-rendered page or in a live update.
+func TestStatusPageRendersHostileKeyAsText(t *testing.T) {
+	const (
+		imgKey    = `<img src=x onerror="window.__pwned=1">`
+		scriptKey = `</script><script>window.__pwned=2</script>"'&lt; ключ ✓`
+		late      = `<svg onload="window.__pwned=3"></svg>`
+	)
+	table, l := setup(t, `<b onmouseover="window.__pwned=4">holder</b>`, 30*time.Second)
+	lock(t, l, imgKey)
+	lock(t, l, scriptKey)
+	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	br.waitFor(t, "the hostile keys", stateOf(imgKey)+` === 'held' && `+stateOf(scriptKey)+` === 'held'`)
+	lock(t, l, late) // arrives through the event stream
+	br.waitFor(t, "the key that arrives live", stateOf(late)+` === 'held'`)
+
+	keys := eval[[]string](t, br, `Array.from(document.querySelectorAll('#leases .key')).map(function (e) { return e.textContent; })`)
+	for _, k := range []string{imgKey, scriptKey, late} {
+		found := false
+		for _, got := range keys {
+			found = found || got == k
+		}
+		if !found {
+			t.Errorf("key %q not shown as text; keys on the page: %q", k, keys)
+		}
+	}
+	if n := eval[int](t, br, `document.querySelectorAll('#leases img, #leases svg, #leases b, #leases script').length`); n != 0 {
+		t.Errorf("%d elements made from data", n)
+	}
+	if got := eval[string](t, br, `typeof window.__pwned`); got != "undefined" {
+		t.Errorf("window.__pwned is %s: a key ran as code", got)
+	}
+	br.checkClean(t)
+}
