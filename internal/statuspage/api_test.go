@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/statuspage"
 )
 
@@ -52,7 +53,7 @@ func TestLeasesJSONFollowsLockAndUnlock(t *testing.T) {
 		names = append(names, k)
 	}
 	slices.Sort(names)
-	want := []string{"acquired_at", "expires_at", "expires_in_ms", "fence", "holder", "key", "released_at", "span_ms", "state"}
+	want := []string{"acquired_at", "expires_at", "expires_in_ms", "fence", "hold_until", "holder", "key", "last_tick", "released_at", "span_ms", "state"}
 	if !slices.Equal(names, want) {
 		t.Errorf("lease fields %v, want %v", names, want)
 	}
@@ -69,6 +70,44 @@ func TestLeasesJSONFollowsLockAndUnlock(t *testing.T) {
 	l, _ = find(f.leases(t), "job-a")
 	if l.State != "released" || l.ReleasedAt == nil || l.ExpiresInMS != 0 || l.Fence != le.Fence() {
 		t.Errorf("after Unlock: %+v", l)
+	}
+}
+
+// TestMinHoldAndLastTick: a lease unlocked before its minimum hold ends is
+// shown as min-hold until acquired_at + hold, with the time left counting to
+// that; the scheduled tick it claimed is shown as its last tick, on the API,
+// the page and the metrics.
+func TestMinHoldAndLastTick(t *testing.T) {
+	f := newFixture(t, statuspage.Config{})
+	tick := time.Now().Add(-time.Minute).Truncate(time.Minute)
+	le, err := f.locker.Lock(ctx(t), "report", pglease.MinHold(20*time.Second), pglease.Tick(tick))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l, ok := find(f.leases(t), "report")
+	if !ok || l.State != "min-hold" || l.HoldUntil == nil || l.LastTick == nil {
+		t.Fatalf("after an early Unlock: %+v", l)
+	}
+	if d := l.HoldUntil.Sub(l.AcquiredAt); d != 20*time.Second {
+		t.Errorf("hold_until − acquired_at = %v, want 20s", d)
+	}
+	if !l.LastTick.Equal(tick) {
+		t.Errorf("last_tick %v, want %v", l.LastTick, tick)
+	}
+	if l.ExpiresInMS <= 0 || l.ExpiresInMS > 20000 || l.SpanMS != 20000 {
+		t.Errorf("expires_in_ms %d, span_ms %d: want the hold's", l.ExpiresInMS, l.SpanMS)
+	}
+	_, page := get(t, f.http.URL, "/")
+	for _, want := range []string{"min-hold", "blocked until", "last tick", tick.UTC().Format("2006-01-02 15:04:05.000Z")} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if n := byLabel(t, scrape(t, f.http.URL), "pglease_leases", "pglease_lease_state")["min-hold"]; n != 1 {
+		t.Errorf("pglease_leases{min-hold} = %v, want 1", n)
 	}
 }
 

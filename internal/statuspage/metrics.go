@@ -16,7 +16,7 @@ import (
 
 // States counted by pglease.leases; each is reported, 0 included, so that a
 // series does not vanish when its count drops to zero.
-var States = []string{"held", "expired", "released"}
+var States = []string{"held", "min-hold", "expired", "released"}
 
 // Attribute keys of the metrics.
 const (
@@ -62,7 +62,7 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 	var timeLeft metric.Float64ObservableGauge
 	if s.cfg.KeyMetrics {
 		timeLeft, err = meter.Float64ObservableGauge("pglease.lease.time_left", metric.WithUnit("s"),
-			metric.WithDescription("Time until each unreleased lease expires, on the database clock; negative once expired. One series per key."))
+			metric.WithDescription("Time until each held lease expires, on the database clock; negative once expired (not released). One series per key."))
 		if err != nil {
 			return err
 		}
@@ -80,7 +80,7 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 		}
 		for _, l := range rd.leases {
 			counts[l.State]++
-			if timeLeft != nil && l.State != "released" {
+			if timeLeft != nil && (l.State == "held" || l.State == "expired") {
 				o.ObserveFloat64(timeLeft, l.ExpiresIn.Seconds(), metric.WithAttributes(attribute.String(AttrKey, l.Key)))
 			}
 		}

@@ -58,6 +58,8 @@ func timeLeft(l Lease) string {
 	switch l.State {
 	case "released":
 		return "released"
+	case "min-hold":
+		return "blocked " + human(l.ExpiresInMS) + " more (minimum hold)"
 	case "expired":
 		return "expired " + human(-l.ExpiresInMS) + " ago"
 	}
@@ -80,7 +82,7 @@ func human(ms int64) string {
 // barPercent is the width of the time-left bar: time left over the span
 // from acquisition to expiry, 0–100.
 func barPercent(l Lease) float64 {
-	if l.State != "held" || l.SpanMS <= 0 {
+	if (l.State != "held" && l.State != "min-hold") || l.SpanMS <= 0 {
 		return 0
 	}
 	return math.Round(math.Min(100, math.Max(0, 100*float64(l.ExpiresInMS)/float64(l.SpanMS)))*10) / 10

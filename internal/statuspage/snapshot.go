@@ -13,15 +13,21 @@ import (
 // Field names are stable; times are RFC 3339 with nanoseconds, UTC, on the
 // database's clock; durations are whole milliseconds.
 type Lease struct {
-	Key         string     `json:"key"`
-	Holder      string     `json:"holder"`
-	Fence       int64      `json:"fence"`
-	State       string     `json:"state"` // held, expired, released
-	AcquiredAt  time.Time  `json:"acquired_at"`
-	ExpiresAt   time.Time  `json:"expires_at"`
-	ReleasedAt  *time.Time `json:"released_at"`
-	ExpiresInMS int64      `json:"expires_in_ms"` // at read time; negative once expired, 0 once released
-	SpanMS      int64      `json:"span_ms"`       // expires_at − acquired_at: the scale of the time-left bar
+	Key        string     `json:"key"`
+	Holder     string     `json:"holder"`
+	Fence      int64      `json:"fence"`
+	State      string     `json:"state"` // held, min-hold, expired, released
+	AcquiredAt time.Time  `json:"acquired_at"`
+	ExpiresAt  time.Time  `json:"expires_at"`
+	ReleasedAt *time.Time `json:"released_at"`
+	HoldUntil  *time.Time `json:"hold_until"` // min-hold: the key is blocked until then
+	LastTick   *time.Time `json:"last_tick"`  // the last scheduled tick claimed on the key
+	// ExpiresInMS is the time left at read time: until expires_at while held
+	// (negative once expired), until hold_until in min-hold, 0 once released.
+	ExpiresInMS int64 `json:"expires_in_ms"`
+	// SpanMS is the scale of the time-left bar: expires_at − acquired_at, or
+	// hold_until − acquired_at in min-hold.
+	SpanMS int64 `json:"span_ms"`
 }
 
 // Snapshot is one read of the table.
@@ -37,12 +43,16 @@ type Snapshot struct {
 func toLeases(ls []pglease.LeaseInfo) []Lease {
 	out := make([]Lease, 0, len(ls))
 	for _, l := range ls {
+		end := l.ExpiresAt
+		if l.State == "min-hold" && l.HoldUntil != nil {
+			end = *l.HoldUntil
+		}
 		out = append(out, Lease{
 			Key: l.Key, Holder: l.Holder, Fence: l.Fence, State: l.State,
 			AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC(),
-			ReleasedAt:  utcPtr(l.ReleasedAt),
+			ReleasedAt: utcPtr(l.ReleasedAt), HoldUntil: utcPtr(l.HoldUntil), LastTick: utcPtr(l.LastTick),
 			ExpiresInMS: l.ExpiresIn.Milliseconds(),
-			SpanMS:      l.ExpiresAt.Sub(l.AcquiredAt).Milliseconds(),
+			SpanMS:      end.Sub(l.AcquiredAt).Milliseconds(),
 		})
 	}
 	return out
