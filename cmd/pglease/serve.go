@@ -116,7 +116,9 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
-	db, err := f.db.open(ctx, e)
+	// Reads take no row lock; a force release from the page waits at most
+	// this long for one (e.g. behind a fenced transaction), then fails.
+	db, err := f.db.open(ctx, e, map[string]string{"lock_timeout": "5000"})
 	if err != nil {
 		return err
 	}

@@ -106,7 +106,7 @@ func TestServeServesUntilInterrupted(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
-			out, &errb, func(k string) string { return map[string]string{"DATABASE_URL": pgtest.URL()}[k] })
+			&env{stdout: out, stderr: &errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgtest.URL()}[k] }})
 	}()
 	var base string
 	select {
