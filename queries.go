@@ -391,6 +391,11 @@ SELECT l.holder, l.fence, l.acquired_at, l.expires_at,
 FROM {T} AS l, now
 WHERE l.key = $1 AND l.released_at IS NULL AND l.expires_at > now.ts`
 
+// timelineBaseSQL reads the fence base of the server's timeline (see
+// {BASE}): a renew that finds leases gone compares it with theirs to tell a
+// failover from another loss. Only run after such a renew.
+const timelineBaseSQL = `SELECT {BASE}`
+
 // notifyFrag sends "<fence> <key>" on the table's channel for a released
 // row of alias a, unless a minimum hold keeps the key blocked (waiters then
 // wake at hold_until, which the claim's reply tells them). Its value is
@@ -402,7 +407,7 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 // statements are the SQL texts bound to one table.
 type statements struct {
 	claim, renew, release, releaseMany, releaseLost, forceRelease, list string
-	abandonLock, abandon, notifyProbe, leader                           string
+	abandonLock, abandon, notifyProbe, leader, timelineBase             string
 	versionTable, currentVersion, recordVersion                         string
 	guard, fenceAdvance, fenceCurrent                                   string
 }
@@ -446,6 +451,7 @@ func (t table) statements() statements {
 		abandon:        b(abandonSQL),
 		notifyProbe:    b(notifyProbeSQL),
 		leader:         b(leaderSQL),
+		timelineBase:   b(timelineBaseSQL),
 		forceRelease:   b(forceReleaseSQL),
 		list:           b(listSQL),
 		versionTable:   b(versionTableSQL),

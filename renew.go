@@ -112,14 +112,36 @@ func (l *Locker) renew(batch []*Lease, why lossReason) bool {
 		}
 		return false
 	}
+	var gone []*Lease
 	for _, le := range batch {
 		if r, ok := got[le.key]; ok && r.fence == le.fence {
 			le.renewed(sentAt, r.expiresAt)
 		} else {
-			le.lose("renew found the lease expired, released or taken over", why)
+			gone = append(gone, le)
 		}
 	}
+	l.loseGone(ctx, gone, why)
 	return true
+}
+
+// loseGone ends leases a renew did not find. If the server is on a later
+// timeline than the one a lease was claimed on, the database failed over
+// since: the reason says so (one more read, on this path only).
+func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
+	if len(gone) == 0 {
+		return
+	}
+	var base int64
+	if err := l.db.queryRow(ctx, l.sql.timelineBase, nil, &base); err != nil {
+		base = 0
+	}
+	for _, le := range gone {
+		if claimedBase := (le.fence - 1) >> 40 << 40; base > claimedBase {
+			le.lose("renew did not find the lease on the server after a database failover (the new primary's timeline is later than the claim's)", lossFailover)
+			continue
+		}
+		le.lose("renew found the lease expired, released or taken over", why)
+	}
 }
 
 // renewNow checks le out of beat, renewing it if it is still held and
