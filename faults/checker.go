@@ -9,7 +9,7 @@ import (
 
 // Violation is one broken invariant found in a history.
 type Violation struct {
-	Invariant int // 1..7, as numbered in Check
+	Invariant int // 1..8, as numbered in Check
 	Msg       string
 }
 
@@ -35,14 +35,34 @@ type Stats struct {
 	// LossViewUnknown counts losses reported by the server whose row could
 	// not be read right after (network down): invariant 7 could not be
 	// checked for them.
-	LossViewUnknown       int
-	ViolationsByInvariant [8]int
+	LossViewUnknown int
+	// Failovers: primaries killed and standbys promoted. LostGrants and
+	// LostWrites: grants and fenced writes acknowledged by a primary before
+	// it was killed that the promoted standby did not have (asynchronous
+	// replication). AsyncOverlaps: leases live when the primary was killed
+	// whose key the promoted standby granted to another holder before the
+	// first holder stopped (exempt from invariant 4 under asynchronous
+	// replication: the new primary never saw the lease, or its renewals).
+	Failovers, LostGrants, LostWrites, AsyncOverlaps int
+	ViolationsByInvariant                            [9]int
 }
 
 // CheckConfig tunes the checker.
 type CheckConfig struct {
 	Lease time.Duration // the lease duration the replicas use
 	Slack time.Duration // allowed on top of Lease for re-acquisition (invariant 5)
+	// SyncStandby: failovers promote a synchronous standby, so no
+	// acknowledged grant or write may be lost (invariant 8), and leases
+	// live at a failover get no exemption from invariant 4.
+	SyncStandby bool
+}
+
+// failover is one kill of the primary (t0) and promotion (t), with the
+// promoted standby's rows read before it took any write.
+type failover struct {
+	t0, t int64
+	fence map[string]int64 // lease row fence per key (0: no row)
+	n     map[string]int64 // resource write counter per key
 }
 
 type leaseID struct {
@@ -100,7 +120,17 @@ func (l *leaseRec) stopT() int64 {
 //     Guard or Unlock found it gone, before the local deadline) while the
 //     row, read right after, still showed it as the holder's (same holder
 //     and fence, unexpired, not released). Losses at the local deadline are
-//     not counted: the deadline comes before the server's expiry by design.
+//     not counted: the deadline comes before the server's expiry by design;
+//  8. with a synchronous standby, no grant or write acknowledged before a
+//     failover is missing from the promoted standby.
+//
+// Across a failover (kinds failover-async and failover-sync), invariant 2
+// holds as written: every fence granted after the promotion is above every
+// fence granted before it, lost or not. Grants and writes the promoted
+// standby lacks are counted (LostGrants, LostWrites) rather than flagged
+// when the standby was asynchronous; a lease live at an asynchronous
+// failover may overlap with a holder the promoted server chose (counted in
+// AsyncOverlaps), since that server never saw the lease or its renewals.
 //
 // A lease ended by an operator's ForceRelease (a "forced" event) is exempt
 // from invariant 4: the operator, not a claim, took it away.
@@ -119,6 +149,16 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 	killed := map[string]int64{}
 	forced := map[leaseID]bool{}
 	var writes, probes []Event
+	var fos []*failover
+	snaps := map[int64]*failover{} // by t0
+	foAt := func(t0 int64) *failover {
+		f := snaps[t0]
+		if f == nil {
+			f = &failover{t0: t0, fence: map[string]int64{}, n: map[string]int64{}}
+			snaps[t0] = f
+		}
+		return f
+	}
 	for _, e := range events {
 		id := leaseID{e.Proc, e.Key, e.Fence}
 		switch e.Kind {
@@ -177,6 +217,14 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		case EvForced:
 			st.Forced++
 			forced[id] = true
+		case EvSnapshot:
+			f := foAt(e.T0)
+			f.fence[e.Key], f.n[e.Key] = e.Fence, e.N
+		case EvFailover:
+			st.Failovers++
+			f := foAt(e.T0)
+			f.t = e.T
+			fos = append(fos, f)
 		case EvProbe, EvProbeFail:
 			probes = append(probes, e)
 		case EvConnLeak:
@@ -244,6 +292,43 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 	}
 
+	// Failovers: what the promoted standby lacked.
+	sort.Slice(fos, func(i, j int) bool { return fos[i].t0 < fos[j].t0 })
+	nextFailover := func(t int64) *failover { // the first failover whose kill came after t
+		i := sort.Search(len(fos), func(i int) bool { return fos[i].t0 > t })
+		if i < len(fos) {
+			return fos[i]
+		}
+		return nil
+	}
+	lostWhat := func(what string, e Event, have int64) {
+		if cfg.SyncStandby {
+			add(8, "%s of %s on %q (%d) acknowledged at %s was lost by the failover at %s (the promoted synchronous standby had %d)",
+				what, e.Proc, e.Key, e.Fence, ts(e.T), ts(nextFailover(e.T).t0), have)
+		}
+	}
+	for _, l := range leases {
+		if f := nextFailover(l.grant.T); f != nil && l.grant.Fence > f.fence[l.id.key] {
+			st.LostGrants++
+			lostWhat("the grant", l.grant, f.fence[l.id.key])
+		}
+	}
+	for _, w := range writes {
+		if f := nextFailover(w.T); f != nil && w.N > f.n[w.Key] {
+			st.LostWrites++
+			lostWhat("a write", w, f.n[w.Key])
+		}
+	}
+	// acrossAsync: l was live when a primary was killed, and n was granted
+	// after that failover's promotion.
+	acrossAsync := func(l, n *leaseRec) bool {
+		if cfg.SyncStandby {
+			return false
+		}
+		f := nextFailover(l.grant.T)
+		return f != nil && l.stopT() > f.t0 && n.grant.T > f.t0
+	}
+
 	// (3) and (4), lease by lease.
 	paused := func(proc string, from, to int64) bool {
 		for _, p := range pauses[proc] {
@@ -275,6 +360,10 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		if l.stopT() < n.grant.T && l.signalT() >= n.grant.T && l.term.Kind == EvLost {
 			st.LateDoneInUnlock++
+		}
+		if l.stopT() >= n.grant.T && acrossAsync(l, n) {
+			st.AsyncOverlaps++
+			continue
 		}
 		if l.stopT() >= n.grant.T && !paused(id.proc, l.grant.T0, n.grant.T) && !forced[id] {
 			add(4, "%s on %q (fence %d) stopped (%s) at %s, %v after %s was granted fence %d",

@@ -174,3 +174,55 @@ func TestCheckerSpuriousLoss(t *testing.T) {
 		t.Fatalf("invariant 4 without the forced event: %v", vs)
 	}
 }
+
+// Failovers on hand-made histories: a grant and a write the promoted
+// standby lacks are counted as lost (asynchronous) or flagged (synchronous,
+// invariant 8); a lease live at an asynchronous failover may overlap the
+// promoted server's next grant; a fence issued again after the failover is
+// a violation of invariant 2 either way.
+func TestCheckerFailover(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	g := func(p, k string, f, t0, t int64) Event {
+		return Event{T0: t0 * ms, T: t * ms, Proc: p, Kind: EvGranted, Key: k, Fence: f}
+	}
+	lost := func(p, k string, f, t int64) Event {
+		return Event{T: t * ms, Proc: p, Kind: EvLost, Key: k, Fence: f, Via: "server", Srv: "taken: x"}
+	}
+	unlock := func(p, k string, f, t0 int64) Event {
+		return Event{T0: t0 * ms, T: (t0 + 1) * ms, Proc: p, Kind: EvUnlockOK, Key: k, Fence: f}
+	}
+	w := func(p, k string, f, prev, n, t0 int64) Event {
+		return Event{T0: t0 * ms, T: (t0 + 2) * ms, Proc: p, Kind: EvWriteOK, Key: k, Fence: f, Prev: prev, Via: "guard", N: n}
+	}
+	const big = 1<<40 + 1
+	// a: fence 3 replicated (write n=1 too); stop receiving; a unlocks, b
+	// gets fence 4 and writes n=2: both lost. Primary killed at 500, the
+	// standby had fence 3 and n=1; promoted at 600; c gets a composed fence
+	// at 610 while b (live at the kill) learns at 700.
+	h := []Event{
+		g("a", "k", 3, 0, 5), w("a", "k", 3, 0, 1, 10), unlock("a", "k", 3, 200),
+		g("b", "k", 4, 210, 212), w("b", "k", 4, 3, 2, 220),
+		{T0: 500 * ms, T: 520 * ms, Proc: "controller", Kind: EvSnapshot, Key: "k", Fence: 3, N: 1},
+		{T0: 500 * ms, T: 600 * ms, Proc: "controller", Kind: EvFailover},
+		g("c", "k", big, 605, 610), w("c", "k", big, 3, 2, 620), lost("b", "k", 4, 700), unlock("c", "k", big, 800),
+	}
+	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
+	st, vs := Check(Merge(h), cfg)
+	if len(vs) != 0 || st.Failovers != 1 || st.LostGrants != 1 || st.LostWrites != 1 || st.AsyncOverlaps != 1 {
+		t.Fatalf("async: %+v %v", st, vs)
+	}
+	cfg.SyncStandby = true
+	st, vs = Check(Merge(h), cfg)
+	if st.ViolationsByInvariant[8] != 2 || st.ViolationsByInvariant[4] != 1 {
+		t.Fatalf("sync: lost grant and write must violate 8, the overlap 4: %+v %v", st.ViolationsByInvariant, vs)
+	}
+	t.Logf("sync, found: %v", vs)
+	// Without composed fences the promoted server issues fence 4 again.
+	cfg.SyncStandby = false
+	h[7], h[8], h[10] = g("c", "k", 4, 605, 610), w("c", "k", 4, 3, 2, 620), unlock("c", "k", 4, 800)
+	st, vs = Check(Merge(h), cfg)
+	if st.ViolationsByInvariant[2] == 0 {
+		t.Fatalf("fence 4 issued twice across the failover not found: %v", vs)
+	}
+	t.Logf("repeated fence, found: %v", vs)
+}

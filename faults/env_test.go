@@ -99,13 +99,13 @@ type scenario struct {
 	what     string // what the fault does, for the report
 	process  bool   // replicas are OS processes
 	proxies  bool   // each replica talks through its own tcpproxy
-	server   string // "shared" (pgtest), "own" (a cluster of this test), "bouncer"
+	server   string // "shared" (pgtest), "own" (a cluster of this test), "bouncer", "failover-async", "failover-sync" (a primary and standby per run)
 	variant  Variant
 	replicas int
 	keys     int
 	inject   func(e *env, h *handle) string // one fault while h holds a key
 	expect   int                            // broken variants: the invariant that must be violated
-	optIn    string                         // runs only when named in FAULTS_ONLY, until this lands
+	longOnly bool                           // runs in the long profile, or when named in FAULTS_ONLY
 }
 
 // handle is one replica, goroutine or process.
@@ -140,6 +140,7 @@ type env struct {
 	ctl     *Recorder
 	recs    []*Recorder
 	cluster *pgcluster.Cluster
+	fo      *foPair // failover kinds
 	mu      sync.Mutex
 	handles []*handle
 	byID    map[string]*handle
@@ -151,6 +152,9 @@ func (e *env) lease() time.Duration { return e.prof.lease }
 
 // replicaURL is the URL through addr, with the suite's application_name.
 func (e *env) replicaURL(addr string) string {
+	if e.fo != nil {
+		return WithAppName(e.url, e.app) // both servers; follows the primary
+	}
 	u, err := url.Parse(e.url)
 	if err != nil {
 		e.t.Fatal(err)
@@ -290,11 +294,17 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	case "own":
 		e.cluster, e.url = own, own.URL()
 		e.admin = openDB(t, e.url, 4)
+	case "failover-async", "failover-sync":
+		e.fo = newFoPair(t, ctx, sc.server == "failover-sync")
+		e.url = e.fo.url()
+		e.admin = openDB(t, e.url+"&connect_timeout=2", 4)
 	default:
 		e.url = pgtest.URL()
 		e.admin = pgtest.SQL(t, 4)
 	}
-	e.target = hostPort(t, e.url)
+	if e.fo == nil {
+		e.target = hostPort(t, e.url)
+	}
 	if sc.server == "bouncer" {
 		e.target = bouncerAddr
 		e.extra = "default_query_exec_mode=exec"
@@ -358,7 +368,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	if p := os.Getenv("FAULTS_KEEP_HISTORY"); p != "" {
 		saveHistory(t, filepath.Join(p, fmt.Sprintf("%s-%d.jsonl", sc.name, run)), merged)
 	}
-	st, vs := Check(merged, CheckConfig{Lease: e.lease(), Slack: max(time.Second, e.lease())})
+	st, vs := Check(merged, CheckConfig{Lease: e.lease(), Slack: max(time.Second, e.lease()), SyncStandby: sc.server == "failover-sync"})
 	return Result{Stats: st, Violations: vs, Elapsed: time.Since(start)}
 }
 

@@ -201,6 +201,10 @@ func scenarios() []scenario {
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
 		{name: "force-relock", what: "an operator ForceRelease of the held key, and the same Locker claims it again at once (new fence), 4 rounds in a row (issue 9, defect 1)",
 			server: "shared", replicas: 2, keys: 2, inject: forceRelock},
+		{name: "failover-async", what: "asynchronous standby (pg_basebackup, replication slot) stops receiving for 2–3 leases, primary kill -9, standby promoted (pg_ctl promote), a new standby on the old port; replicas on a multi-host URL (target_session_attrs=read-write); long profile",
+			server: "failover-async", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
+		{name: "failover-sync", what: "synchronous standby: primary kill -9 while leases are held, standby promoted, a new synchronous standby on the old port; replicas on a multi-host URL; long profile",
+			server: "failover-sync", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it",
 			server: "bouncer", proxies: true, replicas: 3, keys: 2, inject: bouncerFaults},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
@@ -260,7 +264,7 @@ func TestFaults(t *testing.T) {
 	var rows []*row
 	for _, sc := range scenarios() {
 		named := strings.Contains(","+only+",", ","+sc.name+",")
-		if (only != "" && !named) || (sc.optIn != "" && !named) {
+		if (only != "" && !named) || (sc.longOnly && prof.name != "long" && !named) {
 			continue
 		}
 		rw := &row{sc: sc}
@@ -280,9 +284,10 @@ func TestFaults(t *testing.T) {
 				rw.elapsed += res.Elapsed
 				addStats(&rw.st, res.Stats)
 				rw.samples = append(rw.samples, res.Violations...)
-				t.Logf("run %d: %v, grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, violations %d",
+				t.Logf("run %d: %v, grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, failovers %d (lost grants %d, lost writes %d, overlaps %d), violations %d",
 					run, res.Elapsed.Round(time.Millisecond), res.Stats.Grants, res.Stats.Handoffs, res.Stats.Takeovers,
-					res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.Total())
+					res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.Failovers,
+					res.Stats.LostGrants, res.Stats.LostWrites, res.Stats.AsyncOverlaps, res.Stats.Total())
 			}
 			if rw.st.Faults == 0 {
 				t.Errorf("no fault was injected (no key was ever seen held)")
@@ -337,6 +342,10 @@ func addStats(a *Stats, b Stats) {
 	a.LateDoneInUnlock += b.LateDoneInUnlock
 	a.Forced += b.Forced
 	a.LossViewUnknown += b.LossViewUnknown
+	a.Failovers += b.Failovers
+	a.LostGrants += b.LostGrants
+	a.LostWrites += b.LostWrites
+	a.AsyncOverlaps += b.AsyncOverlaps
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
@@ -345,8 +354,8 @@ func addStats(a *Stats, b Stats) {
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	b.WriteString("| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | violations (by invariant 1–7) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
 		viol := "0"
@@ -359,9 +368,13 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 			}
 			viol = fmt.Sprintf("**%d**: %s", r.st.Total(), strings.Join(parts, " "))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %d | %s |\n",
+		fo := "—"
+		if r.st.Failovers > 0 {
+			fo = fmt.Sprintf("%d: %d / %d / %d", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %d | %s | %s |\n",
 			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, r.st.RenewFailed,
-			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, viol)
+			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo, viol)
 	}
 	b.WriteString("\nFaults:\n\n")
 	for _, r := range rows {

@@ -44,6 +44,8 @@ const (
 	EvProbe       = "probe"        // controller: a fresh Locker acquired Key at T (T0: quiesced)
 	EvProbeFail   = "probe_fail"   // controller: Key not acquirable in time
 	EvForced      = "forced"       // controller: an operator ForceRelease ended Proc's lease (Key, Fence) at T
+	EvFailover    = "failover"     // controller: primary killed at T0, standby promoted at T
+	EvSnapshot    = "snapshot"     // controller: the promoted standby's rows before it took writes: Key, Fence (lease row), N (resource counter)
 )
 
 // Event is one line of a history.
@@ -55,6 +57,7 @@ type Event struct {
 	Key   string `json:"key,omitempty"`
 	Fence int64  `json:"f,omitempty"`
 	Prev  int64  `json:"prev,omitempty"` // write_ok: the resource's fence before the write
+	N     int64  `json:"n,omitempty"`    // write_ok: the resource's write counter after it; snapshot: the counter
 	Via   string `json:"via,omitempty"`  // write: guard, fenceguard, raw; lost: server, deadline
 	// Srv is, for a loss, the server's view of the row read right after
 	// it: "live" (still this holder's, same fence, unexpired, not

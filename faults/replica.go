@@ -393,13 +393,14 @@ func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string, work
 	if err := tx.QueryRowContext(wctx, `SELECT fence FROM `+r.res+` WHERE key = $1 FOR UPDATE`, key).Scan(&prev); err != nil {
 		return fail(fmt.Errorf("read resource: %w", noRowsIsErr(err)))
 	}
-	if _, err := tx.ExecContext(wctx, `UPDATE `+r.res+` SET fence = greatest(fence, $2), n = n + 1 WHERE key = $1`, key, fence); err != nil {
+	var n int64 // the resource's write counter after this write
+	if err := tx.QueryRowContext(wctx, `UPDATE `+r.res+` SET fence = greatest(fence, $2), n = n + 1 WHERE key = $1 RETURNING n`, key, fence).Scan(&n); err != nil {
 		return fail(err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fail(err)
 	}
-	r.rec.Add(Event{T0: t0, Proc: id, Kind: EvWriteOK, Key: key, Fence: fence, Prev: prev, Via: via})
+	r.rec.Add(Event{T0: t0, Proc: id, Kind: EvWriteOK, Key: key, Fence: fence, Prev: prev, Via: via, N: n})
 	return EvWriteOK
 }
 

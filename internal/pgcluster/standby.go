@@ -27,6 +27,10 @@ type StandbyOptions struct {
 	Sync bool
 	// Log receives the standby's server log (nil: kept in its file only).
 	Log func(line string)
+	// Port, if not 0, is the standby's TCP port instead of a free one: a
+	// dead primary's port, so that connection strings listing both ports
+	// find the new standby where the old primary was.
+	Port int
 }
 
 // StartStandby makes a streaming standby of c with pg_basebackup (-R: it
@@ -54,6 +58,9 @@ func (c *Cluster) StartStandby(ctx context.Context, so StandbyOptions) (*Cluster
 	}()
 	// The walreceiver presents cluster_name as its application_name: the
 	// name synchronous_standby_names and pg_stat_replication know it by.
+	if so.Port != 0 {
+		s.port = so.Port
+	}
 	s.name = fmt.Sprintf("standby_%d", s.port)
 	s.opts.Settings["cluster_name"] = s.name
 	if so.Sync {
@@ -180,6 +187,16 @@ func (c *Cluster) ResumeReceiving(ctx context.Context) error {
 		return err
 	}
 	return c.exec(ctx, `SELECT pg_reload_conf()`)
+}
+
+// WaitReplayedReceived waits until a standby has replayed all the WAL it
+// has received (its primary may be gone).
+func (c *Cluster) WaitReplayedReceived(ctx context.Context) error {
+	return poll(ctx, 60*time.Second, func(ctx context.Context) (bool, error) {
+		var done bool
+		err := c.queryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true)`, nil, &done)
+		return done, err
+	})
 }
 
 // WaitReplayed waits until the standby c has replayed everything the
