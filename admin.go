@@ -84,7 +84,7 @@ func timePtr(t sql.NullTime) *time.Time {
 var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 
 // ForceRelease ends the current lease on key, whoever holds it, and moves
-// the fence on (forceReleaseSQL, in queries.go). For operators (`pglease
+// the fence on (one statement; its text is in queries.go). For operators (`pglease
 // release --force`); a holder ends its own lease with Unlock.
 //
 // What the evicted holder sees: its next renew reports the loss (Done

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// Lock claims key with one statement (claimSQL, in queries.go) and returns
+// Lock claims key with one statement (its text, and why it is cheap, are in
+// queries.go) and returns
 // the Lease, kept alive by the Locker's renewer until Unlock. It does not
 // wait for the key: if another holder has an unexpired lease on it (or a
 // minimum hold blocks it), Lock returns an error wrapping ErrAlreadyLocked

@@ -27,7 +27,7 @@
 // sending the release), released, lost, or abandoned (the release failed;
 // the row expires by itself). The moves:
 //
-//   - Lock, Acquire, Campaign, Do: free → held (claimSQL). The fence becomes
+//   - Lock, Acquire, Campaign, Do: free → held (the claim statement). The fence becomes
 //     max(fence + 1, timeline base + 1); a retry of the same claim keeps it.
 //   - The renewer (renew.go; one goroutine per Locker, one statement per
 //     beat for all its leases, the newest of each key only): held → held with

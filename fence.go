@@ -27,7 +27,7 @@ func (e *StaleFenceError) Error() string {
 // Is makes errors.Is(err, ErrStaleFence) true.
 func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence }
 
-// Guard makes tx a fenced transaction: in one statement (guardSQL, in
+// Guard makes tx a fenced transaction: in one statement (its text is in
 // queries.go) it checks that the lease is still held — same key, holder,
 // fence and claim token, not released, not expired on the server's clock —
 // and locks the lease row until tx ends.
