@@ -2,9 +2,9 @@ package pglease
 
 import (
 	"context"
-	"strconv"
 	"database/sql"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -237,7 +237,6 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 		t.Fatalf("Close must release all 1000: %d live (%v)", live, err)
 	}
 }
-
 
 // New and Migrate work with pgx's stdlib driver, lib/pq and pgxpool.
 func TestDrivers(t *testing.T) {
