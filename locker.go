@@ -139,11 +139,15 @@ func (l *Locker) spawn(fn func()) bool {
 	return true
 }
 
-// Close releases every lease the Locker holds (one statement), stops the
-// renewer and waits for it: no goroutine is left behind. Their Done channels
-// close, with ErrUnlocked as the cause. Lock then returns ErrClosed. Close is
-// bounded by the release timeout and idempotent. An error means the leases
-// could not be released; they expire by themselves, unrenewed.
+// Close resigns everything: it stops the renewer, the listener and the
+// waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
+// background clean-ups in flight (each bounded by the release timeout), then
+// releases every lease the Locker holds in one statement (bounded by the
+// release timeout too), so Close takes at most about twice the release
+// timeout, and leaves no goroutine behind. The leases' Done channels close,
+// with ErrUnlocked as the cause; Lock then returns ErrClosed. Close is
+// idempotent. An error means the leases could not be released; they expire
+// by themselves, unrenewed.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
