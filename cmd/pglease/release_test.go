@@ -149,3 +149,47 @@ func TestReleaseHelp(t *testing.T) {
 		t.Errorf("release --help still overclaims:\n%s", r.stdout)
 	}
 }
+
+// TestReleaseInterruptedWhileWaiting: Ctrl-C while release waits behind a
+// fenced transaction exits 130, says the outcome is not known, and the
+// cancel request sent to the server really stops the statement: once the
+// transaction ends, the lease is still held (without it the server would
+// go on waiting and then release).
+func TestReleaseInterruptedWhileWaiting(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	shortWaitNotice(t)
+	tx := fencedTx(t, ctx, f)
+
+	cctx, interrupt := context.WithCancel(ctx)
+	defer interrupt()
+	errb := &syncBuffer{}
+	res := make(chan cliResult, 1)
+	go func() {
+		res <- cliOn(cctx, f.env, false, errb, "release", "--force", "--timeout", "1m", "--table", f.table, "held")
+	}()
+	notice := fmt.Sprintf(waitNotice, time.Minute)
+	for errb.String() != notice {
+		select {
+		case r := <-res:
+			t.Fatalf("release returned while the fenced transaction was open: code %d stderr %q", r.code, r.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	interrupt()
+	r := <-res
+	errLine, ok := strings.CutPrefix(r.stderr, notice)
+	if !ok {
+		t.Fatalf("stderr %q should start with the wait notice", r.stderr)
+	}
+	wantError(t, cliResult{stderr: errLine, code: r.code}, exitInterrupted,
+		`pglease: interrupted while waiting for the row: the release of "held" may or may not have happened`, "pglease list")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Give a statement the server did not cancel time to go through.
+	time.Sleep(300 * time.Millisecond)
+	if l := listJSON(t, f)["held"]; l.State != "held" || l.Fence != 1 {
+		t.Errorf("the interrupted release went through on the server: %+v", l)
+	}
+}
