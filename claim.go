@@ -64,12 +64,12 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 	for attempt := 1; ; attempt++ {
 		le, rep, err := l.claim(ctx, key, lc)
 		if err != nil || le != nil {
-			l.obs.claimed(ctx, key, outcomeOf(le, err))
+			l.obs.claimed(ctx, key, le, err)
 			return le, err
 		}
 		if rep != nil || attempt == 3 {
 			err := rep.err(key, lc)
-			l.obs.claimed(ctx, key, outcomeOf(nil, err))
+			l.obs.claimed(ctx, key, nil, err)
 			return nil, err
 		}
 		if !sleepCtx(ctx, time.Duration(1+rand.IntN(3))*time.Millisecond) {
@@ -109,6 +109,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
+	ctx, end := l.obs.span(ctx, "claim", key)
 	var (
 		rep     claimReply
 		freeIn  int64
@@ -117,6 +118,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	err := l.db.queryRow(ctx, l.sql.claim,
 		[]any{key, l.holder, token, l.cfg.duration.Microseconds(), lc.tickArg()},
 		&rep.outcome, &rep.fence, &expires, &rep.holder, &rep.lastTick, &freeIn)
+	end(err)
 	switch {
 	case errors.Is(err, errNoRows):
 		return nil, nil, nil

@@ -119,13 +119,14 @@ type FenceGuard struct {
 }
 
 // NewFenceGuard returns a FenceGuard for the fence table next to the lease
-// table named by WithTable, the only option it takes.
+// table named by WithTable. Besides WithTable it takes only the telemetry
+// options (WithMeterProvider counts its rejections).
 func NewFenceGuard(opts ...Option) (*FenceGuard, error) {
-	t, err := tableOnly("NewFenceGuard", opts)
+	c, t, err := tableAndTelemetry("NewFenceGuard", opts)
 	if err != nil {
 		return nil, err
 	}
-	return &FenceGuard{table: t, sql: t.statements(), obs: noObserver{}}, nil
+	return &FenceGuard{table: t, sql: t.statements(), obs: newObserver(c)}, nil
 }
 
 // Check records fence for resource in tx, or returns an error wrapping

@@ -49,7 +49,8 @@ type observer interface {
 	// span starts a span for a statement (claim, renew, release, guard)
 	// and returns the function that ends it with the statement's error.
 	span(ctx context.Context, op, key string) (context.Context, func(error))
-	claimed(ctx context.Context, key, outcome string)
+	// claimed reports a claim's result: le is the lease if it acquired.
+	claimed(ctx context.Context, key string, le *Lease, err error)
 	lost(le *Lease, why lossReason)
 	released(le *Lease, n int)
 	renewed(ctx context.Context, batch int, d time.Duration, err error)
@@ -62,11 +63,11 @@ type noObserver struct{}
 func (noObserver) span(ctx context.Context, _, _ string) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
-func (noObserver) claimed(context.Context, string, string)             {}
+func (noObserver) claimed(context.Context, string, *Lease, error)      {}
 func (noObserver) lost(*Lease, lossReason)                             {}
 func (noObserver) released(*Lease, int)                                {}
 func (noObserver) renewed(context.Context, int, time.Duration, error)  {}
 func (noObserver) rejected(context.Context, string)                    {}
 func (noObserver) waited(context.Context, string, time.Duration, bool) {}
 
-func newObserver(cfg config) observer { return noObserver{} }
+// newObserver is in otel.go.

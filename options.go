@@ -20,11 +20,13 @@ const (
 
 // Option configures a Locker (New). Migrate, SchemaVersionOf, List,
 // ForceRelease and NewFenceGuard take only WithTable and refuse the others
-// (they would have no effect there). Options are validated when given.
+// (they would have no effect there); NewFenceGuard also takes the telemetry
+// options (otel.go). Options are validated when given.
 type Option func(*config)
 
 type config struct {
 	table          string
+	tel            telemetryConfig // otel.go
 	duration       time.Duration
 	heartbeat      time.Duration // 0: duration/3
 	margin         time.Duration // -1: default

@@ -107,8 +107,8 @@ func (l *Locker) renew(batch []*Lease, why lossReason) bool {
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
 	if err != nil {
 		if l.ctx.Err() == nil {
-			l.log.Warn("pglease: renew failed, will retry at the next beat",
-				"holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))
+			l.log.WarnContext(ctx, "pglease: renew failed, will retry at the next beat",
+				withTrace(ctx, "holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))...)
 		}
 		return false
 	}
