@@ -72,7 +72,7 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 	l := le.locker
 	ctx, end := l.obs.span(ctx, "guard", le.key)
 	n, err := b.exec(ctx, l.sql.guard, le.key, l.holder, le.fence, le.token)
-	end(err)
+	end(rowsErr(n, err))
 	switch {
 	case err == nil && n == 0:
 		l.obs.rejected(ctx, "guard")

@@ -281,6 +281,15 @@ func (o *otelObserver) waited(ctx context.Context, key string, d time.Duration, 
 
 func noEnd(error) {}
 
+// rowsErr is the error a span ends with: err, or errNoRows when the
+// statement found no row (a guard whose lease is not held).
+func rowsErr(n int64, err error) error {
+	if err == nil && n == 0 {
+		return errNoRows
+	}
+	return err
+}
+
 // span starts a client span named "<op> <table>" (the query summary).
 func (o *otelObserver) span(ctx context.Context, op, key string) (context.Context, func(error)) {
 	if o.tracer == nil {
