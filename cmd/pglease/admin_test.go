@@ -306,7 +306,7 @@ func TestReleaseForce(t *testing.T) {
 func TestWatch(t *testing.T) {
 	f := newLeaseFixture(t)
 	for _, tty := range []bool{true, false} {
-		ctx, cancel := context.WithTimeout(testCtx(t), 1500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(testCtx(t), 2500*time.Millisecond)
 		r := cliOn(ctx, f.env, tty, &syncBuffer{}, "watch", "--interval", "100ms", "--table", f.table)
 		cancel()
 		if r.code != 0 || r.stderr != "" {
