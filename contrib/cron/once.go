@@ -1,0 +1,215 @@
+// Package pgleasecron makes a robfig/cron v3 job (github.com/robfig/cron/v3)
+// scheduled on every replica of a service run once per scheduled activation
+// across all replicas.
+//
+// A plain lock around the job is not enough: a fast job is locked and
+// released before a replica whose clock is a little behind fires the same
+// activation, finds the key free and runs it again. Once ties each run to
+// its scheduled time instead (pglease's tick ledger): the database remembers
+// the last activation claimed for the key and refuses that activation, and
+// every earlier one, to every other replica, however short the job and
+// however far apart the replicas' clocks.
+package pgleasecron
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/pglease/pglease"
+)
+
+// DefaultTolerance is how late after its activation a run may start and
+// still be attributed to it (see WithTolerance).
+const DefaultTolerance = time.Minute
+
+type config struct {
+	now       func() time.Time
+	loc       *time.Location
+	tolerance time.Duration
+	minHold   time.Duration
+	logger    cron.Logger
+}
+
+// An Option configures Once.
+type Option func(*config) error
+
+// WithClock sets the clock the activation is derived from (default
+// time.Now): cron's own clock.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) error {
+		if now == nil {
+			return fmt.Errorf("%w: pgleasecron: nil clock", pglease.ErrInvalidOption)
+		}
+		c.now = now
+		return nil
+	}
+}
+
+// WithLocation sets the time zone the schedule is evaluated in: the one
+// given to cron.WithLocation (default time.Local, cron's default).
+func WithLocation(loc *time.Location) Option {
+	return func(c *config) error {
+		if loc == nil {
+			return fmt.Errorf("%w: pgleasecron: nil location", pglease.ErrInvalidOption)
+		}
+		c.loc = loc
+		return nil
+	}
+}
+
+// WithTolerance sets how late after its activation a run may start and
+// still count as that activation's run (default DefaultTolerance). A run
+// that finds no activation within the tolerance before it (the job was
+// called by hand, or the process was paused longer) is skipped and logged.
+func WithTolerance(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 || d > 24*time.Hour {
+			return fmt.Errorf("%w: pgleasecron: tolerance %v must be in (0, 24h]", pglease.ErrInvalidOption, d)
+		}
+		c.tolerance = d
+		return nil
+	}
+}
+
+// WithMinHold sets each run's minimum hold (see pglease.MinHold). Not
+// needed for once-per-activation; default: the Locker's (pglease.WithMinHold).
+func WithMinHold(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > pglease.MaxLeaseDuration {
+			return fmt.Errorf("%w: pgleasecron: minimum hold %v must be between 0 and %v", pglease.ErrInvalidOption, d, pglease.MaxLeaseDuration)
+		}
+		c.minHold = d
+		return nil
+	}
+}
+
+// WithLogger sets where skipped runs (Info) and failed claims (Error) are
+// logged (default cron.DiscardLogger).
+func WithLogger(l cron.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: pgleasecron: nil logger", pglease.ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// Once returns a cron.JobWrapper for the entry scheduled by sched under key
+// (unique per job, the same on every replica). Each run of the wrapped job
+// claims key tied to the activation it belongs to — the latest activation of
+// sched at or before the run's start on the wrapper's clock — and runs the
+// job under that lease (pglease.Locker.Do); a replica whose claim finds the
+// activation already run (pglease.ErrAlreadyRun) or the key held by a run
+// still going (pglease.ErrAlreadyLocked, a run longer than its period: that
+// activation is skipped, not queued) skips it. So each activation runs at
+// most once across replicas, and exactly once while one replica can reach
+// the database. Any other claim error (the database unreachable) skips the
+// run too, logged at Error: the job never runs unguarded.
+//
+// sched must be the entry's schedule, and absolute: a cron expression
+// (*cron.SpecSchedule or a Schedule of your own on a fixed calendar).
+// cron.ConstantDelaySchedule ("@every 5m") is refused: its activations
+// depend on when each replica added the entry. Clock skew between replicas
+// does not break once-per-activation; a replica whose clock is ahead runs
+// the activations first, and if it stops the others resume once their
+// clocks pass its last activation.
+func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
+	}
+	if key == "" {
+		return nil, fmt.Errorf("%w: pgleasecron: empty key", pglease.ErrInvalidKey)
+	}
+	switch sched.(type) {
+	case nil:
+		return nil, fmt.Errorf("%w: pgleasecron: nil schedule", pglease.ErrInvalidOption)
+	case cron.ConstantDelaySchedule, *cron.ConstantDelaySchedule:
+		return nil, fmt.Errorf("%w: pgleasecron: an @every schedule has no activation common to all replicas; use a cron expression", pglease.ErrInvalidOption)
+	}
+	c := config{now: time.Now, loc: time.Local, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: pgleasecron: nil Option", pglease.ErrInvalidOption)
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	w := &wrapper{l: l, key: key, sched: sched, cfg: c}
+	return func(j cron.Job) cron.Job { return cron.FuncJob(func() { w.run(j) }) }, nil
+}
+
+// AddJob parses spec with parser (cron's own: cron.NewParser with the same
+// fields as the Cron, or cron.ParseStandard), wraps job with Once and adds
+// it to c. Give WithLocation the Cron's location if it is not time.Local.
+func AddJob(c *cron.Cron, l *pglease.Locker, parser cron.ScheduleParser, spec, key string, job cron.Job, opts ...Option) (cron.EntryID, error) {
+	if c == nil || parser == nil || job == nil {
+		return 0, fmt.Errorf("%w: pgleasecron: nil Cron, parser or job", pglease.ErrInvalidOption)
+	}
+	sched, err := parser.Parse(spec)
+	if err != nil {
+		return 0, fmt.Errorf("pgleasecron: schedule %q: %w", spec, err)
+	}
+	once, err := Once(l, key, sched, opts...)
+	if err != nil {
+		return 0, err
+	}
+	return c.Schedule(sched, once(job)), nil
+}
+
+type wrapper struct {
+	l     *pglease.Locker
+	key   string
+	sched cron.Schedule
+	cfg   config
+}
+
+// errNoActivation: the run started more than the tolerance after any
+// activation.
+var errNoActivation = errors.New("pgleasecron: no activation of the schedule within the tolerance before this run")
+
+func (w *wrapper) run(j cron.Job) {
+	now := w.cfg.now().In(w.cfg.loc)
+	tick, ok := Activation(w.sched, now, w.cfg.tolerance)
+	if !ok {
+		w.cfg.logger.Error(errNoActivation, "pgleasecron: run skipped", "key", w.key, "now", now, "tolerance", w.cfg.tolerance)
+		return
+	}
+	opts := []pglease.LockOption{pglease.Tick(tick)}
+	if w.cfg.minHold >= 0 {
+		opts = append(opts, pglease.MinHold(w.cfg.minHold))
+	}
+	err := w.l.Do(context.Background(), w.key, func(context.Context, *pglease.Lease) error {
+		j.Run()
+		return nil
+	}, opts...)
+	switch {
+	case err == nil:
+	case errors.Is(err, pglease.ErrAlreadyRun), errors.Is(err, pglease.ErrAlreadyLocked):
+		w.cfg.logger.Info("pgleasecron: run skipped", "key", w.key, "activation", tick, "reason", err.Error())
+	default:
+		w.cfg.logger.Error(err, "pgleasecron: run skipped or its lease failed", "key", w.key, "activation", tick)
+	}
+}
+
+// Activation returns the latest activation of sched at or before now and
+// no more than tolerance before it: the scheduled time a run starting at
+// now belongs to. ok is false if there is none.
+func Activation(sched cron.Schedule, now time.Time, tolerance time.Duration) (t time.Time, ok bool) {
+	t = sched.Next(now.Add(-tolerance))
+	if t.IsZero() || t.After(now) {
+		return time.Time{}, false
+	}
+	for {
+		n := sched.Next(t)
+		if n.IsZero() || n.After(now) || !n.After(t) {
+			return t, true
+		}
+		t = n
+	}
+}
