@@ -144,9 +144,10 @@ func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (c
 	return func(j cron.Job) cron.Job { return cron.FuncJob(func() { w.run(j) }) }, nil
 }
 
-// AddJob parses spec with parser (cron's own: cron.NewParser with the same
-// fields as the Cron, or cron.ParseStandard), wraps job with Once and adds
-// it to c. Give WithLocation the Cron's location if it is not time.Local.
+// AddJob parses spec with parser (cron.NewParser with the fields the Cron
+// uses: cron.Minute|cron.Hour|cron.Dom|cron.Month|cron.Dow|cron.Descriptor
+// by default, cron.Second first with cron.WithSeconds), wraps job with Once
+// and adds it to c. Give WithLocation the Cron's location if it is not time.Local.
 func AddJob(c *cron.Cron, l *pglease.Locker, parser cron.ScheduleParser, spec, key string, job cron.Job, opts ...Option) (cron.EntryID, error) {
 	if c == nil || parser == nil || job == nil {
 		return 0, fmt.Errorf("%w: pgleasecron: nil Cron, parser or job", pglease.ErrInvalidOption)
