@@ -1,6 +1,6 @@
 module github.com/pglease/pglease/contrib/cron
 
-go 1.25.0
+go 1.26.0
 
 require github.com/pglease/pglease v0.0.0
 
@@ -12,8 +12,8 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/robfig/cron/v3 v3.0.1
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 )
 
 replace github.com/pglease/pglease => ../..

@@ -125,7 +125,7 @@ func migrate(t *testing.T) string {
 func newLocker(t *testing.T, db *sql.DB, table string, holder string, lease time.Duration) *pglease.Locker {
 	t.Helper()
 	l, err := pglease.New(db, pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(lease),
-		pglease.WithReleaseTimeout(time.Second))
+		pglease.WithReleaseTimeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,10 +200,13 @@ func (f *fleet) stop() {
 	}
 }
 
-// job records its run under the activation on the replica's own clock.
+// job records its run under the activation it belongs to on the replica's
+// own clock: the latest one at or before its start (what Once claims; cron
+// never fires early), not the nearest, which a run dispatched late under
+// load would get wrong.
 func job(i int, clock func() time.Time, log *runLog, d time.Duration) cron.Job {
 	return cron.FuncJob(func() {
-		log.ran(clock().Round(time.Second), i)
+		log.ran(clock().Truncate(time.Second), i)
 		time.Sleep(d)
 	})
 }

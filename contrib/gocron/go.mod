@@ -1,6 +1,6 @@
 module github.com/pglease/pglease/contrib/gocron
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.19.1
@@ -16,8 +16,8 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 )
 
 replace github.com/pglease/pglease => ../..
