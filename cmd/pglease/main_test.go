@@ -165,6 +165,8 @@ func TestConnectErrors(t *testing.T) {
 	u.RawQuery = q.Encode()
 	noDB := *u
 	noDB.Path = "/nosuchdb_cli"
+	noRole := *u
+	noRole.User = url.User("nosuchrole_cli")
 	cases := []struct {
 		name, url, want string
 	}{
@@ -173,6 +175,10 @@ func TestConnectErrors(t *testing.T) {
 			"pglease: cannot connect to 127.0.0.1:1: connection refused\n"},
 		{"no such database", noDB.String(),
 			"pglease: cannot connect to " + u.Host + `: database "nosuchdb_cli" does not exist` + "\n"},
+		{"no such role", noRole.String(),
+			"pglease: cannot connect to " + u.Host + `: role "nosuchrole_cli" does not exist` + "\n"},
+		{"no such socket", "postgres:///postgres?host=/nonexistent-pglease-dir&port=5432&connect_timeout=5",
+			"pglease: cannot connect to socket /nonexistent-pglease-dir/.s.PGSQL.5432: no such file or directory\n"},
 		{"no such host", "postgres://postgres@nosuchhost.invalid:5432/postgres?connect_timeout=5",
 			"pglease: cannot connect to nosuchhost.invalid:5432: cannot resolve host \"nosuchhost.invalid\": "},
 	}
