@@ -44,9 +44,9 @@ func locker[D pglease.DB](t *testing.T, db D, table, holder string, d time.Durat
 	return l
 }
 
-func lock(t *testing.T, l *pglease.Locker, key string) *pglease.Lease {
+func lock(t *testing.T, l *pglease.Locker, key string, opts ...pglease.LockOption) *pglease.Lease {
 	t.Helper()
-	le, err := l.Lock(testCtx(t), key)
+	le, err := l.Lock(testCtx(t), key, opts...)
 	if err != nil {
 		t.Fatalf("Lock(%q): %v", key, err)
 	}
@@ -61,7 +61,15 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	table, a := setup(t, "worker-a@host-1", 30*time.Second)
 	report := lock(t, a, "nightly-report")
 	lock(t, a, "billing/invoice-run")
-	lock(t, a, "email-digest")
+	lock(t, a, "email-digest", pglease.Tick(time.Now().Truncate(time.Minute)))
+	// A fast scheduled job, unlocked before its minimum hold ends.
+	sync, err := a.Lock(testCtx(t), "hourly-sync", pglease.MinHold(time.Minute), pglease.Tick(time.Now().Truncate(time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sync.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
 	cleanup := lock(t, a, "cleanup-tmp")
 	if err := cleanup.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
@@ -83,6 +91,7 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
 	br.waitFor(t, "the held lease", stateOf("nightly-report")+` === 'held'`)
 	br.waitFor(t, "the released lease", stateOf("cleanup-tmp")+` === 'released'`)
+	br.waitFor(t, "the lease in its minimum hold", stateOf("hourly-sync")+` === 'min-hold'`)
 	br.waitFor(t, "the cut-off replica's lease to expire", stateOf("reindex-search")+` === 'expired'`)
 	if holder := eval[string](t, br, `document.querySelector('#leases .lease dd:nth-of-type(2)').textContent`); holder != "worker-a@host-1" {
 		t.Errorf("first card's holder %q", holder)
@@ -162,6 +171,63 @@ func TestStatusPageRendersHostileKeyAsText(t *testing.T) {
 	}
 	if got := eval[string](t, br, `typeof window.__pwned`); got != "undefined" {
 		t.Errorf("window.__pwned is %s: a key ran as code", got)
+	}
+	br.checkClean(t)
+}
+
+// TestStatusPageForceRelease: with force release enabled, a click without
+// the token does nothing; with the token (typed into the page) and the
+// confirmation, the lease is released, its holder learns of the loss, and
+// the page shows it, still without a reload.
+func TestStatusPageForceRelease(t *testing.T) {
+	const token = "e2e-token-0123456789abcdef"
+	table, l := setup(t, "worker-a@host-1", 30*time.Second)
+	le := lock(t, l, "stuck-job")
+	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table, AllowForceRelease: true, Token: token})
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	// The live view (not the server-rendered first paint) has the buttons.
+	br.waitFor(t, "the lease with its button", stateOf("stuck-job")+` === 'held' && document.querySelector('#leases button.release') !== null`)
+	eval[int](t, br, `window.__sameDocument = 7`)
+
+	click := `(function () {
+  var cards = document.querySelectorAll('#leases .lease');
+  for (var i = 0; i < cards.length; i++) {
+    if (cards[i].querySelector('.key').textContent === 'stuck-job') { cards[i].querySelector('button.release').click(); return true; }
+  }
+  return false;
+})()`
+	if !eval[bool](t, br, click) {
+		t.Fatal("no release button on the card")
+	}
+	br.waitFor(t, "the request for a token", `!document.getElementById('notice').hidden`)
+	if le.Err() != nil {
+		t.Fatalf("released without a token: %v", le.Err())
+	}
+	// A wrong token is refused by the server; the page says so.
+	eval[bool](t, br, `(document.getElementById('token').value = 'wrong-token-0123456789', true)`)
+	eval[bool](t, br, click)
+	br.waitFor(t, "the refusal", `document.getElementById('notice').textContent.indexOf('Not released') === 0`)
+	if le.Err() != nil {
+		t.Fatalf("released with a wrong token: %v", le.Err())
+	}
+
+	eval[bool](t, br, `(document.getElementById('token').value = `+js(token)+`, true)`)
+	eval[bool](t, br, click)
+	br.waitFor(t, "the page to show the release", stateOf("stuck-job")+` === 'released'`)
+	select {
+	case <-le.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder was not told of the forced release")
+	}
+	if eval[int](t, br, `window.__sameDocument || 0`) != 7 {
+		t.Error("the page reloaded")
+	}
+	br.mu.Lock()
+	dialogs := len(br.dialogs)
+	br.mu.Unlock()
+	if dialogs != 2 {
+		t.Errorf("%d confirmation dialogs, want 2 (one per click with a token)", dialogs)
 	}
 	br.checkClean(t)
 }
