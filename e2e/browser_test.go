@@ -52,7 +52,9 @@ type browser struct {
 const guardScript = `window.__csp = [];
 document.addEventListener('securitypolicyviolation', function (e) { window.__csp.push(e.violatedDirective + ' ' + e.sample); });`
 
-func newBrowser(t *testing.T) *browser {
+// newBrowser starts Chromium; scripts run before the page's own in every
+// document (as guardScript does).
+func newBrowser(t *testing.T, scripts ...string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
@@ -92,9 +94,11 @@ func newBrowser(t *testing.T) *browser {
 	if err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	if _, err := chromedp.Call(bctx, page.AddScriptToEvaluateOnNewDocument,
-		page.AddScriptToEvaluateOnNewDocumentParams{Source: guardScript}); err != nil {
-		t.Fatalf("install the CSP guard: %v", err)
+	for _, src := range append([]string{guardScript}, scripts...) {
+		if _, err := chromedp.Call(bctx, page.AddScriptToEvaluateOnNewDocument,
+			page.AddScriptToEvaluateOnNewDocumentParams{Source: src}); err != nil {
+			t.Fatalf("install a script: %v", err)
+		}
 	}
 	return b
 }

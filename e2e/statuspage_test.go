@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -152,9 +153,9 @@ func TestStatusPageRendersHostileKeyAsText(t *testing.T) {
 	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
 	br := newBrowser(t)
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
-	br.waitFor(t, "the hostile keys", stateOf(imgKey)+` === 'held' && `+stateOf(scriptKey)+` === 'held'`)
+	br.waitFor(t, "the first paint", `document.querySelectorAll('#leases .lease').length === 2`)
 	lock(t, l, late) // arrives through the event stream
-	br.waitFor(t, "the key that arrives live", stateOf(late)+` === 'held'`)
+	br.waitFor(t, "the live view of three leases", `document.getElementById('status').className === 'live' && document.querySelectorAll('#leases .lease').length === 3`)
 
 	keys := eval[[]string](t, br, `Array.from(document.querySelectorAll('#leases .key')).map(function (e) { return e.textContent; })`)
 	for _, k := range []string{imgKey, scriptKey, late} {
@@ -228,6 +229,47 @@ func TestStatusPageForceRelease(t *testing.T) {
 	br.mu.Unlock()
 	if dialogs != 2 {
 		t.Errorf("%d confirmation dialogs, want 2 (one per click with a token)", dialogs)
+	}
+	br.checkClean(t)
+}
+
+// skewedClock sets this browser's wall clock an hour ahead (Date and
+// Date.now), as on a device whose clock is wrong.
+const skewedClock = `(function () {
+  var RealDate = Date, skew = 3600 * 1000;
+  function SkewedDate() {
+    if (!(this instanceof SkewedDate)) return new RealDate(RealDate.now() + skew).toString();
+    if (arguments.length === 0) return new RealDate(RealDate.now() + skew);
+    return new (Function.prototype.bind.apply(RealDate, [null].concat(Array.prototype.slice.call(arguments))))();
+  }
+  SkewedDate.prototype = RealDate.prototype;
+  SkewedDate.now = function () { return RealDate.now() + skew; };
+  SkewedDate.parse = RealDate.parse;
+  SkewedDate.UTC = RealDate.UTC;
+  window.Date = SkewedDate;
+})();`
+
+// TestStatusPageIgnoresBrowserClock: with the browser's clock an hour
+// ahead, a lease with 30 s left still shows about 30 s left and a bar, not
+// "expired": time left comes from the server's reading.
+func TestStatusPageIgnoresBrowserClock(t *testing.T) {
+	table, l := setup(t, "worker-a@host-1", 30*time.Second)
+	lock(t, l, "skew-check")
+	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	br := newBrowser(t, skewedClock)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	if d := eval[float64](t, br, `Date.now() - performance.timeOrigin - performance.now()`); d < 3500e3 {
+		t.Fatalf("the browser clock is not skewed (%v ms)", d)
+	}
+	br.waitFor(t, "the live view", `document.getElementById('status').className === 'live' && `+stateOf("skew-check")+` === 'held'`)
+	time.Sleep(600 * time.Millisecond) // a few ticks of the page's countdown
+	left := eval[string](t, br, `document.querySelector('#leases .lease dd').textContent`)
+	var secs float64
+	if _, err := fmt.Sscanf(left, "%g s", &secs); err != nil || secs <= 0 || secs > 30 {
+		t.Errorf("time left %q with the browser clock an hour ahead: want 0 < t ≤ 30 s", left)
+	}
+	if w := eval[string](t, br, `document.querySelector('#leases .fill').style.width`); w == "0%" || w == "" {
+		t.Errorf("bar width %q: want the time left", w)
 	}
 	br.checkClean(t)
 }
