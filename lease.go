@@ -159,21 +159,24 @@ func (le *Lease) deadlinePassed() {
 	// Also while an Unlock is in flight: a release that cannot reach the
 	// server must not keep Done open past the deadline.
 	reason := "no successful renew before the local safety deadline; the server may expire the lease at any moment"
-	if le.finishLost(stateHeld, reason, lossDeadline) != nil {
+	if le.finishLost(context.Background(), stateHeld, reason, lossDeadline) != nil {
 		// A renew may have reached the server with its reply lost: free
 		// the row rather than leave the key blocked for up to a lease.
 		le.locker.releaseInBackground(le)
 		return
 	}
-	le.finishLost(stateUnlocking, reason, lossDeadline)
+	le.finishLost(context.Background(), stateUnlocking, reason, lossDeadline)
 }
 
 // lose ends a held lease with a loss: Done closes, Err and the context's
 // cause report it, an ERROR is logged. A lease being unlocked is left to
-// Unlock, which learns the outcome from its own statement.
-func (le *Lease) lose(reason string, why lossReason) { le.finishLost(stateHeld, reason, why) }
+// Unlock, which learns the outcome from its own statement. ctx is the
+// context of the statement that found the loss (its span's ids are logged).
+func (le *Lease) lose(ctx context.Context, reason string, why lossReason) {
+	le.finishLost(ctx, stateHeld, reason, why)
+}
 
-func (le *Lease) finishLost(from leaseState, reason string, why lossReason) *LostError {
+func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string, why lossReason) *LostError {
 	le.mu.Lock()
 	if le.state != from {
 		le.mu.Unlock()
@@ -184,8 +187,8 @@ func (le *Lease) finishLost(from leaseState, reason string, why lossReason) *Los
 	le.timer.Stop()
 	le.mu.Unlock()
 	// Logged before Done closes, so whoever reacts to Done finds the record.
-	le.locker.log.Error("pglease: lease lost",
-		"key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)
+	le.locker.log.ErrorContext(ctx, "pglease: lease lost",
+		withTrace(ctx, "key", le.key, "holder", le.locker.holder, "fence", le.fence, "reason", reason)...)
 	le.cancel(err)
 	le.locker.remove(le)
 	le.untie()

@@ -104,7 +104,7 @@ func (l *Locker) add(le *Lease) bool {
 		l.lis.retain()
 	}
 	if old != nil && old.fence < le.fence {
-		old.lose(fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
+		old.lose(context.Background(), fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
 	}
 	return true
 }

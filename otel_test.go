@@ -728,3 +728,58 @@ func TestEndSpanStatus(t *testing.T) {
 		}
 	}
 }
+
+// The ERROR line of a loss carries the ids of the span of the statement
+// that found it (a renew, an Unlock), with its usual key, holder, fence.
+func TestLossErrorCarriesTraceIDs(t *testing.T) {
+	f := newFixture(t)
+	rec, tp := newSpans(t)
+	c := ctx(t)
+	check := func(logs *logs, op string) {
+		t.Helper()
+		attrs, ok := logs.find(levelError, "lease lost")
+		if !ok {
+			t.Fatalf("%s: no ERROR line", op)
+		}
+		var span sdktrace.ReadOnlySpan
+		for _, s := range rec.Ended() {
+			if s.Name() == op+" "+f.table && s.SpanContext().SpanID().String() == attrs["span_id"] {
+				span = s
+			}
+		}
+		if span == nil || span.SpanContext().TraceID().String() != attrs["trace_id"] ||
+			attrs["key"] != op || attrs["fence"] == "" || attrs["holder"] == "" {
+			t.Fatalf("%s: ERROR attributes %v match no %s span", op, attrs, op)
+		}
+	}
+	// Found by a beat.
+	logs1 := &logs{}
+	a := f.replica(2, WithTracerProvider(tp), WithLogger(slog.New(logs1)),
+		WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond))
+	le, err := a.Lock(c, "renew")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "renew", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, le, 10*time.Second)
+	check(logs1, "renew")
+	// Found by Unlock (no beat within a minute): the release span fails.
+	logs2 := &logs{}
+	b := f.replica(2, WithTracerProvider(tp), WithLogger(slog.New(logs2)))
+	lb, err := b.Lock(c, "release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "release", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Unlock after eviction: %v", err)
+	}
+	check(logs2, "release")
+	if s, _ := findSpan(rec, "release "+f.table); s.Status().Code != codes.Error || spanAttrs(s)["error.type"] != "lease_not_held" {
+		t.Fatalf("release span after eviction: %v %v", s.Status(), spanAttrs(s))
+	}
+}

@@ -37,7 +37,7 @@ func (le *Lease) Unlock(ctx context.Context) error {
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
 	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence, le.token, le.minHold.Microseconds())
-	end(err)
+	end(rowsErr(n, err))
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
@@ -48,7 +48,7 @@ func (le *Lease) Unlock(ctx context.Context) error {
 			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
 	case n == 0:
-		le.finishLost(stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
+		le.finishLost(ctx, stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
 		return le.lostErr()
 	}
 	le.endUnlock(stateReleased)
@@ -101,7 +101,7 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 			le.endUnlock(stateReleased)
 			l.obs.released(le, 1)
 		default:
-			le.finishLost(stateUnlocking, "at Close the lease was already expired, released or taken over", lossUnlock)
+			le.finishLost(ctx, stateUnlocking, "at Close the lease was already expired, released or taken over", lossUnlock)
 			if err := le.lostErr(); err != nil {
 				lost = append(lost, err)
 			}

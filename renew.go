@@ -137,10 +137,10 @@ func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
 	}
 	for _, le := range gone {
 		if claimedBase := (le.fence - 1) >> 40 << 40; base > claimedBase {
-			le.lose("renew did not find the lease on the server after a database failover (the new primary's timeline is later than the claim's)", lossFailover)
+			le.lose(ctx, "renew did not find the lease on the server after a database failover (the new primary's timeline is later than the claim's)", lossFailover)
 			continue
 		}
-		le.lose("renew found the lease expired, released or taken over", why)
+		le.lose(ctx, "renew found the lease expired, released or taken over", why)
 	}
 }
 
