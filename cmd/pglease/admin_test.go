@@ -293,7 +293,7 @@ func TestReleaseForce(t *testing.T) {
 	// (the next claim moves it on) and the row stays released.
 	for _, key := range []string{"released", "expired"} {
 		r = cli(t, ctx, f.env, "release", "--force", "--table", f.table, key)
-		want := fmt.Sprintf(`nothing to evict: the lease on %q (last holder "worker-1") was already released or expired; fence stays 1`+"\n", key)
+		want := fmt.Sprintf(`nothing to evict: the lease on %q (last holder "worker-1") was already released or expired; fence stays 1; a pending minimum hold, if any, is cleared`+"\n", key)
 		if r.code != 0 || r.stdout != want || r.stderr != "" {
 			t.Errorf("release --force of the %s lease: code %d stdout %q (want %q) stderr %q", key, r.code, r.stdout, want, r.stderr)
 		}
@@ -341,5 +341,70 @@ func TestWatch(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestListMinHoldAndTick: a key released under a minimum hold shows as
+// "min-hold" with its end; a key claimed for a tick shows it (LAST TICK
+// column, last_tick in JSON).
+func TestListMinHoldAndTick(t *testing.T) {
+	ctx := testCtx(t)
+	table := pgtest.Table(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	db := pgtest.SQL(t, 4)
+	if err := pglease.Migrate(ctx, db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := pglease.New(db, pglease.WithTable(table), pglease.WithHolder("worker-1"),
+		pglease.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	le, err := l.Lock(ctx, "hold", pglease.MinHold(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
+	if _, err := l.Lock(ctx, "ticked", pglease.Tick(tick)); err != nil {
+		t.Fatal(err)
+	}
+
+	r := cli(t, ctx, env, "list", "--table", table)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if r.code != 0 || len(lines) != 3 || !regexp.MustCompile(`EXPIRES +LAST TICK$`).MatchString(lines[0]) {
+		t.Fatalf("list: code %d stderr %q stdout:\n%s", r.code, r.stderr, r.stdout)
+	}
+	if !regexp.MustCompile(`^hold .* min-hold, free in [0-9hms.]+ +-$`).MatchString(lines[1]) {
+		t.Errorf("min-hold row: %q", lines[1])
+	}
+	if !regexp.MustCompile(`^ticked .* in [0-9hms.]+ +2026-12-03 06:00:00.000Z$`).MatchString(lines[2]) {
+		t.Errorf("ticked row: %q", lines[2])
+	}
+
+	r = cli(t, ctx, env, "list", "--json", "--table", table)
+	var ls []leaseJSON
+	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil || len(ls) != 2 {
+		t.Fatalf("list --json: %v\n%s", err, r.stdout)
+	}
+	hold, ticked := ls[0], ls[1]
+	if hold.State != "min-hold" || hold.HoldUntil == nil || hold.ExpiresInMS == nil || *hold.ExpiresInMS <= 0 || hold.LastTick != nil {
+		t.Errorf("min-hold lease: %+v", hold)
+	}
+	if ticked.State != "held" || ticked.LastTick == nil || !ticked.LastTick.Equal(tick) || ticked.HoldUntil != nil {
+		t.Errorf("ticked lease: %+v", ticked)
+	}
+
+	// Force-releasing the min-hold key: nothing to evict, the hold is gone.
+	r = cli(t, ctx, env, "release", "--force", "--table", table, "hold")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, `nothing to evict: the lease on "hold"`) {
+		t.Errorf("release --force of a min-hold key: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = cli(t, ctx, env, "list", "--json", "--table", table)
+	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil || ls[0].State != "released" || ls[0].HoldUntil != nil || ls[0].Fence != hold.Fence {
+		t.Errorf("after release --force of the min-hold key: %v %+v", err, ls)
 	}
 }

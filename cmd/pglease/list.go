@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,12 +19,15 @@ type leaseJSON struct {
 	Key        string     `json:"key"`
 	Holder     string     `json:"holder"`
 	Fence      int64      `json:"fence"`
-	State      string     `json:"state"` // held, expired, released
+	State      string     `json:"state"` // held, expired, released, min-hold
 	AcquiredAt time.Time  `json:"acquired_at"`
 	ExpiresAt  time.Time  `json:"expires_at"`
 	ReleasedAt *time.Time `json:"released_at"`
-	// ExpiresInMS is on the server clock, negative once expired; absent
-	// for a released lease, which has no expiry that matters.
+	HoldUntil  *time.Time `json:"hold_until"` // a pending minimum hold's end (min-hold), else null
+	LastTick   *time.Time `json:"last_tick"`  // the last tick claimed on the key, else null
+	// ExpiresInMS is on the server clock: until expires_at while held
+	// (negative once expired), until hold_until in min-hold; absent for a
+	// released lease, which has no expiry that matters.
 	ExpiresInMS *int64 `json:"expires_in_ms,omitempty"`
 }
 
@@ -33,6 +37,7 @@ func toJSON(ls []pglease.LeaseInfo) []leaseJSON {
 		j := leaseJSON{
 			Key: l.Key, Holder: l.Holder, Fence: l.Fence, State: l.State,
 			AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC(), ReleasedAt: utcPtr(l.ReleasedAt),
+			HoldUntil: utcPtr(l.HoldUntil), LastTick: utcPtr(l.LastTick),
 		}
 		if l.State != "released" {
 			ms := l.ExpiresIn.Milliseconds()
@@ -51,11 +56,15 @@ func utcPtr(t *time.Time) *time.Time {
 	return &u
 }
 
-// expiresCell is the EXPIRES column: "in 12.3s", "expired 4s ago" or "released".
+// expiresCell is the EXPIRES column: "in 12.3s", "expired 4s ago",
+// "released", or "min-hold, free in 2s" (released, blocked until its
+// minimum hold ends).
 func expiresCell(l pglease.LeaseInfo) string {
 	switch l.State {
 	case "released":
 		return "released"
+	case "min-hold":
+		return "min-hold, free in " + roundDur(l.ExpiresIn).String()
 	case "expired":
 		return "expired " + roundDur(-l.ExpiresIn).String() + " ago"
 	}
@@ -69,16 +78,32 @@ func roundDur(d time.Duration) time.Duration {
 	return d.Round(time.Second)
 }
 
+// printLeases prints the table; the LAST TICK column only when some key has
+// a tick (pglease.Tick).
 func printLeases(w io.Writer, table string, ls []pglease.LeaseInfo) {
 	if len(ls) == 0 {
 		fmt.Fprintf(w, "no leases in %q\n", table)
 		return
 	}
+	ticks := slices.ContainsFunc(ls, func(l pglease.LeaseInfo) bool { return l.LastTick != nil })
+	const ts = "2006-01-02 15:04:05.000Z"
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED AT\tEXPIRES")
+	header := "KEY\tHOLDER\tFENCE\tACQUIRED AT\tEXPIRES"
+	if ticks {
+		header += "\tLAST TICK"
+	}
+	fmt.Fprintln(tw, header)
 	for _, l := range ls {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", oneLine(l.Key), oneLine(l.Holder), l.Fence,
-			l.AcquiredAt.UTC().Format("2006-01-02 15:04:05.000Z"), expiresCell(l))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s", oneLine(l.Key), oneLine(l.Holder), l.Fence,
+			l.AcquiredAt.UTC().Format(ts), expiresCell(l))
+		if ticks {
+			tick := "-"
+			if l.LastTick != nil {
+				tick = l.LastTick.UTC().Format(ts)
+			}
+			fmt.Fprintf(tw, "\t%s", tick)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }

@@ -31,7 +31,8 @@ working. What protects the data meanwhile is fencing:
     a newer holder has written with its higher fence.
 
 If the lease was already released or expired there is nothing to evict: the
-fence stays (the next claim moves it on).
+fence stays (the next claim moves it on); a pending minimum hold (min-hold in
+pglease list) is cleared, so the key is free at once.
 
 Open fenced transactions on KEY hold its row until they commit or roll back;
 release waits for them, at most --timeout. On timeout nothing is released.`
@@ -146,6 +147,6 @@ func printReleased(w io.Writer, r pglease.ForceReleased) {
 		fmt.Fprintf(w, "released %q: evicted holder %q (live lease), %s\n", r.Key, r.Holder, fence)
 		return
 	}
-	fmt.Fprintf(w, "nothing to evict: the lease on %q (last holder %q) was already released or expired; %s\n",
+	fmt.Fprintf(w, "nothing to evict: the lease on %q (last holder %q) was already released or expired; %s; a pending minimum hold, if any, is cleared\n",
 		r.Key, r.Holder, fence)
 }
