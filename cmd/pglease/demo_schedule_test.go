@@ -1,0 +1,62 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// TestDemoSchedule runs a short schedule demo against the test server, 3
+// replicas with clocks ±200 ms apart: the tick ledger and the minimum hold
+// run every tick exactly once; the plain lock runs more than once per tick
+// on the whole (the gocron #841 failure the other two fix).
+func TestDemoSchedule(t *testing.T) {
+	r := cli(t, testCtx(t), nil, "demo", "schedule", "--database-url", pgtest.URL(),
+		"--replicas", "3", "--ticks", "4", "--skew", "200ms", "--json")
+	if r.code != 0 {
+		t.Fatalf("demo schedule: code %d stderr:\n%s", r.code, r.stderr)
+	}
+	var got struct {
+		Modes []scheduleResult `json:"modes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("demo schedule --json: %v\n%s", err, r.stdout)
+	}
+	if len(got.Modes) != 3 {
+		t.Fatalf("want 3 modes:\n%s", r.stdout)
+	}
+	for _, m := range got.Modes {
+		if m.Ticks != 4 || m.Errors != 0 {
+			t.Errorf("%s: %d ticks, %d errors (%s); want 4 ticks, no error", m.Mode, m.Ticks, m.Errors, m.FirstError)
+		}
+	}
+	plain, hold, tick := got.Modes[0], got.Modes[1], got.Modes[2]
+	if plain.Mode != "plain" || hold.Mode != "min-hold" || tick.Mode != "tick" {
+		t.Fatalf("modes %q %q %q", plain.Mode, hold.Mode, tick.Mode)
+	}
+	if plain.Runs <= plain.Ticks {
+		t.Errorf("plain lock: %d runs in %d ticks, want duplicates", plain.Runs, plain.Ticks)
+	}
+	for _, m := range []scheduleResult{hold, tick} {
+		if m.Runs != m.Ticks || m.DuplicateRuns != 0 || m.TicksMissed != 0 {
+			t.Errorf("%s: %d runs in %d ticks (%d duplicates, %d missed), want exactly one per tick", m.Mode, m.Runs, m.Ticks, m.DuplicateRuns, m.TicksMissed)
+		}
+	}
+	if hold.SkippedLocked == 0 || tick.SkippedRan == 0 {
+		t.Errorf("skips: minimum hold %d locked, tick ledger %d already run; want both > 0", hold.SkippedLocked, tick.SkippedRan)
+	}
+}
+
+func TestDemoScheduleBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--replicas", "1"}, {"--ticks", "0"}, {"--period", "1500ms"}, {"--skew", "500ms"},
+		{"--job", "0s"}, {"--min-hold", "-1s"},
+	} {
+		r := cli(t, testCtx(t), nil, append([]string{"demo", "schedule", "--database-url", pgtest.URL()}, args...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, args[0]) {
+			t.Errorf("%v: code %d, stderr %q; want a usage error naming the flag", args, r.code, r.stderr)
+		}
+	}
+}
