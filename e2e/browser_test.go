@@ -176,6 +176,7 @@ func serve(t *testing.T, cfg statuspage.Config) string {
 	if cfg.Interval == 0 {
 		cfg.Interval = 200 * time.Millisecond
 	}
+	cfg.LoopbackHostsOnly = true // as `pglease serve` on 127.0.0.1
 	s, err := statuspage.New(cfg)
 	if err != nil {
 		t.Fatal(err)

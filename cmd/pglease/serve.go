@@ -131,7 +131,8 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	srv, err := statuspage.New(statuspage.Config{
 		DB: db, Table: f.db.table, Interval: f.interval,
 		AllowForceRelease: f.allowRelease, Token: token, KeyMetrics: f.keyMetrics,
-		Logger: slog.New(slog.NewTextHandler(e.stderr, nil)),
+		LoopbackHostsOnly: !f.allowRemote, // no DNS rebinding onto a local server
+		Logger:            slog.New(slog.NewTextHandler(e.stderr, nil)),
 	})
 	if err != nil {
 		return usageError{err}

@@ -133,6 +133,14 @@ func TestServeServesUntilInterrupted(t *testing.T) {
 			t.Errorf("GET %s: %d, want 200 with %q:\n%s", path, code, want, body)
 		}
 	}
+	// Served for localhost: another Host name (DNS rebinding) is refused.
+	req, _ := http.NewRequest(http.MethodGet, base+"/api/leases", nil)
+	req.Host = "rebound.example"
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("Host rebound.example: %d, want 421", resp.StatusCode)
+	}
 	resp, err := http.Post(base+"/api/leases/served-key/release", "", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -139,3 +139,43 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopbackHostsOnly: a server for localhost answers requests addressed
+// to localhost or a loopback IP, and refuses other Host names (DNS
+// rebinding), on every route.
+func TestLoopbackHostsOnly(t *testing.T) {
+	f := newFixture(t, statuspage.Config{LoopbackHostsOnly: true, AllowForceRelease: true, Token: testToken})
+	le := f.lock(t, "job")
+	_, port, _ := strings.Cut(strings.TrimPrefix(f.http.URL, "http://"), ":")
+	do := func(method, path, host string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, f.http.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, host := range []string{"localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port, "LOCALHOST", "127.0.0.2:" + port} {
+		if code := do("GET", "/api/leases", host); code != 200 {
+			t.Errorf("Host %q: %d, want 200", host, code)
+		}
+	}
+	for _, host := range []string{"evil.example:" + port, "evil.example", "localhost.evil.example:" + port, "192.0.2.1:" + port} {
+		for _, path := range []string{"/", "/api/leases", "/events", "/metrics", "/healthz"} {
+			if code := do("GET", path, host); code != http.StatusMisdirectedRequest {
+				t.Errorf("GET %s with Host %q: %d, want 421", path, host, code)
+			}
+		}
+		if code := do("POST", "/api/leases/job/release", host); code != http.StatusMisdirectedRequest {
+			t.Errorf("POST release with Host %q: %d, want 421", host, code)
+		}
+	}
+	f.stillHeld(t, le)
+}

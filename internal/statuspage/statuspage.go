@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,6 +50,13 @@ type Config struct {
 	// KeyMetrics adds pglease.lease.time_left, one series per key, to
 	// /metrics. Off by default: keys can be many.
 	KeyMetrics bool
+
+	// LoopbackHostsOnly refuses (421) requests whose Host header is not
+	// localhost or a loopback address: a server on 127.0.0.1 is then out of
+	// reach of DNS rebinding (a web page whose own name resolves to
+	// 127.0.0.1). Set it when listening on loopback; leave it off behind a
+	// proxy that forwards other host names.
+	LoopbackHostsOnly bool
 
 	// ReadTimeout bounds one read of the table (List); 5s when zero.
 	ReadTimeout time.Duration
@@ -114,6 +123,10 @@ func (s *Server) Close() error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "no-referrer")
+	if s.cfg.LoopbackHostsOnly && !loopbackHost(r.Host) {
+		http.Error(w, "pglease serve answers only to localhost and loopback addresses (Host "+strconv.Quote(r.Host)+")", http.StatusMisdirectedRequest)
+		return
+	}
 	// The release route is matched on the escaped path: a key may contain
 	// "/", "..", or anything else that the mux would clean or split.
 	if key, ok := releasePath(r.URL); ok {
@@ -121,6 +134,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// loopbackHost reports whether a Host header names this machine's loopback:
+// "localhost" or a loopback IP, with or without a port.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) routes() *http.ServeMux {
