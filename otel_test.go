@@ -828,3 +828,46 @@ func BenchmarkObserverSkipPath(b *testing.B) {
 		})
 	}
 }
+
+// Waits: an Acquire that got the key after its holder let go, and one
+// whose context ended first.
+func TestMetricsWait(t *testing.T) {
+	f := newFixture(t)
+	m := newMeters(t)
+	a := f.replica(2, WithMeterProvider(m.mp))
+	holder := f.replica(2)
+	c := ctx(t)
+	lh, err := holder.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(c, 200*time.Millisecond)
+	defer cancel()
+	if _, err := a.Acquire(short, "job"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire of a held key until ctx ends: %v", err)
+	}
+	gave := map[string]string{"pglease.table": f.table, "pglease.wait.acquired": "false"}
+	if n, s := m.hist("pglease.wait.duration", gave); n != 1 || s < 0.2 {
+		t.Fatalf("waits given up: %d (sum %vs), want 1 of at least 0.2s", n, s)
+	}
+	got := make(chan error, 1)
+	go func() {
+		le, err := a.Acquire(c, "job")
+		if err == nil {
+			err = le.Unlock(c)
+		}
+		got <- err
+	}()
+	// The waiter claims at least once (held) before the holder lets go.
+	waitFor(t, 10*time.Second, func() bool { return m.sum("pglease.claims", outcome(f.table, outcomeHeld)) >= 2 })
+	if err := lh.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	won := map[string]string{"pglease.table": f.table, "pglease.wait.acquired": "true"}
+	if n, s := m.hist("pglease.wait.duration", won); n != 1 || s <= 0 {
+		t.Fatalf("waits that acquired: %d (sum %vs), want 1", n, s)
+	}
+}
