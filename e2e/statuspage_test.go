@@ -103,7 +103,9 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	if err := report.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
+	unlocked := time.Now()
 	br.waitFor(t, "the page to show the Unlock", stateOf("nightly-report")+` === 'released'`)
+	t.Logf("the page showed the Unlock %v after it returned (refresh interval 200ms)", time.Since(unlocked).Round(time.Millisecond))
 	if eval[int](t, br, `window.__sameDocument || 0`) != 42 {
 		t.Fatal("the page reloaded to show the Unlock")
 	}
