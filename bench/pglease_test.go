@@ -65,7 +65,8 @@ func lockerOn(b *testing.B, p *pgxpool.Pool, d *sql.DB, opts ...pglease.Option) 
 }
 
 // BenchmarkPglease measures pglease's two hot paths: Lock+Unlock of a free
-// key (two durable commits), and Lock on a key another replica holds (the
+// key (one durable commit: the claim; the release runs with
+// synchronous_commit off and is not waited for), and Lock on a key another replica holds (the
 // skip path every other replica takes on every tick: it must write nothing).
 func BenchmarkPglease(b *testing.B) {
 	ctx := context.Background()
