@@ -45,6 +45,22 @@ type config struct {
 	plannerN     string
 	out, svg     string
 	raw          string
+	sections     string
+	handoffN     int
+	vanishN      int
+	handoffSVG   string
+	capacity     capacityConfig
+	capacitySVG  string
+}
+
+// has reports whether section s is to run (-sections).
+func (c config) has(s string) bool {
+	for _, x := range strings.Split(c.sections, ",") {
+		if strings.TrimSpace(x) == s || strings.TrimSpace(x) == "all" {
+			return true
+		}
+	}
+	return false
 }
 
 func main() {
@@ -61,6 +77,12 @@ func main() {
 	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
 	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
+	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity; or all")
+	flag.IntVar(&c.handoffN, "handoff-n", 200, "handoffs after Unlock measured per waiting mode")
+	flag.IntVar(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder measured per waiting mode")
+	flag.StringVar(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
+	flag.StringVar(&c.capacitySVG, "capacity-svg", "capacity.svg", "the capacity plot to write")
+	capacityFlags(&c.capacity)
 	flag.Parse()
 	if err := run(c, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "benchrun: %v\n", err)
@@ -81,7 +103,7 @@ func run(c config, args []string) error {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
 	}
 	ctx := context.Background()
-	rep := &report{Args: args, Config: c, Started: start.UTC()}
+	rep := &report{Args: args, Config: c, Started: start.UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 
 	logf("starting a durable throw-away PostgreSQL")
 	cl, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
@@ -139,27 +161,31 @@ func run(c config, args []string) error {
 		func() (*benchenv.Proc, error) { return benchenv.StartEtcd(ctx) }, "etcd", "--version")
 
 	// 1. The testing.B benchmarks, in a child go test, against these servers.
-	goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-benchtime", c.benchtime,
-		"-count", fmt.Sprint(c.count), "-timeout", "60m", "."}
-	rep.GoTest = "go " + strings.Join(goArgs, " ")
-	logf("running %s", rep.GoTest)
-	raw, err := goTest(goArgs, env, c.raw)
-	if err != nil {
-		return err
-	}
-	rep.Results = parseBench(raw)
-	if len(rep.Results) == 0 {
-		return errors.New("go test printed no benchmark result")
+	if c.has("bench") {
+		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-benchtime", c.benchtime,
+			"-count", fmt.Sprint(c.count), "-timeout", "60m", "."}
+		rep.GoTest = "go " + strings.Join(goArgs, " ")
+		logf("running %s", rep.GoTest)
+		raw, err := goTest(goArgs, env, c.raw)
+		if err != nil {
+			return err
+		}
+		rep.Results = parseBench(raw)
+		if len(rep.Results) == 0 {
+			return errors.New("go test printed no benchmark result")
+		}
 	}
 
 	// 2. The probes, in this process, on the same server.
-	logf("skip-path counters: %d claims on a held key", c.skipN)
-	if rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN); err != nil {
-		return fmt.Errorf("skip counters: %w", err)
+	if c.has("counters") {
+		logf("skip-path counters: %d claims on a held key", c.skipN)
+		if rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN); err != nil {
+			return fmt.Errorf("skip counters: %w", err)
+		}
 	}
 	for _, s := range strings.Split(c.plannerN, ",") {
 		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n <= 0 {
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n <= 0 || !c.has("planner") {
 			continue
 		}
 		logf("renew planner check with %d leases", n)
@@ -169,7 +195,7 @@ func run(c config, args []string) error {
 		}
 		rep.Planner = append(rep.Planner, pc)
 	}
-	if c.health > 0 {
+	if c.health > 0 && c.has("health") {
 		var ffs []int
 		for _, s := range strings.Split(c.fillfactors, ",") {
 			var f int
@@ -182,10 +208,39 @@ func run(c config, args []string) error {
 			return fmt.Errorf("table health: %w", err)
 		}
 	}
+	cpu, err := benchenv.NewServerCPU(ctx, admin)
+	if err != nil {
+		return err
+	}
+	if c.has("handoff") {
+		rep.LoadBefore["handoff"] = loadAvg()
+		if rep.Handoff, err = runHandoff(ctx, cl.URL(), cpu, c.handoffN, c.vanishN); err != nil {
+			return err
+		}
+	}
+	if c.has("capacity") {
+		rep.LoadBefore["capacity"] = loadAvg()
+		if rep.Capacity, err = runCapacity(ctx, cl, cpu, c.capacity); err != nil {
+			return fmt.Errorf("capacity: %w", err)
+		}
+	}
 	rep.Took = time.Since(start)
 
-	if err := os.WriteFile(c.svg, []byte(renewSVG(rep)), 0o644); err != nil {
-		return err
+	if c.has("bench") {
+		if err := os.WriteFile(c.svg, []byte(renewSVG(rep)), 0o644); err != nil {
+			return err
+		}
+	}
+	rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
+	if rep.Handoff != nil {
+		if err := os.WriteFile(c.handoffSVG, []byte(handoffSVG(rep.Handoff)), 0o644); err != nil {
+			return err
+		}
+	}
+	if rep.Capacity != nil {
+		if err := os.WriteFile(c.capacitySVG, []byte(capacitySVG(rep.Capacity)), 0o644); err != nil {
+			return err
+		}
 	}
 	rel, _ := filepath.Rel(filepath.Dir(c.out), c.svg)
 	if abs, err := filepath.Abs(c.svg); err == nil {
@@ -235,4 +290,34 @@ func goTest(args, env []string, rawPath string) (string, error) {
 		return all.String(), fmt.Errorf("go test: %w (output in %s)", err, rawPath)
 	}
 	return all.String(), nil
+}
+
+// linkFrom is the path of file relative to the directory of the report.
+func linkFrom(report, file string) string {
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return file
+	}
+	dir, err := filepath.Abs(filepath.Dir(report))
+	if err != nil {
+		return file
+	}
+	rel, err := filepath.Rel(dir, abs)
+	if err != nil {
+		return file
+	}
+	return filepath.ToSlash(rel)
+}
+
+// loadAvg is /proc/loadavg's three load averages.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
 }

@@ -23,6 +23,12 @@ type report struct {
 	Planner  []plannerResult
 	Health   []healthResult
 	SVGLink  string
+
+	Handoff      *handoffReport
+	Capacity     *capacityReport
+	HandoffLink  string
+	CapacityLink string
+	LoadBefore   map[string]string // load average at the start and before some sections
 }
 
 func (r *report) get(name, unit string) (float64, bool) {
@@ -356,6 +362,9 @@ func (r *report) markdown() string {
 		}
 		w("\n%s\n\n", recommendFillfactor(r.Health))
 	}
+
+	r.handoffMarkdown(w)
+	r.capacityMarkdown(w)
 
 	// Notes.
 	w("## Where a peer is faster, and why\n\n")

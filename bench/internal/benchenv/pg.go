@@ -121,7 +121,11 @@ func readStat(pid string) (procStat, bool) {
 }
 
 // Seconds is the server's CPU time so far, in seconds (10 ms resolution).
+// A nil ServerCPU reads 0.
 func (s *ServerCPU) Seconds() float64 {
+	if s == nil {
+		return 0
+	}
 	root, ok := readStat(strconv.Itoa(s.pid))
 	if !ok {
 		return 0
