@@ -57,22 +57,22 @@ type vanishResult struct {
 
 // crowdResult is many waiters on one key.
 type crowdResult struct {
-	Mode                 string
-	Lockers, Waiters     int
-	Releases, Acquired   int64
-	Overlaps             int64 // acquisitions while another waiter held the key (must be 0)
-	Claims, ClaimNoRow   int64 // claim statements; of them, no row (lost a race in flight)
-	Probes               int64 // listener self-test notifications (each takes an xid)
-	Xids, WAL            int64
-	LoserXids            int64 // xids − releases − acquisitions − probes
-	Handoff              []int64
-	Took                 time.Duration
-	ServerCPU            float64
-	ConnsWaiting         int64 // server connections of the waiting Lockers while they waited
-	ListenersWaiting     int64
-	ListenersAfter       int64
-	ConnsBefore          int64
-	ConnsAfter           int64
+	Mode               string
+	Lockers, Waiters   int
+	Releases, Acquired int64
+	Overlaps           int64 // acquisitions while another waiter held the key (must be 0)
+	Claims, ClaimNoRow int64 // claim statements; of them, no row (lost a race in flight)
+	Probes             int64 // listener self-test notifications (each takes an xid)
+	Xids, WAL          int64
+	LoserXids          int64 // xids − releases − acquisitions − probes
+	Handoff            []int64
+	Took               time.Duration
+	ServerCPU          float64
+	ConnsWaiting       int64 // server connections of the waiting Lockers while they waited
+	ListenersWaiting   int64
+	ListenersAfter     int64
+	ConnsBefore        int64
+	ConnsAfter         int64
 }
 
 type handoffReport struct {
