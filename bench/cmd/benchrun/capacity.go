@@ -67,6 +67,7 @@ type shapeResult struct {
 	XidsPerSec         float64
 	WALPerSec          float64
 	FsyncPerSec        float64
+	FsyncMs            float64 // mean WAL fsync time
 	Lost               int64
 	Held               int
 	Warns              int64
@@ -93,6 +94,11 @@ type satStep struct {
 	P50, P99        time.Duration
 	ServerCPU       float64 // cores
 	FsyncPerSec     float64
+	FsyncMs         float64
+	FsyncBusy       float64 // share of the time spent in WAL fsyncs
+	ClientCPU       float64 // cores
+	MachineCPU      float64 // cores busy on the whole machine (other processes included)
+	FirstErr        string
 	CommitsPerFsync float64
 	RenewP99        time.Duration
 	BgLost, Errs    int64
@@ -213,6 +219,7 @@ func clientCPU() float64 {
 type sample struct {
 	at                 time.Time
 	server, bouncer, c float64
+	machine            float64 // busy CPU seconds of the whole machine
 	ctr                benchenv.Counters
 }
 
@@ -221,6 +228,7 @@ func takeSample(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCP
 		return sample{}, err
 	}
 	s := sample{at: time.Now(), server: cpu.Seconds(), c: clientCPU()}
+	s.machine, _ = benchenv.MachineCPU()
 	if b != nil {
 		s.bouncer = b.CPUSeconds()
 	}
@@ -239,6 +247,14 @@ func runCapacity(ctx context.Context, cl *pgcluster.Cluster, cpu *benchenv.Serve
 	if err := pglease.Migrate(ctx, admin); err != nil {
 		return nil, err
 	}
+	// Time the WAL fsyncs from here on (pg_stat_wal.wal_sync_time).
+	if _, err := admin.Exec(ctx, `ALTER SYSTEM SET track_wal_io_timing = on`); err != nil {
+		return nil, err
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		return nil, err
+	}
+	time.Sleep(200 * time.Millisecond)
 	out := &capacityReport{Lease: c.lease, Beat: c.lease / 3, Pool: c.pool, BouncerVer: benchenv.Version("pgbouncer", "--version")}
 	var bouncer *benchenv.Bouncer
 	defer func() {
@@ -345,6 +361,9 @@ func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.Server
 	res.ClientCPU = (s1.c - s0.c) / secs
 	d := s1.ctr.Sub(s0.ctr)
 	res.XidsPerSec, res.WALPerSec, res.FsyncPerSec = float64(d.NextXid)/secs, float64(d.WALLSN)/secs, float64(d.WALSync)/secs
+	if d.WALSync > 0 {
+		res.FsyncMs = d.WALSyncMs / float64(d.WALSync)
+	}
 	res.PerKind = map[string]float64{}
 	for k, n := range st.N {
 		res.PerKind[k] = float64(n) / secs
@@ -510,6 +529,7 @@ func satRun(ctx context.Context, url string, admin *pgxpool.Pool, cpu *benchenv.
 	var mu sync.Mutex
 	var durs []int64
 	var errs atomic.Int64
+	var firstErr atomic.Value
 	stop := time.Now().Add(dur)
 	for i := 0; i < w; i++ {
 		wg.Add(1)
@@ -521,11 +541,13 @@ func satRun(ctx context.Context, url string, admin *pgxpool.Pool, cpu *benchenv.
 				le, err := l.Lock(ctx, fmt.Sprintf("sat-%d-%d-%d", w, i, n%50))
 				if err != nil {
 					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
 					continue
 				}
 				mine = append(mine, int64(time.Since(t0)))
 				if err := le.Unlock(ctx); err != nil {
 					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
 				}
 			}
 			mu.Lock()
@@ -547,6 +569,13 @@ func satRun(ctx context.Context, url string, admin *pgxpool.Pool, cpu *benchenv.
 	res.FsyncPerSec = float64(d.WALSync) / secs
 	if d.WALSync > 0 {
 		res.CommitsPerFsync = float64(len(durs)) / float64(d.WALSync)
+		res.FsyncMs = d.WALSyncMs / float64(d.WALSync)
+	}
+	res.FsyncBusy = d.WALSyncMs / 1000 / secs
+	res.ClientCPU = (s1.c - s0.c) / secs
+	res.MachineCPU = (s1.machine - s0.machine) / secs
+	if e, ok := firstErr.Load().(string); ok {
+		res.FirstErr = e
 	}
 	bst := bg.tr.Take()
 	res.RenewP99 = benchenv.Pct(bst.Durs[benchenv.KindRenew], 99)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pglease/pglease/bench/internal/benchenv"
@@ -89,9 +90,10 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 	}
 	w("### Fleet shape\n\n")
 	w("R replicas claim J leases each (64 claims in flight), then the fleet is left to renew for the window. CPU is per second of the window, as a share of one core: PostgreSQL is every process under the postmaster (`/proc/<pid>/stat` utime+stime), the client is this process (the fleet's goroutines). Statements per second are counted by a pgx tracer on every replica's pool; renew latency is the client-side time of each renew statement (PgBouncer's queueing included). ")
+	w("*mean fsync* is `pg_stat_wal.wal_sync_time / wal_sync` (track_wal_io_timing turned on for this section): every claim and renew commit waits for one. ")
 	w("Client connections are the pools' open connections; server connections are `pg_stat_activity`'s client backends. *lost* counts the leases a Locker reported lost plus any no longer held at the end.\n\n")
-	w("| replicas R | leases each J | leases | via | claim time | server CPU | PgBouncer CPU | client CPU | renews/s | claims/s | other stmts/s | renew p50 | renew p99 | renew max | client conns | server conns | xids/s | WAL/s | WAL fsyncs/s | lost |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| replicas R | leases each J | leases | via | claim time | server CPU | PgBouncer CPU | client CPU | renews/s | claims/s | other stmts/s | renew p50 | renew p99 | renew max | client conns | server conns | xids/s | WAL/s | WAL fsyncs/s | mean fsync | lost |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range c.Shapes {
 		other := 0.0
 		for k, v := range s.PerKind {
@@ -99,10 +101,10 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 				other += v
 			}
 		}
-		w("| %d | %d | %d | %s | %v | %.2f %% | %.2f %% | %.1f %% | %.1f | %.1f | %.1f | %s | %s | %s | %d | %d | %.1f | %s | %.1f | %d |\n",
+		w("| %d | %d | %d | %s | %v | %.2f %% | %.2f %% | %.1f %% | %.1f | %.1f | %.1f | %s | %s | %s | %d | %d | %.1f | %s | %.1f | %.1f ms | %d |\n",
 			s.R, s.J, s.Leases, s.Via, s.ClaimTook.Round(100*time.Millisecond), s.ServerCPU*100, s.BouncerCPU*100, s.ClientCPU*100,
 			s.PerKind[benchenv.KindRenew], s.PerKind[benchenv.KindClaim], other, durOrDash(s.RenewP50), durOrDash(s.RenewP99), durOrDash(s.RenewMax),
-			s.ClientConns, s.ServerConns, s.XidsPerSec, bytesH(int64(s.WALPerSec)), s.FsyncPerSec, s.Lost)
+			s.ClientConns, s.ServerConns, s.XidsPerSec, bytesH(int64(s.WALPerSec)), s.FsyncPerSec, s.FsyncMs, s.Lost)
 	}
 	w("\n")
 	if s := c.Sched; s != nil {
@@ -124,11 +126,16 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 		k, found := knee(c.Sat)
 		w("### Saturation\n\n")
 		w("N goroutines share one `Locker` on one direct pool of N connections and `Lock`+`Unlock` fresh keys as fast as they can (%v per step), while a background fleet (%s) renews. ", r.Config.capacity.satStep, c.SatBg)
-		w("*claims/s* counts successful claims; latency is `Lock`'s. *commits per fsync* is claims per `pg_stat_wal.wal_sync` (group commit). Server CPU is in cores (2 = the whole machine, shared with the client).\n\n")
-		w("| claimers | claims/s | claim p50 | claim p99 | server CPU (cores) | WAL fsyncs/s | claims per fsync | background renew p99 | background leases lost | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		w("*claims/s* counts successful claims; latency is `Lock`'s. *time in fsync* is `wal_sync_time` per second of the step: WAL flushes are serialised, so near 100 %% the disk's flush rate is the bound and more concurrency only batches more commits per fsync (*claims per fsync*, group commit). CPU is in cores: server (PostgreSQL's processes), client (this process), and the whole machine from `/proc/stat` (other processes included).\n\n")
+		w("| claimers | claims/s | claim p50 | claim p99 | server CPU (cores) | client CPU (cores) | machine CPU busy (of 2 cores) | WAL fsyncs/s | mean fsync | time in fsync | claims per fsync | background renew p99 | background leases lost | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range c.Sat {
-			w("| %d | %.0f | %s | %s | %.2f | %.0f | %.2f | %s | %d | %d |\n", s.Workers, s.ClaimsPerSec, fmtDur(float64(s.P50)), fmtDur(float64(s.P99)), s.ServerCPU, s.FsyncPerSec, s.CommitsPerFsync,
-				fmtDur(float64(s.RenewP99)), s.BgLost, s.Errs)
+			w("| %d | %.0f | %s | %s | %.2f | %.2f | %.2f | %.0f | %.2f ms | %.0f %% | %.2f | %s | %d | %d |\n", s.Workers, s.ClaimsPerSec, fmtDur(float64(s.P50)), fmtDur(float64(s.P99)), s.ServerCPU, s.ClientCPU, s.MachineCPU,
+				s.FsyncPerSec, s.FsyncMs, s.FsyncBusy*100, s.CommitsPerFsync, fmtDur(float64(s.RenewP99)), s.BgLost, s.Errs)
+		}
+		for _, s := range c.Sat {
+			if s.FirstErr != "" {
+				w("\nErrors at %d claimers (%d), the first: `%s`\n", s.Workers, s.Errs, strings.ReplaceAll(s.FirstErr, "`", "'"))
+			}
 		}
 		ks := c.Sat[k]
 		if found {
@@ -144,13 +151,17 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 
 // whatGives names the resource that ran out first at the knee.
 func (r *report) whatGives(s satStep) string {
-	switch {
-	case s.ServerCPU >= 1.2:
-		return fmt.Sprintf("What gives first: **CPU** — PostgreSQL alone used %.2f of the 2 cores, the rest went to the client generating the load.", s.ServerCPU)
-	case s.CommitsPerFsync >= 1.5:
-		return fmt.Sprintf("What gives first: **WAL fsync** — commits are batched %.2f per fsync (group commit), so the disk's flush rate bounds the claims, with CPU to spare (%.2f cores).", s.CommitsPerFsync, s.ServerCPU)
+	var parts []string
+	if s.MachineCPU >= 1.8 {
+		parts = append(parts, fmt.Sprintf("**CPU**: the machine's 2 cores were %.0f %% busy (PostgreSQL %.2f cores, the client generating the load %.2f, the rest other processes)", s.MachineCPU/2*100, s.ServerCPU, s.ClientCPU))
 	}
-	return fmt.Sprintf("What gives first is not one resource alone here: %.2f server cores, %.2f claims per fsync — the client and the server share 2 cores.", s.ServerCPU, s.CommitsPerFsync)
+	if s.FsyncBusy >= 0.6 {
+		parts = append(parts, fmt.Sprintf("**WAL fsync**: the server spent %.0f %% of the time in WAL fsyncs (%.0f/s of %.2f ms), batching %.2f claims per fsync", s.FsyncBusy*100, s.FsyncPerSec, s.FsyncMs, s.CommitsPerFsync))
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("Neither CPU (machine %.2f of 2 cores busy) nor WAL fsync (%.0f %% of the time) was saturated at the knee: the limit is latency (round trips and lock waits) at this concurrency.", s.MachineCPU, s.FsyncBusy*100)
+	}
+	return "What gives first: " + strings.Join(parts, "; and ") + ". Connections were not the limit: each claimer had its own (direct pool of N)."
 }
 
 func durOrDash(d time.Duration) string {

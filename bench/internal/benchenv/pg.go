@@ -37,6 +37,9 @@ type Counters struct {
 	XactCommit int64
 	WALRecords int64
 	WALSync    int64
+	// WALSyncMs is pg_stat_wal.wal_sync_time: the time spent in WAL
+	// fsyncs, in milliseconds, when track_wal_io_timing is on (else 0).
+	WALSyncMs float64
 }
 
 // ReadCounters reads Counters. It runs no write and assigns no xid.
@@ -47,14 +50,15 @@ SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
        (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
        (SELECT wal_records FROM pg_stat_wal),
-       (SELECT wal_sync FROM pg_stat_wal)`).Scan(&c.NextXid, &c.WALLSN, &c.XactCommit, &c.WALRecords, &c.WALSync)
+       (SELECT wal_sync FROM pg_stat_wal),
+       (SELECT wal_sync_time FROM pg_stat_wal)`).Scan(&c.NextXid, &c.WALLSN, &c.XactCommit, &c.WALRecords, &c.WALSync, &c.WALSyncMs)
 	return c, err
 }
 
 // Sub returns c - o.
 func (c Counters) Sub(o Counters) Counters {
 	return Counters{c.NextXid - o.NextXid, c.WALLSN - o.WALLSN, c.XactCommit - o.XactCommit,
-		c.WALRecords - o.WALRecords, c.WALSync - o.WALSync}
+		c.WALRecords - o.WALRecords, c.WALSync - o.WALSync, c.WALSyncMs - o.WALSyncMs}
 }
 
 // FlushStats asks the backend behind q to flush its pending statistics when
@@ -260,4 +264,30 @@ func (t *Tracer) Take() []Traced {
 	s := t.stmts
 	t.stmts = nil
 	return s
+}
+
+// MachineCPU reads /proc/stat: the CPU time all cores have spent busy and
+// in total so far, in seconds (USER_HZ 100).
+func MachineCPU() (busy, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line := strings.SplitN(string(b), "\n", 2)[0]
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, 0
+	}
+	var sum, idle int64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i >= 8 { // guest time is already in user
+			break
+		}
+		sum += n
+		if i == 3 || i == 4 { // idle, iowait
+			idle += n
+		}
+	}
+	return float64(sum-idle) / 100, float64(sum) / 100
 }

@@ -1,0 +1,35 @@
+package main
+
+import "testing"
+
+func TestKnee(t *testing.T) {
+	steps := func(tp ...float64) []satStep {
+		var s []satStep
+		for i, v := range tp {
+			s = append(s, satStep{Workers: 1 << i, ClaimsPerSec: v})
+		}
+		return s
+	}
+	for _, c := range []struct {
+		tp    []float64
+		want  int
+		found bool
+	}{
+		{[]float64{100, 190, 300, 320, 330}, 2, true}, // 300 → 320 is +6.7 %
+		{[]float64{100, 200, 400}, 2, false},
+		{[]float64{100, 90}, 0, true},
+		{[]float64{100}, 0, false},
+	} {
+		got, found := knee(steps(c.tp...))
+		if got != c.want || found != c.found {
+			t.Errorf("knee(%v) = %d, %v; want %d, %v", c.tp, got, found, c.want, c.found)
+		}
+	}
+}
+
+func TestCDFEndsAtHundred(t *testing.T) {
+	pts := cdf([]int64{1e6, 2e6, 3e6, 4e6})
+	if len(pts) != 4 || pts[3][1] != 100 || pts[0][0] != 1 {
+		t.Fatalf("cdf = %v", pts)
+	}
+}
