@@ -1,5 +1,6 @@
 // Command benchrun runs all of pglease's benchmarks in one go and writes
-// BENCHMARKS.md at the repository root, plus bench/renew-cost.svg.
+// BENCHMARKS.md at the repository root, plus bench/renew-cost.svg,
+// bench/handoff.svg and bench/capacity.svg.
 //
 //	cd bench && go run ./cmd/benchrun
 //
@@ -10,7 +11,12 @@
 // testing.B benchmarks of this module (`go test -bench`, raw output kept in
 // bench/results/latest.txt for benchstat) against those servers, and, in
 // this process against the same PostgreSQL: the skip-path counters, the
-// renew planner check and the table-health run with several fillfactors.
+// renew planner check, the table-health run with several fillfactors, the
+// handoff benchmark (handoff.go: waiters woken by LISTEN/NOTIFY or by
+// polling, a vanished holder, many waiters on one key) and the capacity
+// benchmark (capacity.go: fleets of up to 1,000 Lockers through PgBouncer,
+// a scheduled fleet, a saturation ramp), which write bench/handoff.svg and
+// bench/capacity.svg. -sections runs a subset.
 package main
 
 import (

@@ -108,6 +108,13 @@ func (r *report) markdown() string {
 	w("with the peers started beside it on loopback. The machine is a shared 2-core VM: absolute times are noisy, so every figure is also given as a ratio to the ")
 	w("same-run floor (a `SELECT 1` round trip, and a one-row upsert — one durable commit — on the same pool) and to pglease's own figure for the same operation. ")
 	w("Each figure is the median of %d runs of `%s` (min–max in brackets).\n\n", r.Config.count, r.GoTest)
+	w("Load average (1, 5, 15 min) of this 2-core machine when the run started: %s", r.LoadBefore["start"])
+	for _, sec := range []string{"handoff", "capacity"} {
+		if v, ok := r.LoadBefore[sec]; ok {
+			w("; before the %s section: %s", sec, v)
+		}
+	}
+	w(". Other engineers' test suites shared the machine during the run: a load above 2 means processes were waiting for a core.\n\n")
 
 	// Targets.
 	selV, okSel := r.get(sel, "ns/op")
