@@ -22,6 +22,7 @@ type Stats struct {
 	WritesOK, WritesRejected      int
 	WriteErrors, ClaimErrors      int
 	RenewOK, RenewFailed          int
+	OtherWarns                    int // WARN logs other than failed renews
 	Faults, Pauses, Kills, Probes int
 	MaxProbe                      time.Duration // slowest re-acquisition after the faults
 	// LateDoneInUnlock counts leases whose holder had called Unlock before
@@ -206,6 +207,8 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			st.RenewOK++
 		case EvRenewFailed:
 			st.RenewFailed++
+		case EvWarn:
+			st.OtherWarns++
 		case EvPause:
 			st.Pauses++
 			pauses[e.Proc] = append(pauses[e.Proc], [2]int64{e.T0, e.T})

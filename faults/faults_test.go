@@ -334,6 +334,7 @@ func addStats(a *Stats, b Stats) {
 	a.ClaimErrors += b.ClaimErrors
 	a.RenewOK += b.RenewOK
 	a.RenewFailed += b.RenewFailed
+	a.OtherWarns += b.OtherWarns
 	a.Faults += b.Faults
 	a.Pauses += b.Pauses
 	a.Kills += b.Kills
@@ -354,7 +355,7 @@ func addStats(a *Stats, b Stats) {
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
+	fmt.Fprintf(&b, "| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures (other WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
@@ -372,8 +373,8 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 		if r.st.Failovers > 0 {
 			fo = fmt.Sprintf("%d: %d / %d / %d", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %v | %d | %s | %s |\n",
-			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, r.st.RenewFailed,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %d | %d | %v | %d | %s | %s |\n",
+			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d)", r.st.RenewFailed, r.st.OtherWarns),
 			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo, viol)
 	}
 	b.WriteString("\nFaults:\n\n")

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -28,6 +29,7 @@ const (
 	EvClaimErr    = "claim_err"    // Lock failed other than ErrAlreadyLocked
 	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
 	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
+	EvWarn        = "warn"         // another WARN of the Locker (a claim retry, an undo of a lost claim retried…)
 	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost (T: observed; Via: server or deadline; Srv: the row read right after)
 	EvUnlockSent  = "unlock_sent"  // the holder stops, calls Unlock
 	EvUnlockOK    = "unlock_ok"    // Unlock returned nil (T0: sent)
@@ -145,7 +147,11 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 			}
 			return true
 		})
-		h.rec.Add(Event{Proc: h.proc, Kind: EvRenewFailed, Detail: truncate(detail, 200)})
+		kind := EvWarn
+		if strings.Contains(r.Message, "renew failed") {
+			kind = EvRenewFailed
+		}
+		h.rec.Add(Event{Proc: h.proc, Kind: kind, Detail: truncate(r.Message+": "+detail, 200)})
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 // every key must get a higher fence than any issued before. Round two
 // kills it right after a burst of acknowledged claims: none may be lost.
 func TestCrashAfterAcknowledgedReleases(t *testing.T) {
+	t.Parallel() // each test has servers of its own
 	const (
 		nRel  = 200 // keys locked, then unlocked just before the crash
 		nHeld = 10  // keys still held at the crash

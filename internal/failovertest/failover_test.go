@@ -20,6 +20,7 @@ import (
 // primary — not by their local deadline — and their Lockers must claim
 // again without a restart.
 func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
+	t.Parallel() // each test has servers of its own
 	x := newPair(t, false)
 	down := newDownstream(t)
 	seed := x.locker("seed", "stdlib")
@@ -110,6 +111,7 @@ func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
 // holder can claim their keys; they unlock normally. The next claims get
 // fences above every fence issued before.
 func TestFailoverSyncLeasesSurvive(t *testing.T) {
+	t.Parallel() // each test has servers of its own
 	x := newPair(t, true)
 	down := newDownstream(t)
 	seed := x.locker("seed", "stdlib")
