@@ -79,3 +79,20 @@ func assertOncePerTick(t *testing.T, mode string, log *runLog, ticks []time.Time
 		t.Logf("runs:\n%s", log)
 	}
 }
+
+// TestTicksSkewFarLargerThanPeriod: tick mode with replica clocks seconds
+// apart (+3 s, 0, -4 s) on a 1 s schedule. Each replica derives the tick
+// from its own clock at its own activation, so the ticks agree; the replica
+// ahead claims them first and the others find them run. Every tick runs
+// exactly once.
+func TestTicksSkewFarLargerThanPeriod(t *testing.T) {
+	t.Parallel()
+	sc := defaultScenario()
+	sc.offsets = []time.Duration{3 * time.Second, 0, -4 * time.Second}
+	sc.ticks = 10
+	sc.locker = func(l *pglease.Locker, c skewedClock) (gocron.Locker, error) {
+		return pgleasegocron.NewLocker(l, pgleasegocron.WithTicks(time.Second), pgleasegocron.WithClock(c.Now))
+	}
+	log, ticks, counts := sc.run(t)
+	assertOncePerTick(t, "ticks, skew of seconds", log, ticks, counts)
+}
