@@ -46,7 +46,8 @@ func newServeCmd(e *env) *cobra.Command {
 
 It listens on 127.0.0.1 by default and refuses any non-loopback address unless
 --allow-remote is given: the server has no login of its own, so expose it only
-behind an authenticating proxy. It is read-only unless --allow-force-release is
+behind an authenticating proxy. Without --allow-remote it also refuses requests
+addressed to any host name but localhost (DNS rebinding). It is read-only unless --allow-force-release is
 given together with a token (--token-file, or $PGLEASE_SERVE_TOKEN); the page
 then asks for the token and sends it as "Authorization: Bearer"; cross-origin
 requests are refused.`,
