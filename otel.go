@@ -17,26 +17,8 @@ import (
 
 // This file is the OpenTelemetry observer (see observe.go for the seam).
 // The core depends on the OpenTelemetry API only; the application brings
-// the SDK and its exporters, and hands their providers to New with
-// WithMeterProvider and WithTracerProvider. Without them nothing is
-// recorded and no span is started.
-//
-// Metrics (all carry pglease.table; pglease.key only with WithKeyAttribute):
-//
-//	pglease.lease.held        UpDownCounter {lease}  leases held now
-//	pglease.claims            Counter {claim}        by pglease.claim.outcome: acquired, held, already_run, error
-//	pglease.lease.losses      Counter {lease}        by pglease.loss.reason (renew_found_gone, local_deadline,
-//	                                                 superseded, gone_at_unlock, gone_at_guard, forced, failover)
-//	pglease.lease.releases    Counter {lease}        leases ended by Unlock or Close
-//	pglease.renew.duration    Histogram s            one renew statement (error.type on failure)
-//	pglease.renew.batch.size  Histogram {lease}      leases per renew statement
-//	pglease.fence.rejections  Counter {rejection}    by pglease.rejection.kind: guard, fence_guard
-//	pglease.wait.duration     Histogram s            Acquire/Campaign waits, by pglease.wait.acquired
-//
-// Spans (client kind): one per claim, renew, release and guard statement,
-// named "<operation> <table>" (the db.query.summary), with db.system.name,
-// db.operation.name, db.collection.name, pglease.key, and on failure an
-// error status, error.type and db.response.status_code (the SQLSTATE).
+// the SDK and its exporters. Without providers nothing is recorded and no
+// span is started.
 
 // instrumentationName names the meter and the tracer.
 const instrumentationName = "github.com/pglease/pglease"
@@ -51,10 +33,27 @@ type telemetryConfig struct {
 // telemetryOptions are the options NewFenceGuard takes besides WithTable.
 var telemetryOptions = map[string]bool{"WithMeterProvider": true, "WithTracerProvider": true, "WithKeyAttribute": true}
 
-// WithMeterProvider records the Locker's metrics (listed in otel.go's
-// documentation: held leases, claims by outcome, losses by reason,
-// releases, renew duration and batch size, rejections, waits) with mp.
-// Default: none recorded. NewFenceGuard takes it too (rejections).
+// WithMeterProvider records the Locker's metrics with mp (an OpenTelemetry
+// SDK MeterProvider with the exporter of your choice). Default: none. Every
+// point carries pglease.table; pglease.key only with WithKeyAttribute; the
+// holder never (one series per process restart).
+//
+//	pglease.lease.held        UpDownCounter {lease}  leases held now by this process
+//	pglease.claims            Counter {claim}        claims (Lock; each attempt of Acquire, Campaign),
+//	                                                 by pglease.claim.outcome: acquired, held,
+//	                                                 already_run, error
+//	pglease.lease.losses      Counter {lease}        leases lost, by pglease.loss.reason: renew_found_gone,
+//	                                                 local_deadline, superseded, gone_at_unlock,
+//	                                                 gone_at_guard, forced, failover
+//	pglease.lease.releases    Counter {lease}        leases released by Unlock or Close
+//	pglease.renew.duration    Histogram s            one renew statement (error.type on failure:
+//	                                                 the SQLSTATE, timeout, canceled or the Go type)
+//	pglease.renew.batch.size  Histogram {lease}      leases per renew statement
+//	pglease.fence.rejections  Counter {rejection}    writes refused, by pglease.rejection.kind:
+//	                                                 guard (Guard), fence_guard (FenceGuard)
+//	pglease.wait.duration     Histogram s            Acquire/Campaign waits, by pglease.wait.acquired
+//
+// NewFenceGuard takes it too (its rejections).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) {
 		c.note("WithMeterProvider")
@@ -67,10 +66,16 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithTracerProvider starts a client span with tp for each claim, renew,
-// release and guard statement, with the OpenTelemetry database attributes;
-// the statement's context is the span's. Default: no span. The ERROR line
-// of a loss and the WARN line of a failed renew carry trace_id and span_id
-// when a span was active.
+// release and guard statement; the statement runs under it, and claim,
+// release and guard spans are children of the caller's span. Default: no
+// span. Spans are named "<operation> <table>" (the db.query.summary) and
+// carry db.system.name=postgresql, db.operation.name (claim, renew,
+// release, guard), db.collection.name (the table) and pglease.key; a failed
+// statement (a guard or release that finds the lease gone included) sets an
+// error status, error.type and, when the server answered,
+// db.response.status_code (the SQLSTATE). The ERROR line of a loss and the
+// WARN line of a failed renew carry the trace_id and span_id of the
+// statement's span.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) {
 		c.note("WithTracerProvider")

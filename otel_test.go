@@ -871,3 +871,26 @@ func TestMetricsWait(t *testing.T) {
 		t.Fatalf("waits that acquired: %d (sum %vs), want 1", n, s)
 	}
 }
+
+// A holder evicted by ForceRelease and told by a notification (ListenAlways,
+// no beat within the test) counts a loss with reason "forced".
+func TestMetricsForcedLoss(t *testing.T) {
+	f := newFixture(t)
+	m := newMeters(t)
+	l := f.replica(2, WithMeterProvider(m.mp), WithLeaseDuration(time.Minute), WithListen(ListenAlways))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, l.lis.isLive)
+	if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, le, 10*time.Second)
+	m.waitSum("pglease.lease.losses", map[string]string{"pglease.table": f.table, "pglease.loss.reason": string(lossNotified)}, 1)
+	if got := m.sum("pglease.lease.losses", map[string]string{"pglease.table": f.table}); got != 1 {
+		t.Fatalf("losses: %d, want 1", got)
+	}
+	m.waitSum("pglease.lease.held", map[string]string{"pglease.table": f.table}, 0)
+}
