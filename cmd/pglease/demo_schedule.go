@@ -62,7 +62,7 @@ table and drops it at exit.`,
 	fl.StringVar(&f.url, "database-url", "", "use this PostgreSQL instead of a throw-away one (default $DATABASE_URL)")
 	fl.IntVar(&f.replicas, "replicas", 4, "replicas, each a gocron scheduler with its own pool and clock")
 	fl.IntVar(&f.ticks, "ticks", 12, "ticks to count, every replica up")
-	fl.DurationVar(&f.period, "period", time.Second, "the job's period (a whole number of seconds: a cron schedule)")
+	fl.DurationVar(&f.period, "period", time.Second, "the job's period: whole seconds dividing a minute (a cron schedule)")
 	fl.DurationVar(&f.skew, "skew", 300*time.Millisecond, "clock skew: the replicas' clocks are spread evenly over [-skew, +skew]")
 	fl.DurationVar(&f.job, "job", 5*time.Millisecond, "how long the job runs")
 	fl.DurationVar(&f.minHold, "min-hold", 0, "minimum hold of the second way (default: halfway between 2 x skew and the period,\n"+
@@ -77,8 +77,8 @@ func (f *scheduleFlags) check() error {
 		return usagef("--replicas %d: must be between 2 and 16", f.replicas)
 	case f.ticks < 1 || f.ticks > 3600:
 		return usagef("--ticks %d: must be between 1 and 3600", f.ticks)
-	case f.period < time.Second || f.period > time.Hour || f.period%time.Second != 0:
-		return usagef("--period %v: must be a whole number of seconds between 1s and 1h", f.period)
+	case f.period < time.Second || f.period%time.Second != 0 || time.Minute%f.period != 0:
+		return usagef("--period %v: must be a whole number of seconds that divides a minute (1s, 2s, 5s, 10s, 30s...)", f.period)
 	case f.skew < 0 || 2*f.skew >= f.period:
 		return usagef("--skew %v: must be at least 0 and below half of --period (%v)", f.skew, f.period/2)
 	case f.job <= 0 || f.job >= f.period:
@@ -263,10 +263,7 @@ func runScheduleFleet(ctx context.Context, url, table string, f *scheduleFlags) 
 			stop()
 		}
 	}()
-	spec := fmt.Sprintf("*/%d * * * * *", int(f.period/time.Second))
-	if f.period >= time.Minute {
-		spec = fmt.Sprintf("0 */%d * * * *", int(f.period/time.Minute))
-	}
+	spec := fmt.Sprintf("*/%d * * * * *", int(f.period/time.Second)) // on the period's grid
 	for r := range f.replicas {
 		off := -f.skew + time.Duration(r)*2*f.skew/time.Duration(f.replicas-1)
 		stop, err := startScheduleReplica(ctx, url, table, r, skewedClock{clockwork.NewRealClock(), off}, spec, f, modes, tallies)

@@ -51,7 +51,7 @@ func TestDemoSchedule(t *testing.T) {
 
 func TestDemoScheduleBadFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"--replicas", "1"}, {"--ticks", "0"}, {"--period", "1500ms"}, {"--skew", "500ms"},
+		{"--replicas", "1"}, {"--ticks", "0"}, {"--period", "1500ms"}, {"--period", "7s"}, {"--skew", "500ms"},
 		{"--job", "0s"}, {"--min-hold", "-1s"},
 	} {
 		r := cli(t, testCtx(t), nil, append([]string{"demo", "schedule", "--database-url", pgtest.URL()}, args...)...)
