@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -96,7 +97,9 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // holder has written. Its Unlock changes nothing.
 //
 // ForceRelease waits for the holder's open fenced transactions to end (they
-// lock the row); bound the wait with ctx. A lease that is not live
+// lock the row). Bound the wait with a deadline on ctx: the server then
+// stops waiting just before it (lock_timeout) and the error says that
+// nothing was released. A lease that is not live
 // (released, expired) keeps its fence and only loses a pending minimum
 // hold: WasLive reports which.
 func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (ForceReleased, error) {
@@ -112,15 +115,30 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (
 		return ForceReleased{}, err
 	}
 	r := ForceReleased{Key: key}
-	var notified any
-	err = b.queryRow(ctx, t.statements().forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
+	st := t.statements()
+	err = b.inTx(ctx, func(tx backend) error {
+		// Bound the wait for the row on the server, from ctx's deadline: a
+		// client that just stops waiting would leave the statement queued,
+		// and the eviction would happen later, unannounced.
+		if dl, ok := ctx.Deadline(); ok {
+			ms := max(time.Until(dl)-100*time.Millisecond, time.Millisecond).Milliseconds()
+			if _, err := tx.exec(ctx, st.lockTimeout, strconv.FormatInt(ms, 10)); err != nil {
+				return err
+			}
+		}
+		var notified any
+		return tx.queryRow(ctx, st.forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
+	})
 	switch {
 	case errors.Is(err, errNoRows):
 		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.display)
+	case sqlState(err) == "55P03": // lock_not_available: the server gave up, rolled back
+		return r, fmt.Errorf("pglease: force release %q on %s: nothing was released: a fenced transaction of the holder "+
+			"(Guard) still locks the row until it commits or rolls back (see pg_stat_activity); retry with a longer deadline: %w (%w)",
+			key, t.display, context.DeadlineExceeded, err)
 	case err != nil && ctx.Err() != nil:
-		return r, fmt.Errorf("pglease: force release %q on %s: gave up waiting for the row: a fenced transaction of the holder "+
-			"(Guard) is still open and locks it until it commits or rolls back (see pg_stat_activity); nothing was released: %w",
-			key, t.display, ctx.Err())
+		return r, fmt.Errorf("pglease: force release %q on %s: the context ended before the server answered; "+
+			"the release may or may not have happened (check with List): %w", key, t.display, ctx.Err())
 	case err != nil:
 		return r, t.wrapDB(fmt.Sprintf("force release %q", key), err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
 // Issue 9, defect 1: a Locker that still holds an evicted lease on a key and
@@ -89,14 +90,26 @@ func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 	}
 }
 
-// Issue 9, defect 3: a claim that gives up at its local deadline while it
-// is queued behind a fenced transaction must not leave a ghost lease once
-// that transaction ends.
-func TestNoGhostClaimAfterDeadline(t *testing.T) {
+// Issue 9, defect 3: a claim whose reply is lost while it is queued behind
+// a fenced transaction must not leave a ghost lease once that transaction
+// ends: the undo must run after the claim, not before it.
+//
+// The reply is lost for real: B's connections go through a proxy that
+// drops them while B's claim waits on the server (so pgx's cancel request
+// cannot get through either); the claim's backend keeps waiting and
+// commits when the fenced transaction ends. The proxy passes again before
+// that, so B's undo reaches the server while the claim is still queued.
+func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	f := newFixture(t)
 	dbA := pgtest.SQL(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Minute))
-	b := f.replica(2, WithLeaseDuration(time.Minute)) // a ghost would block the key for a minute
+	proxy, err := tcpproxy.New(targetAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	// A ghost would block the key for a minute.
+	b := f.locker(openVia(t, proxy.Addr()), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {
@@ -110,21 +123,48 @@ func TestNoGhostClaimAfterDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.expire("job") // A's lease is over on the server; its fenced tx is still open
-	short, cancel := context.WithTimeout(c, 300*time.Millisecond)
-	defer cancel()
-	if _, err := b.Lock(short, "job"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("B's claim behind the fenced transaction: want a deadline error, got %v", err)
+	lockErr := make(chan error, 1)
+	go func() { _, err := b.Lock(c, "job"); lockErr <- err }()
+	waitForLockWaiter(t, f.admin, f.table) // B's claim is queued behind A's transaction
+	proxy.SetMode(tcpproxy.Drop)
+	if err := <-lockErr; err == nil || errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("B's claim with its connection dropped: %v", err)
+	}
+	// pgx sends a cancel request when a connection breaks mid-query; let it
+	// meet the dropping proxy too, as it would a partition.
+	time.Sleep(300 * time.Millisecond)
+	proxy.SetMode(tcpproxy.Pass)
+	// Let B's undo reach the server before the fenced transaction ends: it
+	// must queue behind B's claim (a backend waiting on the claim's
+	// advisory lock). Proceed when that waiter is seen, or after 3 s (an
+	// undo that did not wait has run by then).
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	// B's queued claim now commits (its connection may be gone, its
-	// backend is not); the undo must run after it.
-	if err := b.Close(); err != nil {
+	// B's claim goes on (its backend never learnt its client was gone):
+	// wait until it has finished, then for the undo.
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity
+			WHERE state = 'active' AND query LIKE '%claimed AS%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if err := b.Close(); err != nil { // waits for the undo
 		t.Fatal(err)
 	}
 	if r, ok := f.row("job"); ok && r.Live && r.Holder == b.Holder() {
-		t.Fatalf("ghost lease left by B's abandoned claim: %+v", r)
+		t.Fatalf("ghost lease left by B's claim whose reply was lost: %+v", r)
 	}
 }
 
@@ -265,6 +305,15 @@ func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
 	}
 	if f.dump() != before {
 		t.Fatal("a ForceRelease that gave up changed the table")
+	}
+	// Nor does it happen later, once the fenced transaction ends: the
+	// server stopped waiting too.
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
+	if r, _ := f.row("job"); r.Released || r.Fence != le.Fence() {
+		t.Fatalf("the abandoned force release took effect later: %+v", r)
 	}
 }
 

@@ -229,6 +229,12 @@ r AS (
 )
 SELECT r.fence, {NOTIFY:r} FROM r`
 
+// lockTimeoutSQL bounds the waits for row locks of the rest of the current
+// transaction (ForceRelease, from its context's deadline).
+//
+//	$1 milliseconds, as text
+const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+
 // forceReleaseSQL ends the current lease on a key whoever holds it (admin
 // use: ` + "`pglease release --force`" + `). A live lease is released and its fence
 // moved on, so the evicted holder's renew, release and fenced transactions
@@ -406,10 +412,10 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 
 // statements are the SQL texts bound to one table.
 type statements struct {
-	claim, renew, release, releaseMany, releaseLost, forceRelease, list string
-	abandonLock, abandon, notifyProbe, leader, timelineBase             string
-	versionTable, currentVersion, recordVersion                         string
-	guard, fenceAdvance, fenceCurrent                                   string
+	claim, renew, release, releaseMany, releaseLost, forceRelease, list  string
+	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
+	versionTable, currentVersion, recordVersion                          string
+	guard, fenceAdvance, fenceCurrent                                    string
 }
 
 var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
@@ -452,6 +458,7 @@ func (t table) statements() statements {
 		notifyProbe:    b(notifyProbeSQL),
 		leader:         b(leaderSQL),
 		timelineBase:   b(timelineBaseSQL),
+		lockTimeout:    b(lockTimeoutSQL),
 		forceRelease:   b(forceReleaseSQL),
 		list:           b(listSQL),
 		versionTable:   b(versionTableSQL),
