@@ -116,6 +116,8 @@ func newRootCmd(e *env) *cobra.Command {
   pglease list      show the leases
   pglease watch     show the leases, refreshed until Ctrl-C
   pglease release   end a lease by force (--force), evicting its holder
+  pglease serve     a live status page, /api/leases, /metrics, /healthz
+                    (localhost, read-only unless started otherwise)
 
 Admin commands connect to --database-url, or to $DATABASE_URL.`,
 		SilenceUsage:  true,
