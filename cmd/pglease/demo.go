@@ -73,7 +73,6 @@ database, it creates two uniquely named tables and drops them at exit.`,
 	fl.DurationVar(&f.stall, "stall", 0, "make one job run per scenario stall this long, its replica cut off (0: none; try 2x --lease-duration)")
 	fl.StringVar(&f.out, "out", "", "folder for timeline.svg (default: a new temporary folder)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the table as JSON on stdout")
-	cmd.AddCommand(newDemoScheduleCmd(e)) // demo_schedule.go
 	return cmd
 }
 

@@ -1,3 +1,25 @@
+// Command schedule-demo shows what it takes for a scheduled job to run once
+// per tick on several replicas whose clocks disagree: it runs real gocron v2
+// schedulers, each with its own connection pool and a skewed clock, running
+// the same fast job, three ways at once (on three keys):
+//
+//  1. plain lock: Lock when the job fires, Unlock when it returns. The job is
+//     over before a replica whose clock is behind fires the same tick, which
+//     finds the key free and runs it again (gocron issue #841);
+//  2. minimum hold: the key stays blocked for -min-hold after each claim, on
+//     the server's clock, whatever Unlock says (ShedLock's lockAtLeastFor);
+//  3. tick ledger: each claim carries the tick (its clock rounded to the
+//     period); the key remembers its last tick and refuses it to the others.
+//
+// It counts the runs of every tick, by the tick's scheduled time, and prints a
+// table. Without -database-url (or $DATABASE_URL) it starts a throw-away
+// PostgreSQL from the local server binaries and removes it at exit; with one,
+// it creates a uniquely named lease table and drops it at exit.
+//
+//	cd contrib/gocron && go run ./cmd/schedule-demo [-replicas 4 -ticks 12 -skew 300ms ...]
+//
+// It lives in the gocron adapter's module so that the core module does not
+// depend on any scheduler.
 package main
 
 import (
@@ -7,16 +29,19 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/jonboulle/clockwork"
-	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgcluster"
@@ -33,58 +58,99 @@ type scheduleFlags struct {
 	asJSON   bool
 }
 
-func newDemoScheduleCmd(e *env) *cobra.Command {
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the program; it returns the exit code (2: bad flags).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var f scheduleFlags
-	cmd := &cobra.Command{
-		Use:   "schedule",
-		Short: "Scheduled jobs on skewed replicas: plain lock, minimum hold, tick ledger",
-		Long: `demo schedule runs several replicas of a service, each a real gocron v2
-scheduler with its own connection pool and its own clock, set off from the
-true time by up to --skew either way, all running the same fast job every
---period. It runs three ways at once, on three keys:
-
-  1. plain lock: Lock when the job fires, Unlock when it returns. The job is
-     over before a replica whose clock is behind fires the same tick, which
-     finds the key free and runs it again (gocron issue #841);
-  2. minimum hold: the key stays blocked for --min-hold after each claim,
-     on the server's clock, whatever Unlock says (ShedLock's lockAtLeastFor);
-  3. tick ledger: each claim carries the tick (its clock rounded to the
-     period); the key remembers its last tick and refuses it to the others.
-
-It counts the runs of every tick, by the tick's scheduled time, and prints a
-table. Without --database-url (or $DATABASE_URL) it starts a throw-away
-PostgreSQL and removes it at exit; with one, it creates a uniquely named lease
-table and drops it at exit.`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runScheduleDemo(cmd.Context(), e, &f) },
-	}
-	fl := cmd.Flags()
-	fl.StringVar(&f.url, "database-url", "", "use this PostgreSQL instead of a throw-away one (default $DATABASE_URL)")
+	fl := flag.NewFlagSet("schedule-demo", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	fl.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "use this PostgreSQL instead of a throw-away one")
 	fl.IntVar(&f.replicas, "replicas", 4, "replicas, each a gocron scheduler with its own pool and clock")
 	fl.IntVar(&f.ticks, "ticks", 12, "ticks to count, every replica up")
 	fl.DurationVar(&f.period, "period", time.Second, "the job's period: whole seconds dividing a minute (a cron schedule)")
 	fl.DurationVar(&f.skew, "skew", 300*time.Millisecond, "clock skew: the replicas' clocks are spread evenly over [-skew, +skew]")
 	fl.DurationVar(&f.job, "job", 5*time.Millisecond, "how long the job runs")
-	fl.DurationVar(&f.minHold, "min-hold", 0, "minimum hold of the second way (default: halfway between 2 x skew and the period,\n"+
-		"the widest margin on both sides: a claim delayed by more than that margin runs twice or blocks the next tick)")
+	fl.DurationVar(&f.minHold, "min-hold", 0, "minimum hold of the second way (default: halfway between 2 x skew and the period)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the results as JSON on stdout")
-	return cmd
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	if err := f.check(); err != nil {
+		fmt.Fprintln(stderr, "schedule-demo:", err)
+		return 2
+	}
+	if err := runDemo(ctx, &f, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "schedule-demo:", err)
+		return 1
+	}
+	return 0
+}
+
+func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (err error) {
+	url := f.url
+	if url == "" {
+		fmt.Fprintln(stderr, "starting a throw-away PostgreSQL (no -database-url or DATABASE_URL given)...")
+		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: false})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if rerr := c.Remove(); rerr != nil && err == nil {
+				err = fmt.Errorf("removing the throw-away PostgreSQL: %w", rerr)
+			}
+		}()
+		url = c.URL()
+	}
+	var rnd [3]byte
+	_, _ = rand.Read(rnd[:])
+	table := "pglease_demo_sched_" + hex.EncodeToString(rnd[:])
+	admin, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	defer dropScheduleTable(admin, table)
+	if err := pglease.Migrate(ctx, admin, pglease.WithTable(table)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "%d replicas (real gocron schedulers, clocks spread over ±%v), a %v job every %v, %d ticks counted...\n",
+		f.replicas, f.skew, f.job, f.period, f.ticks)
+	results, err := runScheduleFleet(ctx, url, table, f)
+	if err != nil {
+		return err
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{
+			"settings": map[string]any{"replicas": f.replicas, "ticks": f.ticks, "period": f.period.String(),
+				"skew": f.skew.String(), "job": f.job.String(), "min_hold": f.minHold.String()},
+			"modes": results,
+		})
+	}
+	printScheduleTable(stdout, results)
+	return nil
 }
 
 func (f *scheduleFlags) check() error {
 	switch {
 	case f.replicas < 2 || f.replicas > 16:
-		return usagef("--replicas %d: must be between 2 and 16", f.replicas)
+		return fmt.Errorf("--replicas %d: must be between 2 and 16", f.replicas)
 	case f.ticks < 1 || f.ticks > 3600:
-		return usagef("--ticks %d: must be between 1 and 3600", f.ticks)
+		return fmt.Errorf("--ticks %d: must be between 1 and 3600", f.ticks)
 	case f.period < time.Second || f.period%time.Second != 0 || time.Minute%f.period != 0:
-		return usagef("--period %v: must be a whole number of seconds that divides a minute (1s, 2s, 5s, 10s, 30s...)", f.period)
+		return fmt.Errorf("--period %v: must be a whole number of seconds that divides a minute (1s, 2s, 5s, 10s, 30s...)", f.period)
 	case f.skew < 0 || 2*f.skew >= f.period:
-		return usagef("--skew %v: must be at least 0 and below half of --period (%v)", f.skew, f.period/2)
+		return fmt.Errorf("--skew %v: must be at least 0 and below half of --period (%v)", f.skew, f.period/2)
 	case f.job <= 0 || f.job >= f.period:
-		return usagef("--job %v: must be positive and shorter than --period", f.job)
+		return fmt.Errorf("--job %v: must be positive and shorter than --period", f.job)
 	case f.minHold < 0 || f.minHold > pglease.MaxLeaseDuration:
-		return usagef("--min-hold %v: must be between 0 and %v", f.minHold, pglease.MaxLeaseDuration)
+		return fmt.Errorf("--min-hold %v: must be between 0 and %v", f.minHold, pglease.MaxLeaseDuration)
 	}
 	if f.minHold == 0 {
 		f.minHold = (2*f.skew + f.period) / 2
@@ -188,61 +254,6 @@ func (d demoLocker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	return le, nil // *pglease.Lease has Unlock(ctx) error
 }
 
-func runScheduleDemo(ctx context.Context, e *env, f *scheduleFlags) (err error) {
-	if err := f.check(); err != nil {
-		return err
-	}
-	url := f.url
-	if url == "" {
-		url = e.getenv("DATABASE_URL")
-	}
-	if url == "" {
-		fmt.Fprintln(e.stderr, "starting a throw-away PostgreSQL (no --database-url or DATABASE_URL given)...")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: false})
-		if err != nil {
-			if ctx.Err() != nil {
-				return errInterrupted
-			}
-			return err
-		}
-		defer func() {
-			if rerr := c.Remove(); rerr != nil && err == nil {
-				err = fmt.Errorf("removing the throw-away PostgreSQL: %w", rerr)
-			}
-		}()
-		url = c.URL()
-	}
-	var rnd [3]byte
-	_, _ = rand.Read(rnd[:])
-	table := "pglease_demo_sched_" + hex.EncodeToString(rnd[:])
-	admin, err := openDB(ctx, url, nil)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
-	defer dropScheduleTable(admin, table)
-	if err := pglease.Migrate(ctx, admin, pglease.WithTable(table)); err != nil {
-		return explain(err, table)
-	}
-	fmt.Fprintf(e.stderr, "%d replicas (real gocron schedulers, clocks spread over ±%v), a %v job every %v, %d ticks counted...\n",
-		f.replicas, f.skew, f.job, f.period, f.ticks)
-	results, err := runScheduleFleet(ctx, url, table, f)
-	if err != nil {
-		return err
-	}
-	if f.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{
-			"settings": map[string]any{"replicas": f.replicas, "ticks": f.ticks, "period": f.period.String(),
-				"skew": f.skew.String(), "job": f.job.String(), "min_hold": f.minHold.String()},
-			"modes": results,
-		})
-	}
-	printScheduleTable(e.stdout, results)
-	return nil
-}
-
 func dropScheduleTable(db *sql.DB, table string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -279,7 +290,7 @@ func runScheduleFleet(ctx context.Context, url, table string, f *scheduleFlags) 
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return nil, errInterrupted
+		return nil, ctx.Err()
 	case <-t.C:
 	}
 	for _, tl := range tallies {
@@ -300,7 +311,7 @@ func runScheduleFleet(ctx context.Context, url, table string, f *scheduleFlags) 
 
 func startScheduleReplica(ctx context.Context, url, table string, r int, clock skewedClock, spec string,
 	f *scheduleFlags, modes []scheduleMode, tallies []*tally) (func(), error) {
-	db, err := openDB(ctx, url, nil)
+	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return nil, err
 	}
