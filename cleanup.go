@@ -12,42 +12,45 @@ import (
 
 // undoClaim releases, in the background, whatever a claim with this token
 // took, once the claim's outcome is known (abandonLockSQL queues behind the
-// claim's advisory lock). It retries until a round trip succeeds, with
-// backoff; after Close it makes one last attempt and gives up.
+// claim's advisory lock).
 func (l *Locker) undoClaim(key string, token int64) {
-	l.background(func() {
-		for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-			err := l.withReleaseTimeout(func(ctx context.Context) error {
-				return l.db.inTx(ctx, func(tx backend) error {
-					if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
-						return err
-					}
-					_, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
-					return err
-				})
-			})
-			if err == nil || l.ctx.Err() != nil {
-				return
+	l.retryInBackground("undoing a claim whose reply was lost", key, func(ctx context.Context) error {
+		return l.db.inTx(ctx, func(tx backend) error {
+			if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
+				return err
 			}
-			l.log.Warn("pglease: undoing a claim whose reply was lost failed, will retry",
-				"key", key, "holder", l.holder, "error", l.table.wrapDB("undo claim", err))
-			if !sleepCtx(l.ctx, delay) {
-				return
-			}
-		}
+			_, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
+			return err
+		})
 	})
 }
 
 // releaseInBackground frees the row of a lease that was never handed out or
 // that its holder gave up at the local deadline, scoped to its holder, fence
-// and token, without a minimum hold. One attempt: if it fails, the lease
-// expires by itself.
+// and token, without a minimum hold.
 func (l *Locker) releaseInBackground(le *Lease) {
+	l.retryInBackground("releasing a lease given up at its local deadline", le.key, func(ctx context.Context) error {
+		_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
+		return err
+	})
+}
+
+// retryInBackground runs fn on the Locker's wait group until one round trip
+// succeeds, each attempt bounded by the release timeout, with backoff; after
+// Close it makes one last attempt and gives up (the row then expires by
+// itself).
+func (l *Locker) retryInBackground(what, key string, fn func(ctx context.Context) error) {
 	l.background(func() {
-		_ = l.withReleaseTimeout(func(ctx context.Context) error {
-			_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
-			return err
-		})
+		for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+			err := l.withReleaseTimeout(fn)
+			if err == nil || l.ctx.Err() != nil {
+				return
+			}
+			l.log.Warn("pglease: "+what+" failed, will retry", "key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
+			if !sleepCtx(l.ctx, delay) {
+				return
+			}
+		}
 	})
 }
 

@@ -47,7 +47,7 @@ func Example() {
 	fmt.Println("fence went up:", next.Fence() > lease.Fence())
 	_ = next.Unlock(ctx)
 
-	_, _ = db.Exec(`DROP TABLE example_leases, example_leases_version`)
+	_, _ = db.Exec(`DROP TABLE example_leases, example_leases_version, example_leases_fences`)
 	// Output:
 	// B skips: true
 	// fence went up: true
@@ -79,7 +79,7 @@ func ExampleLease_Done() {
 	fmt.Println(errors.Is(lease.Err(), pglease.ErrLeaseLost))
 	fmt.Println(errors.Is(lease.Unlock(ctx), pglease.ErrLeaseLost))
 
-	_, _ = db.Exec(`DROP TABLE example_done, example_done_version`)
+	_, _ = db.Exec(`DROP TABLE example_done, example_done_version, example_done_fences`)
 	// Output:
 	// true
 	// true
