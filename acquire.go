@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
 // Acquire waits until this Locker holds key, or ctx ends — for work that
@@ -91,7 +93,7 @@ func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration
 	defer t.Stop()
 	select {
 	case <-w.c:
-		if !sleepCtx(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
+		if !ctxsleep.For(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
 			return ctx.Err()
 		}
 		return nil

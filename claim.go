@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
 // Lock claims key with one statement (its text, and why it is cheap, are in
@@ -72,7 +74,7 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 			l.obs.claimed(ctx, key, nil, err)
 			return nil, err
 		}
-		if !sleepCtx(ctx, time.Duration(1+rand.IntN(3))*time.Millisecond) {
+		if !ctxsleep.For(ctx, time.Duration(1+rand.IntN(3))*time.Millisecond) {
 			return nil, fmt.Errorf("pglease: lock %q: %w", key, ctx.Err())
 		}
 	}
@@ -158,16 +160,4 @@ func (l *Locker) isClosed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.closed
-}
-
-// sleepCtx sleeps for d, or until ctx ends (false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -3,6 +3,8 @@ package pglease
 import (
 	"context"
 	"time"
+
+	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
 // This file holds the Locker's background clean-ups: statements that free
@@ -47,7 +49,7 @@ func (l *Locker) retryInBackground(what, key string, fn func(ctx context.Context
 				return
 			}
 			l.log.Warn("pglease: "+what+" failed, will retry", "key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
-			if !sleepCtx(l.ctx, delay) {
+			if !ctxsleep.For(l.ctx, delay) {
 				return
 			}
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
 // This file answers "how does a waiter wake up". Every release (Unlock,
@@ -155,7 +157,7 @@ func (ls *listener) run(ctx context.Context) {
 		}
 		ls.l.log.Warn("pglease: listener connection lost or not delivering, waiters poll meanwhile; reconnecting",
 			"holder", ls.l.holder, "error", err)
-		if !sleepCtx(ctx, delay) {
+		if !ctxsleep.For(ctx, delay) {
 			return
 		}
 	}

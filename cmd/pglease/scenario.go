@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/ctxsleep"
 	"github.com/pglease/pglease/internal/tcpproxy"
 )
 
@@ -252,7 +253,7 @@ func ptr(v int64) *int64 { return &v }
 // makes the scheduler skip ticks, as cron-like schedulers do.
 func (s *scenarioRun) schedule(runCtx, ctx context.Context, replica int, db *sql.DB, l *pglease.Locker, key string, lockID int64, rng *rand.Rand) {
 	phase := time.Duration(rng.Int64N(int64(s.cfg.tick)))
-	if !sleepCtx(runCtx, phase) {
+	if !ctxsleep.For(runCtx, phase) {
 		return
 	}
 	tick := time.NewTicker(s.cfg.tick)
@@ -397,7 +398,7 @@ func (s *scenarioRun) job(ctx context.Context, q querier, run int, key string, r
 			}
 			return ctx.Err() == nil
 		}
-		if !sleepCtx(ctx, work/steps) {
+		if !ctxsleep.For(ctx, work/steps) {
 			return false
 		}
 	}
@@ -469,17 +470,6 @@ func (s *scenarioRun) openReplica(i int) (*sql.DB, error) {
 	}
 	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(s.proxies[i].Port()), nil
 	return stdlib.OpenDB(*cc), nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // resetResults empties the result table and gives each job its row.
