@@ -45,7 +45,7 @@ func capacityFlags(c *capacityConfig) {
 	flag.IntVar(&c.schedTicks, "sched-ticks", 3, "ticks of the scheduled fleet (on the last fleet shape, still holding its leases)")
 	flag.IntVar(&c.schedJobs, "sched-jobs", 10, "jobs every replica fires at each tick")
 	flag.DurationVar(&c.schedEvery, "sched-every", 10*time.Second, "interval between ticks (the compressed minute)")
-	flag.StringVar(&c.satSteps, "sat-steps", "1,2,4,8,16,32,64,128", "concurrent claimers of the saturation ramp")
+	flag.StringVar(&c.satSteps, "sat-steps", "1,2,4,8,16,32,64", "concurrent claimers of the saturation ramp (direct connections: with the background fleet's 100 they must fit max_connections)")
 	flag.DurationVar(&c.satStep, "sat-step", 6*time.Second, "duration of each saturation step")
 }
 
@@ -70,6 +70,7 @@ type shapeResult struct {
 	FsyncMs            float64 // mean WAL fsync time
 	Lost               int64
 	Held               int
+	Waits              []waitShare // what the active backends were doing, sampled
 	Warns              int64
 }
 
@@ -343,12 +344,18 @@ func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.Server
 		return res, err
 	}
 	lost0, warns0 := f.logs.errs.Load(), f.logs.warns.Load()
+	wctx, wstop := context.WithTimeout(ctx, window)
+	defer wstop()
+	waitsC := make(chan []waitShare, 1)
+	go func() { waitsC <- sampleWaits(wctx, admin) }()
 	time.Sleep(window / 2)
 	if res.ServerConns, _, err = backendCounts(ctx, admin); err != nil {
 		return res, err
 	}
 	res.ClientConns = f.clientConns()
 	time.Sleep(window - window/2)
+	wstop()
+	res.Waits = <-waitsC
 	s1, err := takeSample(ctx, admin, cpu, b)
 	if err != nil {
 		return res, err
@@ -585,3 +592,44 @@ func satRun(ctx context.Context, url string, admin *pgxpool.Pool, cpu *benchenv.
 }
 
 func sortInts(v []int64) { slices.Sort(v) }
+
+// waitShare is one wait event's share of the sampled active backends.
+type waitShare struct {
+	Event string
+	N     int
+	Share float64
+}
+
+// sampleWaits samples pg_stat_activity every 20 ms until ctx ends and
+// tallies what the active client backends (other than the sampler) were
+// doing: their wait event, or "running (CPU)" when they wait for nothing.
+func sampleWaits(ctx context.Context, admin *pgxpool.Pool) []waitShare {
+	counts := map[string]int{}
+	total := 0
+	for ctx.Err() == nil {
+		rows, err := admin.Query(ctx, `
+SELECT coalesce(wait_event_type || ':' || wait_event, 'running (CPU)')
+FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid()`)
+		if err == nil {
+			for rows.Next() {
+				var e string
+				if rows.Scan(&e) == nil {
+					counts[e]++
+					total++
+				}
+			}
+			rows.Close()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	var out []waitShare
+	for e, n := range counts {
+		out = append(out, waitShare{e, n, float64(n) / float64(max(total, 1))})
+	}
+	slices.SortFunc(out, func(a, b waitShare) int { return b.N - a.N })
+	return out
+}

@@ -15,9 +15,10 @@ func TestKnee(t *testing.T) {
 		want  int
 		found bool
 	}{
-		{[]float64{100, 190, 300, 320, 330}, 2, true}, // 300 → 320 is +6.7 %
+		{[]float64{100, 190, 300, 320, 310}, 3, true},
 		{[]float64{100, 200, 400}, 2, false},
 		{[]float64{100, 90}, 0, true},
+		{[]float64{100, 150, 140, 160, 120}, 3, true}, // a dip is not the knee
 		{[]float64{100}, 0, false},
 	} {
 		got, found := knee(steps(c.tp...))

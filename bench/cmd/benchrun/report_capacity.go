@@ -51,15 +51,17 @@ func capacitySVG(c *capacityReport) string {
 	return svgDoc(2, 520, 320, charts...)
 }
 
-// knee is the first step after which more claimers add less than 10 % of
-// throughput, and what the server looked like there.
+// knee is the step of the highest throughput: past it, more claimers add
+// no claims per second, only latency. found is false when the last step
+// is the highest (the ramp did not reach the knee).
 func knee(s []satStep) (int, bool) {
-	for i := 0; i+1 < len(s); i++ {
-		if s[i+1].ClaimsPerSec < s[i].ClaimsPerSec*1.10 {
-			return i, true
+	best := 0
+	for i := range s {
+		if s[i].ClaimsPerSec > s[best].ClaimsPerSec {
+			best = i
 		}
 	}
-	return len(s) - 1, false
+	return best, best < len(s)-1
 }
 
 func (r *report) capacityMarkdown(w func(string, ...any)) {
@@ -107,6 +109,22 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 			s.ClientConns, s.ServerConns, s.XidsPerSec, bytesH(int64(s.WALPerSec)), s.FsyncPerSec, s.FsyncMs, s.Lost)
 	}
 	w("\n")
+	w("What the server's active client backends were doing during each window (`pg_stat_activity` sampled every 20 ms; *running (CPU)* has no wait event — on CPU or waiting for one):\n\n")
+	for _, s := range c.Shapes {
+		var parts []string
+		for i, x := range s.Waits {
+			if i == 4 {
+				break
+			}
+			parts = append(parts, fmt.Sprintf("%s %.0f %%", x.Event, x.Share*100))
+		}
+		n := 0
+		for _, x := range s.Waits {
+			n += x.N
+		}
+		w("- %d leases: %s (%d samples of an active backend)\n", s.Leases, strings.Join(parts, ", "), n)
+	}
+	w("\n")
 	if s := c.Sched; s != nil {
 		w("### Scheduled fleet\n\n")
 		w("The %d replicas of the last fleet fire %d jobs each at every tick (`Lock(job, Tick(t))`), all at the same instant, %d ticks %v apart (a minute compressed). The winner of each job holds it 100 ms and `Unlock`s; the others skip (held, or already run for the tick). ", s.R, s.J, s.Ticks, s.Every)
@@ -115,10 +133,10 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 		perK := (s.ServerCPU - s.BaseCPU) / float64(skipsAll) * 1000
 		writes := s.Xids - s.Renews - 2*s.Wins
 		w("| calls | skips (held) | skips (already run) | wins | errors | xids | renew statements meanwhile | 2 × wins (claim + release) | left for the skips | server CPU per 1,000 skips | skip latency p50 | p99 | burst (tick → last reply) median | max |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-		w("| %d | %d | %d | %d | %d | %d | %d | %d | **%d** xids | %s | %s | %s | %s | %s |\n", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs, s.Xids, s.Renews, 2*s.Wins, writes,
+		w("| %d | %d | %d | %d | %d | %d | %d | %d | **%d** xids (autovacuum's own transactions land here too) | %s | %s | %s | %s | %s |\n", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs, s.Xids, s.Renews, 2*s.Wins, writes,
 			fmtDur(perK*1e9), fmtDur(float64(s.SkipP50)), fmtDur(float64(s.SkipP99)), fmtDur(float64(s.BurstP50)), fmtDur(float64(s.BurstMax)))
 		if v, ok := r.get("Pglease/op=Skip/driver=pgxpool", "dbcpu-us/op"); ok {
-			w("\nFor comparison, a skip on a direct pgxpool (statement cached and prepared) costs %.0f µs of server CPU (`BenchmarkPglease/op=Skip`), i.e. %s per 1,000 skips: through PgBouncer %s with `default_query_exec_mode=exec`, every claim is parsed and planned again.\n", v, fmtDur(v*1e6), c.BouncerVer)
+			w("\nFor comparison, a skip on a direct pgxpool (statement cached and prepared) costs %.0f µs of server CPU (`BenchmarkPglease/op=Skip`), i.e. %s per 1,000 skips: through %s with `default_query_exec_mode=exec`, every claim is parsed and planned again.\n", v, fmtDur(v*1e6), c.BouncerVer)
 		}
 		w("\n")
 	}
@@ -139,12 +157,16 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 		}
 		ks := c.Sat[k]
 		if found {
-			w("\n**Knee: %d claimers, %.0f claims/s** (the next step adds less than 10 %% throughput); there the server used %.2f cores and %.0f WAL fsyncs/s (%.2f claims per fsync). ",
-				ks.Workers, ks.ClaimsPerSec, ks.ServerCPU, ks.FsyncPerSec, ks.CommitsPerFsync)
+			w("\n**Knee: %d claimers, %.0f claims/s** (the highest throughput of the ramp; more claimers only add latency: claim p99 %s there, %s at %d claimers); there the server used %.2f cores and %.0f WAL fsyncs/s (%.2f claims per fsync). ",
+				ks.Workers, ks.ClaimsPerSec, fmtDur(float64(ks.P99)), fmtDur(float64(c.Sat[len(c.Sat)-1].P99)), c.Sat[len(c.Sat)-1].Workers, ks.ServerCPU, ks.FsyncPerSec, ks.CommitsPerFsync)
 		} else {
-			w("\nNo knee within the ramp: throughput still grew by 10 %% or more at the last step (%d claimers, %.0f claims/s). ", ks.Workers, ks.ClaimsPerSec)
+			w("\nNo knee within the ramp: throughput was highest at the last step (%d claimers, %.0f claims/s). ", ks.Workers, ks.ClaimsPerSec)
 		}
-		w("%s\n\n", r.whatGives(ks))
+		w("%s", r.whatGives(ks))
+		if s0 := c.Sat[0]; s0.MachineCPU >= 1.8 {
+			w(" Note that the machine was already %.0f %% busy at 1 claimer (PostgreSQL %.2f cores, client %.2f): other processes took the rest, so on a dedicated server the CPU bound lies further out.", s0.MachineCPU/2*100, s0.ServerCPU, s0.ClientCPU)
+		}
+		w("\n\n")
 	}
 	w("Peers at the same shape (etcd sessions, Redis keys) were not run in this section.\n\n")
 }
