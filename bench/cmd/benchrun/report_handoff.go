@@ -103,10 +103,11 @@ func (r *report) handoffMarkdown(w func(string, ...any)) {
 	w("Several Lockers (each on its own pool of 4) run 10 goroutines each, all in `Acquire` on one key. Whoever gets the key holds it 2 ms, `Unlock`s it and calls `Acquire` again. ")
 	w("A holder flag checked with compare-and-swap counts any acquisition while another goroutine holds the key (*overlaps*, must be 0). Claim statements are counted by a pgx tracer on every pool; *no row* is a claim that met another claim of the key in flight (it returns at once, without a transaction id). ")
 	w("xids are the change of the server's next transaction id over the run: each release and each acquisition takes one, and so does each listener self-test notification (`pg_notify` assigns one at commit); what is left is what losing claims wrote. *Handoff* runs from the releasing goroutine's `Unlock` call to the next winner's `Acquire` return.\n\n")
-	w("| mode | waiters | releases | acquisitions | overlaps | claim statements | per release | of them no row | xids | losers' xids | WAL per release | handoff median | p99 | server CPU per release |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| mode | waiters | releases | acquisitions | overlaps | claim statements | per release | of them no row | xids | losers' xids | claims' xids per claim statement (floor: acquisitions ÷ statements) | WAL per release | handoff median | p99 | server CPU per release |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range h.Crowd {
-		w("| %s | %d (%d Lockers) | %d | %d | %d | %d | %.1f | %d | %d | %d | %s | %s | %s | %s |\n", c.Mode, c.Waiters, c.Lockers, c.Releases, c.Acquired, c.Overlaps,
-			c.Claims, float64(c.Claims)/float64(c.Releases), c.ClaimNoRow, c.Xids, c.LoserXids, bytesH(c.WAL/c.Releases),
+		w("| %s | %d (%d Lockers) | %d | %d | %d | %d | %.1f | %d | %d | %d | %.4f (%.4f) | %s | %s | %s | %s |\n", c.Mode, c.Waiters, c.Lockers, c.Releases, c.Acquired, c.Overlaps,
+			c.Claims, float64(c.Claims)/float64(c.Releases), c.ClaimNoRow, c.Xids, c.LoserXids,
+			float64(c.Acquired+c.LoserXids)/float64(max(c.Claims, 1)), float64(c.Acquired)/float64(max(c.Claims, 1)), bytesH(c.WAL/c.Releases),
 			ms(pctNs(c.Handoff, 50)), ms(pctNs(c.Handoff, 99)), fmtDur(c.ServerCPU*1e9/float64(c.Releases)))
 	}
 	w("\nListener connections are counted in `pg_stat_activity` (client backends whose last statement is `LISTEN`), while all the waiters wait behind a blocker and again after the run, once nobody waits.\n\n")
