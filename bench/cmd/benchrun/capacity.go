@@ -33,6 +33,11 @@ type capacityConfig struct {
 	schedEvery  time.Duration // the compressed minute
 	satSteps    string        // concurrency steps of the saturation ramp
 	satStep     time.Duration // duration of each step
+	peers       bool          // run the peers at the last fleet shape
+	redisAddr   string        // set by the runner when the peers run
+	redisPID    int
+	etcdURL     string
+	etcdPID     int
 }
 
 func capacityFlags(c *capacityConfig) {
@@ -47,6 +52,7 @@ func capacityFlags(c *capacityConfig) {
 	flag.DurationVar(&c.schedEvery, "sched-every", 10*time.Second, "interval between ticks (the compressed minute)")
 	flag.StringVar(&c.satSteps, "sat-steps", "1,2,4,8,16,32,64", "concurrent claimers of the saturation ramp (direct connections: with the background fleet's 100 they must fit max_connections)")
 	flag.DurationVar(&c.satStep, "sat-step", 6*time.Second, "duration of each saturation step")
+	flag.BoolVar(&c.peers, "capacity-peers", true, "also hold the last fleet shape's leases in Redis (appendfsync always) and etcd, when they run")
 }
 
 // shapeResult is one fleet shape in steady state.
@@ -110,6 +116,8 @@ type capacityReport struct {
 	Sched      *schedResult
 	Sat        []satStep
 	SatBg      string
+	Peers      []peerShape
+	PeersWhy   string
 	Lease      time.Duration
 	Beat       time.Duration
 	Pool       int
@@ -326,6 +334,33 @@ func runCapacity(ctx context.Context, cl *pgcluster.Cluster, cpu *benchenv.Serve
 		if out.Sat, out.SatBg, err = saturation(ctx, url, admin, cpu, c); err != nil {
 			return nil, fmt.Errorf("saturation: %w", err)
 		}
+	}
+	if c.peers && len(shapes) > 0 {
+		r, j := shapes[len(shapes)-1][0], shapes[len(shapes)-1][1]
+		var why []string
+		if c.redisAddr != "" {
+			logf("capacity: Redis (appendfsync always) holding %d replicas × %d keys", r, j)
+			p, err := redisFleet(ctx, c.redisAddr, c.redisPID, r, j, c.lease, c.window)
+			if err != nil {
+				why = append(why, "Redis: "+err.Error())
+			} else {
+				out.Peers = append(out.Peers, p)
+			}
+		} else {
+			why = append(why, "Redis did not run (redis-server not installed)")
+		}
+		if c.etcdURL != "" {
+			logf("capacity: etcd holding %d replicas × %d keys", r, j)
+			p, err := etcdFleet(ctx, c.etcdURL, c.etcdPID, r, j, c.lease, c.window)
+			if err != nil {
+				why = append(why, "etcd: "+err.Error())
+			} else {
+				out.Peers = append(out.Peers, p)
+			}
+		} else {
+			why = append(why, "etcd did not run (etcd-server not installed)")
+		}
+		out.PeersWhy = strings.Join(why, "; ")
 	}
 	return out, nil
 }

@@ -132,6 +132,7 @@ func run(c config, args []string) error {
 	rep.Machine = append(benchenv.MachineInfo(), [2]string{"Go", runtime.Version()})
 
 	env := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+cl.URL())
+	peerProcs := map[string]*benchenv.Proc{}
 	peer := func(name, envName string, start func() (*benchenv.Proc, error), versionCmd ...string) {
 		p, err := start()
 		if err != nil {
@@ -148,6 +149,7 @@ func run(c config, args []string) error {
 			return
 		}
 		rep.Peers = append(rep.Peers, [2]string{name, benchenv.Version(versionCmd[0], versionCmd[1:]...)})
+		peerProcs[envName] = p
 		env = append(env, envName+"="+p.Addr)
 		stops = append(stops, p.Stop)
 	}
@@ -226,6 +228,12 @@ func run(c config, args []string) error {
 	}
 	if c.has("capacity") {
 		rep.LoadBefore["capacity"] = loadAvg()
+		if p := peerProcs["PGLEASE_BENCH_REDIS_FSYNC_ADDR"]; p != nil {
+			c.capacity.redisAddr, c.capacity.redisPID = p.Addr, p.PID()
+		}
+		if p := peerProcs["PGLEASE_BENCH_ETCD_URL"]; p != nil {
+			c.capacity.etcdURL, c.capacity.etcdPID = p.Addr, p.PID()
+		}
 		if rep.Capacity, err = runCapacity(ctx, cl, cpu, c.capacity); err != nil {
 			return fmt.Errorf("capacity: %w", err)
 		}

@@ -168,7 +168,24 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 		}
 		w("\n\n")
 	}
-	w("Peers at the same shape (etcd sessions, Redis keys) were not run in this section.\n\n")
+	if len(c.Peers) > 0 {
+		w("### Peers at the same shape\n\n")
+		w("The last fleet shape's leases held by the peers instead, same lease and beat, one client (one connection) per replica, the peer server on this machine. CPU is the peer server's process (`/proc/<pid>/stat`), per second of the window; latency is one replica's refresh round trip.\n\n")
+		w("| holder of the leases | replicas | leases each | how | setup | server CPU | refresh round trips/s | refresh p50 | p99 | lost |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, s := range c.Shapes {
+			if s.R == c.Peers[0].R && s.J == c.Peers[0].J {
+				w("| **pglease** (PostgreSQL, via %s) | %d | %d | one renew statement per replica and beat | %v | %.2f %% | %.1f | %s | %s | %d |\n", s.Via, s.R, s.J, s.ClaimTook.Round(100*time.Millisecond), s.ServerCPU*100,
+					s.PerKind[benchenv.KindRenew], durOrDash(s.RenewP50), durOrDash(s.RenewP99), s.Lost)
+			}
+		}
+		for _, p := range c.Peers {
+			w("| %s | %d | %d | %s | %v | %.2f %% | %.1f | %s | %s | %d |\n", p.Peer, p.R, p.J, p.How, p.SetupTook.Round(100*time.Millisecond), p.CPU*100, p.RefreshPerS, durOrDash(p.P50), durOrDash(p.P99), p.Lost)
+		}
+		w("\n")
+	}
+	if c.PeersWhy != "" {
+		w("Peers not measured at the fleet shape: %s.\n\n", c.PeersWhy)
+	}
 }
 
 // whatGives names the resource that ran out first at the knee.

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/pglease/pglease/bench/internal/benchenv"
+)
+
+// peerShape is a peer holding the fleet's leases at the same shape.
+type peerShape struct {
+	Peer         string
+	R, J         int
+	SetupTook    time.Duration
+	Window       time.Duration
+	CPU          float64 // cores: the peer server's process
+	RefreshPerS  float64 // refresh round trips per second (all replicas)
+	P50, P99     time.Duration
+	Lost, Errors int64
+	How          string
+}
+
+// procCPU is the CPU time of a process and its reaped children, in seconds.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+1:])
+	if len(f) < 15 {
+		return 0
+	}
+	var t int64
+	for _, k := range []int{11, 12, 13, 14} {
+		v, _ := strconv.ParseInt(f[k], 10, 64)
+		t += v
+	}
+	return float64(t) / 100
+}
+
+// refreshScript extends a key's TTL only while it still holds this
+// replica's token, as a lock library's refresh does (bsm/redislock).
+var refreshScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("pexpire", KEYS[1], ARGV[2]) else return 0 end`)
+
+// redisFleet: R replicas (a go-redis client each, one connection) hold J
+// keys each (SET NX PX lease) and refresh them every beat with one
+// pipelined round trip of J token-checked PEXPIREs (a Lua script each).
+func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
+	res := peerShape{Peer: "Redis, appendfsync always", R: r, J: j,
+		How: fmt.Sprintf("SET NX PX %v per key; every %v one pipeline of %d token-checked PEXPIRE scripts per replica", lease, lease/3, j)}
+	t0 := time.Now()
+	clients := make([]*redis.Client, r)
+	defer func() {
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	var lost, errs atomic.Int64
+	var mu sync.Mutex
+	var durs []int64
+	measuring := atomic.Bool{}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	for i := 0; i < r; i++ {
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MinIdleConns: 1})
+		clients[i] = c
+		token := fmt.Sprintf("replica-%04d", i)
+		pipe := c.Pipeline()
+		for k := 0; k < j; k++ {
+			pipe.SetNX(ctx, fmt.Sprintf("peerfleet-%04d-%03d", i, k), token, lease)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return res, fmt.Errorf("redis setup: %w", err)
+		}
+		if err := refreshScript.Load(ctx, c).Err(); err != nil {
+			return res, err
+		}
+		wg.Add(1)
+		go func(i int, c *redis.Client) {
+			defer wg.Done()
+			beat := lease / 3
+			t := time.NewTimer(beat)
+			defer t.Stop()
+			for {
+				select {
+				case <-rctx.Done():
+					return
+				case <-t.C:
+				}
+				t.Reset(beat)
+				t1 := time.Now()
+				pipe := c.Pipeline()
+				cmds := make([]*redis.Cmd, j)
+				for k := 0; k < j; k++ {
+					cmds[k] = refreshScript.EvalSha(rctx, pipe, []string{fmt.Sprintf("peerfleet-%04d-%03d", i, k)}, token, lease.Milliseconds())
+				}
+				_, err := pipe.Exec(rctx)
+				d := time.Since(t1)
+				if rctx.Err() != nil {
+					return
+				}
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				for _, cmd := range cmds {
+					if v, _ := cmd.Int64(); v != 1 {
+						lost.Add(1)
+					}
+				}
+				if measuring.Load() {
+					mu.Lock()
+					durs = append(durs, int64(d))
+					mu.Unlock()
+				}
+			}
+		}(i, c)
+	}
+	res.SetupTook = time.Since(t0)
+	cpu0, w0 := procCPU(pid), time.Now()
+	measuring.Store(true)
+	time.Sleep(window)
+	measuring.Store(false)
+	res.Window = time.Since(w0)
+	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	stop()
+	wg.Wait()
+	slices.Sort(durs)
+	res.RefreshPerS = float64(len(durs)) / res.Window.Seconds()
+	res.P50, res.P99 = benchenv.Pct(durs, 50), benchenv.Pct(durs, 99)
+	res.Lost, res.Errors = lost.Load(), errs.Load()
+	return res, nil
+}
+
+// etcdFleet: R replicas (a clientv3 client each) open a session (a lease
+// kept alive by the client, TTL = lease) and put J keys attached to it.
+// The keep-alive is one stream message per replica every TTL/3; it times
+// nothing per key, so the latency column is empty.
+func etcdFleet(ctx context.Context, url string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
+	res := peerShape{Peer: "etcd (single member)", R: r, J: j,
+		How: fmt.Sprintf("one concurrency.Session per replica (lease TTL %v, kept alive by the client every TTL/3), %d keys put under its lease", lease, j)}
+	t0 := time.Now()
+	var clis []*clientv3.Client
+	var sess []*concurrency.Session
+	defer func() {
+		for _, s := range sess {
+			if s != nil {
+				_ = s.Close()
+			}
+		}
+		for _, c := range clis {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	clis = make([]*clientv3.Client, r)
+	sess = make([]*concurrency.Session, r)
+	var first atomic.Value
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < r && first.Load() == nil; i = int(next.Add(1)) - 1 {
+				if err := etcdReplica(ctx, url, i, j, lease, clis, sess); err != nil {
+					first.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, ok := first.Load().(error); ok {
+		return res, err
+	}
+	res.SetupTook = time.Since(t0)
+	cpu0, w0 := procCPU(pid), time.Now()
+	time.Sleep(window)
+	res.Window = time.Since(w0)
+	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	for _, s := range sess {
+		if s == nil {
+			continue
+		}
+		select {
+		case <-s.Done():
+			res.Lost += int64(j)
+		default:
+		}
+	}
+	res.RefreshPerS = float64(r) / (lease / 3).Seconds()
+	return res, nil
+}
+
+// etcdReplica opens replica i's client and session and puts its keys.
+func etcdReplica(ctx context.Context, url string, i, j int, lease time.Duration, clis []*clientv3.Client, sess []*concurrency.Session) error {
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	clis[i] = c
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(int(lease.Seconds())))
+	if err != nil {
+		return err
+	}
+	sess[i] = s
+	ops := make([]clientv3.Op, 0, j)
+	for k := 0; k < j; k++ {
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/peerfleet/%04d/%03d", i, k), "held", clientv3.WithLease(s.Lease())))
+	}
+	for len(ops) > 0 { // etcd's default max-txn-ops is 128
+		n := min(len(ops), 100)
+		if _, err := c.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			return fmt.Errorf("etcd setup: %w", err)
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
