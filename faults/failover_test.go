@@ -50,7 +50,7 @@ func (fp *foPair) url() string {
 // the old primary stopped: for an asynchronous standby, the standby first
 // stops receiving for 2–3 leases while the replicas go on (the
 // commits they make then are lost at the failover); the primary is killed
-// (-9), the standby's rows are read (the snapshot the checker compares the
+// (-9) or stopped (fast shutdown), the standby's rows are read (the snapshot the checker compares the
 // acknowledged grants and writes with) and it is promoted; a new standby of
 // it is made on the dead primary's port.
 func failoverFault(e *env, _ *handle) string {
@@ -63,9 +63,15 @@ func failoverFault(e *env, _ *handle) string {
 		lag = 2*e.lease() + time.Duration(e.rng.IntN(int(e.lease())))
 		e.sleep(lag)
 	}
+	// Half the time the old primary is stopped (fast shutdown, as Patroni
+	// does when it can reach it), half the time it dies (kill -9).
+	how, stop := "kill -9", fp.primary.Crash
+	if e.rng.IntN(2) == 0 {
+		how, stop = "fast stop", fp.primary.Stop
+	}
 	t0 := Mono()
-	if err := fp.primary.Crash(); err != nil {
-		e.t.Fatalf("kill the primary: %v", err)
+	if err := stop(); err != nil {
+		e.t.Fatalf("%s of the primary: %v", how, err)
 	}
 	if err := fp.standby.WaitReplayedReceived(e.ctx); err != nil {
 		e.t.Fatalf("standby replay: %v", err)
@@ -90,7 +96,7 @@ func failoverFault(e *env, _ *handle) string {
 	if !fp.sync {
 		mode = fmt.Sprintf("async, standby %v behind", lag.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("primary kill -9, standby promoted in %v (%s; now timeline %d), new standby", promoted.Round(time.Millisecond), mode, tl)
+	return fmt.Sprintf("primary %s, standby promoted in %v (%s; now timeline %d), new standby", how, promoted.Round(time.Millisecond), mode, tl)
 }
 
 // snapshot records the standby's lease fences and resource counters per
