@@ -305,10 +305,16 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		return nil
 	}
 	lostWhat := func(what string, e Event, have int64) {
-		if cfg.SyncStandby {
-			add(8, "%s of %s on %q (%d) acknowledged at %s was lost by the failover at %s (the promoted synchronous standby had %d)",
-				what, e.Proc, e.Key, e.Fence, ts(e.T), ts(nextFailover(e.T).t0), have)
+		if !cfg.SyncStandby {
+			return
 		}
+		if what == "the grant" {
+			add(8, "the grant of fence %d on %q to %s, acknowledged at %s, was lost by the failover at %s (the promoted synchronous standby had fence %d)",
+				e.Fence, e.Key, e.Proc, ts(e.T), ts(nextFailover(e.T).t0), have)
+			return
+		}
+		add(8, "a write of %s on %q (fence %d, write #%d), acknowledged at %s, was lost by the failover at %s (the promoted synchronous standby had %d writes)",
+			e.Proc, e.Key, e.Fence, e.N, ts(e.T), ts(nextFailover(e.T).t0), have)
 	}
 	for _, l := range leases {
 		if f := nextFailover(l.grant.T); f != nil && l.grant.Fence > f.fence[l.id.key] {
