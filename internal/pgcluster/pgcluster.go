@@ -1,6 +1,9 @@
 // Package pgcluster starts a throw-away PostgreSQL server from the local
 // server binaries (initdb and postgres), in a temporary directory, on a free
 // loopback port. The tests, the benchmarks and `pglease demo` use it.
+// standby.go adds streaming standbys (StartStandby), promotion, a standby
+// made to fall behind on purpose (StopReceiving) and the timeline, for the
+// failover tests; Crash and StartAgain give kill -9 and crash recovery.
 //
 // When the process runs as root, the data directory is handed to the
 // "postgres" system user and the server runs as that user, because PostgreSQL
