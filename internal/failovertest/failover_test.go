@@ -59,6 +59,17 @@ func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
 		}
 		t.Logf("Lock during the failover: %v", err)
 	}, held...)
+	// The premise: the promoted standby has job up to fence 3, no fresh.
+	sdb := x.open("pgx", x.s.URL())
+	var jobFence int64
+	var freshRows int
+	if err := sdb.QueryRowContext(x.ctx, `SELECT (SELECT fence FROM leases WHERE key = 'job'), (SELECT count(*) FROM leases WHERE key = 'fresh')`).Scan(&jobFence, &freshRows); err != nil {
+		t.Fatal(err)
+	}
+	if jobFence != 3 || freshRows != 0 {
+		t.Fatalf("the promoted standby has job at fence %d and %d rows of fresh; the scenario needs 3 and 0", jobFence, freshRows)
+	}
+	t.Logf("the promoted standby had %q up to fence %d and no row for %q", "job", jobFence, "fresh")
 	if le, failed := x.lockRetry(probe, "probe"); failed > 0 {
 		t.Errorf("after the promotion, the probe Locker needed %d retries", failed)
 	} else {

@@ -200,10 +200,12 @@ func (c *Cluster) WaitReplayedReceived(ctx context.Context) error {
 }
 
 // WaitReplayed waits until the standby c has replayed everything the
-// primary p had written when it was called.
+// primary p had inserted into its WAL when it was called — including
+// commits made with synchronous_commit off, which the primary's WAL writer
+// flushes (and only then sends) within wal_writer_delay.
 func (c *Cluster) WaitReplayed(ctx context.Context, p *Cluster) error {
 	var lsn string
-	if err := p.queryRow(ctx, `SELECT pg_current_wal_lsn()::text`, nil, &lsn); err != nil {
+	if err := p.queryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`, nil, &lsn); err != nil {
 		return err
 	}
 	return poll(ctx, 60*time.Second, func(ctx context.Context) (bool, error) {
