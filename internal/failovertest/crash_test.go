@@ -107,8 +107,10 @@ func TestCrashAfterAcknowledgedReleases(t *testing.T) {
 			t.Errorf("%q: row gone after the crash", le.Key())
 		case r.Fence != le.Fence() || r.Holder != "before":
 			t.Errorf("%q: after the crash the row has holder %q fence %d; want %q fence %d", le.Key(), r.Holder, r.Fence, "before", le.Fence())
-		case i >= nRel && r.State != "held":
-			t.Errorf("%q was held at the crash (a durable claim) but is %s after it", le.Key(), r.State)
+		case i >= nRel && r.State == "released":
+			// Held at the crash (a durable claim): held after it, or
+			// expired if recovery outlasted the lease.
+			t.Errorf("%q was held at the crash but is released after it", le.Key())
 		case i < nRel && r.State == "released":
 			released++
 		case i < nRel && (r.State == "held" && r.ExpiresIn <= dur || r.State == "expired"):
@@ -187,7 +189,7 @@ func TestCrashAfterAcknowledgedReleases(t *testing.T) {
 	kept := 0
 	for _, r := range rows {
 		if f, ok := claimed[r.Key]; ok {
-			if r.Holder != "before" || r.Fence != f || r.State != "held" {
+			if r.Holder != "before" || r.Fence != f || r.State == "released" {
 				t.Errorf("%q: claimed (fence %d) just before the crash; after it: holder %q fence %d %s", r.Key, f, r.Holder, r.Fence, r.State)
 				continue
 			}
