@@ -43,12 +43,23 @@ func (l *Locker) releaseInBackground(le *Lease) {
 // itself).
 func (l *Locker) retryInBackground(what, key string, fn func(ctx context.Context) error) {
 	l.background(func() {
-		for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		for attempt, delay := 1, 10*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
 			err := l.withReleaseTimeout(fn)
-			if err == nil || l.ctx.Err() != nil {
+			if err == nil {
+				if attempt > 1 {
+					l.log.Info("pglease: "+what+": done", "key", key, "holder", l.holder, "attempts", attempt)
+				}
 				return
 			}
-			l.log.Warn("pglease: "+what+" failed, will retry", "key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
+			if l.ctx.Err() != nil {
+				l.log.Warn("pglease: "+what+": gave up at Close; the row expires by itself",
+					"key", key, "holder", l.holder, "attempts", attempt, "error", l.table.wrapDB(what, err))
+				return
+			}
+			if attempt == 1 { // one line per clean-up, not one per retry
+				l.log.Warn("pglease: "+what+" failed, retrying in the background",
+					"key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
+			}
 			if !ctxsleep.For(l.ctx, delay) {
 				return
 			}
