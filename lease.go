@@ -119,12 +119,17 @@ func (le *Lease) Deadline() time.Time {
 	return le.deadline
 }
 
-// Done is closed when the lease ends: lost, unlocked, or its Locker closed.
+// Done is closed when the lease ends: lost, unlocked (by Unlock, by Close,
+// or when a Campaign's context ends).
 func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 
 // Context is cancelled when the lease ends. It carries the values of the
-// context given to Lock, not its cancellation. context.Cause(ctx) tells why:
-// an error wrapping ErrLeaseLost, or ErrUnlocked.
+// context given to Lock or Acquire, not its cancellation: such a lease lives
+// until Unlock (use Locker.Do for work that should also stop with the
+// caller's context). A lease from Campaign is different: it is released
+// when Campaign's context ends, so its Context ends then too.
+// context.Cause(ctx) tells why: an error wrapping ErrLeaseLost, or
+// ErrUnlocked.
 func (le *Lease) Context() context.Context { return le.ctx }
 
 // Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
