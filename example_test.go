@@ -247,3 +247,34 @@ func ExampleLocker_Acquire() {
 	// Output:
 	// acquired, fence 2
 }
+
+// Campaign, the bare form of leader election: it blocks until this replica
+// leads, and leadership ends with its context (the lease is released, its
+// Context cancelled) — so a loop under signal.NotifyContext resigns on
+// shutdown.
+func ExampleLocker_Campaign() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgtest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_campaign")
+	_ = pglease.Migrate(ctx, db, table)
+	locker, _ := pglease.New(db, table)
+	defer locker.Close()
+
+	run, shutdown := context.WithCancel(ctx)
+	lead, err := locker.Campaign(run, "scheduler-leader")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("leading, term", lead.Fence())
+	shutdown()              // SIGTERM
+	<-lead.Context().Done() // stop leading...
+	fmt.Println(lead.Err()) // ...the lease was released
+	_ = lead.Unlock(ctx)    // idempotent: nothing left to do
+
+	_, _ = db.Exec(`DROP TABLE example_campaign, example_campaign_version, example_campaign_fences`)
+	// Output:
+	// leading, term 1
+	// pglease: lease unlocked
+}
