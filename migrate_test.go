@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pglease/pglease/internal/pgtest"
 )
@@ -99,5 +100,54 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 	}
 	if _, err := SchemaSQL(`x"y`); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("SchemaSQL injected: %v", err)
+	}
+}
+
+// A table migrated by the previous release (schema version 2, leases in
+// it) upgrades in place: the columns of version 3 are added, the leases and
+// their fences are kept, and claims go on from there.
+func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
+	tbl := pgtest.Table(t)
+	admin := pgtest.SQL(t, 2)
+	c := ctx(t)
+	tb, err := parseTable(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tb.statements()
+	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
+		t.Fatal(err)
+	}
+	for v, m := range migrations[:2] {
+		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
+		VALUES ('job', 'old', 1, 5, now() - interval '1 minute', now() - interval '30 seconds', now() - interval '40 seconds')`); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := SchemaVersionOf(c, admin, WithTable(tbl)); v != 2 {
+		t.Fatalf("set-up: version %d", v)
+	}
+	for i := 0; i < 2; i++ { // idempotent
+		if err := Migrate(c, admin, WithTable(tbl)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, _ := SchemaVersionOf(c, admin, WithTable(tbl)); v != SchemaVersion() {
+		t.Fatalf("after Migrate: version %d, want %d", v, SchemaVersion())
+	}
+	l, err := New(admin, WithTable(tbl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.Lock(c, "job", MinHold(time.Second), Tick(time.Now()))
+	if err != nil || le.Fence() != 6 {
+		t.Fatalf("claim after the upgrade: %v (fence %v)", err, le)
 	}
 }
