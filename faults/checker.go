@@ -17,14 +17,19 @@ func (v Violation) String() string { return fmt.Sprintf("(%d) %s", v.Invariant, 
 
 // Stats summarise a history.
 type Stats struct {
-	Grants, Handoffs, Takeovers   int // takeovers: handoffs after a loss rather than an Unlock
-	Losses, Unlocks               int
-	WritesOK, WritesRejected      int
-	WriteErrors, ClaimErrors      int
-	RenewOK, RenewFailed          int
-	OtherWarns                    int // WARN logs other than failed renews
-	Faults, Pauses, Kills, Probes int
-	MaxProbe                      time.Duration // slowest re-acquisition after the faults
+	Grants, Handoffs, Takeovers int // takeovers: handoffs after a loss rather than an Unlock
+	Losses, Unlocks             int
+	WritesOK, WritesRejected    int
+	WriteErrors, ClaimErrors    int
+	RenewOK, RenewFailed        int
+	OtherWarns                  int // WARN logs other than failed renews and the listener's
+	// WaitGrants: grants to waiters (Acquire); WaitTimeouts: Acquire calls
+	// that ended at their bound without the key; ListenWarns: the Lockers'
+	// WARNs that their listener was lost or did not deliver its probe (so
+	// waiters polled).
+	WaitGrants, WaitTimeouts, ListenWarns int
+	Faults, Pauses, Kills, Probes         int
+	MaxProbe                              time.Duration // slowest re-acquisition after the faults
 	// LateDoneInUnlock counts leases whose holder had called Unlock before
 	// the next holder's grant, but whose Done closed only after it (the
 	// Unlock was stuck: no connection, or no network). The holder had
@@ -165,6 +170,9 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		switch e.Kind {
 		case EvGranted:
 			st.Grants++
+			if e.Via == "acquire" {
+				st.WaitGrants++
+			}
 			if old, dup := leases[id]; dup {
 				add(2, "fence %d on %q granted twice to %s (at %s and %s)", e.Fence, e.Key, e.Proc, ts(old.grant.T), ts(e.T))
 				continue
@@ -209,6 +217,10 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			st.RenewFailed++
 		case EvWarn:
 			st.OtherWarns++
+		case EvListenWarn:
+			st.ListenWarns++
+		case EvWaitTimeout:
+			st.WaitTimeouts++
 		case EvPause:
 			st.Pauses++
 			pauses[e.Proc] = append(pauses[e.Proc], [2]int64{e.T0, e.T})

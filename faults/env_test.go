@@ -106,6 +106,8 @@ type scenario struct {
 	inject   func(e *env, h *handle) string // one fault while h holds a key
 	expect   int                            // broken variants: the invariant that must be violated
 	longOnly bool                           // runs in the long profile, or when named in FAULTS_ONLY
+	// listenNever: every second waiting replica uses WithListen(ListenNever).
+	listenNever bool
 }
 
 // handle is one replica, goroutine or process.
@@ -171,12 +173,17 @@ func (e *env) replicaURL(addr string) string {
 	return WithAppName(s, e.app)
 }
 
-func (e *env) config(id string, addr string) ReplicaConfig {
+// config is replica number seq's configuration. Even-numbered replicas
+// wait in Acquire (bounded by 5 leases), odd ones Lock and retry; in the
+// kinds with listenNever, every second waiter has WithListen(ListenNever).
+func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 	c := ReplicaConfig{
 		ID: id, URL: e.replicaURL(addr), Table: e.table, Keys: e.keys,
 		Lease: e.lease(), Margin: e.lease() / 10,
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
+		Wait: seq%2 == 0, WaitFor: 5 * e.lease(),
+		ListenNever: e.sc.listenNever && seq%4 == 0,
 	}
 	if e.sc.variant != Correct {
 		// A broken holder keeps going past the faults, where it does harm.
@@ -189,7 +196,8 @@ func (e *env) config(id string, addr string) ReplicaConfig {
 func (e *env) spawn() *handle {
 	e.mu.Lock()
 	e.seq++
-	id := fmt.Sprintf("%s-r%d", e.app, e.seq)
+	seq := e.seq
+	id := fmt.Sprintf("%s-r%d", e.app, seq)
 	e.mu.Unlock()
 	h := &handle{id: id}
 	addr := e.target
@@ -201,7 +209,7 @@ func (e *env) spawn() *handle {
 		h.proxy = p
 		addr = p.Addr()
 	}
-	cfg := e.config(id, addr)
+	cfg := e.config(id, seq, addr)
 	if e.sc.process {
 		cfg.History = filepath.Join(e.dir, id+".jsonl")
 		h.hist = cfg.History

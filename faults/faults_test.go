@@ -205,8 +205,8 @@ func scenarios() []scenario {
 			server: "failover-async", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
 		{name: "failover-sync", what: "synchronous standby: primary killed (-9) or stopped (fast) while leases are held, standby promoted, a new synchronous standby on the old port; replicas on a multi-host URL; long profile",
 			server: "failover-sync", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
-		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it",
-			server: "bouncer", proxies: true, replicas: 3, keys: 2, inject: bouncerFaults},
+		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; of the waiters, one listens by default (ListenWhenWaiting: the probe must fail, waiters poll), one has WithListen(ListenNever)",
+			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
 			server: "shared", proxies: true, replicas: 3, keys: 2, variant: BrokenUnfenced, inject: partition, expect: 1},
 		{name: "BROKEN-no-deadline", what: "broken replicas: no local deadline (learn of a loss only from the server); partitions",
@@ -335,6 +335,9 @@ func addStats(a *Stats, b Stats) {
 	a.RenewOK += b.RenewOK
 	a.RenewFailed += b.RenewFailed
 	a.OtherWarns += b.OtherWarns
+	a.WaitGrants += b.WaitGrants
+	a.WaitTimeouts += b.WaitTimeouts
+	a.ListenWarns += b.ListenWarns
 	a.Faults += b.Faults
 	a.Pauses += b.Pauses
 	a.Kills += b.Kills
@@ -355,7 +358,7 @@ func addStats(a *Stats, b Stats) {
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "| fault | runs | faults | grants | handoffs | after a loss | losses signalled | renew failures (other WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
+	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
@@ -373,8 +376,8 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 		if r.st.Failovers > 0 {
 			fo = fmt.Sprintf("%d: %d / %d / %d", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %d | %d | %v | %d | %s | %s |\n",
-			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d)", r.st.RenewFailed, r.st.OtherWarns),
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %s | %d | %d | %v | %d | %s | %s |\n",
+			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.WaitGrants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d; %d)", r.st.RenewFailed, r.st.OtherWarns, r.st.ListenWarns),
 			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo, viol)
 	}
 	b.WriteString("\nFaults:\n\n")

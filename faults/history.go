@@ -25,7 +25,9 @@ import (
 
 // Event kinds.
 const (
-	EvGranted     = "granted"      // Lock returned a lease; T0 claim sent, T reply
+	EvGranted     = "granted"      // Lock or Acquire returned a lease (Via: lock, acquire); T0 claim sent (Acquire: called), T reply
+	EvWaitTimeout = "wait_timeout" // a waiter's Acquire ended at its WaitFor bound without the key (T0: called)
+	EvListenWarn  = "listen_warn"  // the Locker's WARN that its listener is lost or not delivering (waiters poll)
 	EvClaimErr    = "claim_err"    // Lock failed other than ErrAlreadyLocked
 	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
 	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
@@ -131,7 +133,8 @@ func Merge(hs ...[]Event) []Event {
 	return all
 }
 
-// logHandler turns the Locker's WARN "renew failed" records into events.
+// logHandler turns the Locker's WARN records into events: renew_failed,
+// listen_warn (the listener is not trusted), warn (any other).
 type logHandler struct {
 	rec  *Recorder
 	proc string
@@ -148,8 +151,11 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 			return true
 		})
 		kind := EvWarn
-		if strings.Contains(r.Message, "renew failed") {
+		switch {
+		case strings.Contains(r.Message, "renew failed"):
 			kind = EvRenewFailed
+		case strings.Contains(r.Message, "listener"):
+			kind = EvListenWarn
 		}
 		h.rec.Add(Event{Proc: h.proc, Kind: kind, Detail: truncate(r.Message+": "+detail, 200)})
 	}

@@ -47,8 +47,14 @@ type ReplicaConfig struct {
 	Workers    int           `json:"workers"`
 	PoolSize   int           `json:"pool_size"`
 	Variant    Variant       `json:"variant"`
-	Seed       uint64        `json:"seed"`
-	History    string        `json:"history,omitempty"` // process mode: history file
+	// Wait: the worker waits in Acquire (bounded by WaitFor) instead of
+	// calling Lock and retrying a few ms later on ErrAlreadyLocked.
+	Wait    bool          `json:"wait,omitempty"`
+	WaitFor time.Duration `json:"wait_for,omitempty"` // Acquire's context; default 5 leases
+	// ListenNever: WithListen(ListenNever), waiters poll.
+	ListenNever bool   `json:"listen_never,omitempty"`
+	Seed        uint64 `json:"seed"`
+	History     string `json:"history,omitempty"` // process mode: history file
 }
 
 // ResourceTable is the table fenced writes go to.
@@ -109,6 +115,12 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 	}
 	if cfg.Margin > 0 {
 		opts = append(opts, pglease.WithSafetyMargin(cfg.Margin))
+	}
+	if cfg.ListenNever {
+		opts = append(opts, pglease.WithListen(pglease.ListenNever))
+	}
+	if cfg.Wait && cfg.WaitFor == 0 {
+		cfg.WaitFor = 5 * cfg.Lease
 	}
 	l, err := pglease.New(db, opts...)
 	if err != nil {
@@ -181,10 +193,13 @@ func (r *Replica) worker(ctx context.Context, w int) {
 	for ctx.Err() == nil {
 		key := r.cfg.Keys[rng.IntN(len(r.cfg.Keys))]
 		t0 := Mono()
-		cctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Lease+time.Second)
-		le, err := r.locker.Lock(cctx, key)
-		cancel()
+		le, err := r.claim(ctx, key)
 		switch {
+		case r.cfg.Wait && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			// Waited WaitFor without getting the key: wait again (maybe
+			// for the other key).
+			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvWaitTimeout, Key: key})
+			continue
 		case errors.Is(err, pglease.ErrAlreadyLocked):
 			sleepCtx(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)
 			continue
@@ -196,9 +211,27 @@ func (r *Replica) worker(ctx context.Context, w int) {
 			sleepCtx(ctx, r.cfg.Lease/10)
 			continue
 		}
-		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvGranted, Key: key, Fence: le.Fence()})
+		via := "lock"
+		if r.cfg.Wait {
+			via = "acquire"
+		}
+		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvGranted, Key: key, Fence: le.Fence(), Via: via})
 		r.hold(ctx, le, rng)
 	}
+}
+
+// claim is one Lock, or (waiting mode) one Acquire bounded by WaitFor. A
+// waiter's grant is recorded with T0 = the call to Acquire, the earliest
+// its claim can have been sent (conservative for invariant 2).
+func (r *Replica) claim(ctx context.Context, key string) (*pglease.Lease, error) {
+	if r.cfg.Wait {
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.WaitFor)
+		defer cancel()
+		return r.locker.Acquire(cctx, key)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Lease+time.Second)
+	defer cancel()
+	return r.locker.Lock(cctx, key)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
