@@ -3,12 +3,15 @@ package faults
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgbouncer"
 	"github.com/pglease/pglease/internal/pgtest"
 )
@@ -89,15 +92,172 @@ func TestPgBouncerLeaseVersusAdvisoryLock(t *testing.T) {
 		}
 	}
 	res := runScenario(t, sc, prof, 0, nil, b.Addr())
-	t.Logf("lease via PgBouncer: grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, violations %d",
-		res.Stats.Grants, res.Stats.Handoffs, res.Stats.Takeovers, res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.Total())
+	t.Logf("lease via PgBouncer: grants %d (to waiters %d), handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, listener WARNs %d, violations %d",
+		res.Stats.Grants, res.Stats.WaitGrants, res.Stats.Handoffs, res.Stats.Takeovers, res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.ListenWarns, res.Stats.Total())
 	for _, v := range res.Violations {
 		t.Errorf("lease via PgBouncer: %v", v)
 	}
-	if res.Stats.Handoffs == 0 || res.Stats.WritesOK == 0 {
-		t.Errorf("lease via PgBouncer: nothing exercised")
+	if res.Stats.Handoffs == 0 || res.Stats.WritesOK == 0 || res.Stats.WaitGrants == 0 {
+		t.Errorf("lease via PgBouncer: not exercised (handoffs %d, writes %d, grants to waiters %d)", res.Stats.Handoffs, res.Stats.WritesOK, res.Stats.WaitGrants)
 	}
 	if strings.Contains(b.Log(), "FATAL") {
 		t.Logf("pgbouncer log:\n%s", b.Log())
 	}
+}
+
+// waitOutcome is what a waiter saw while another Locker held its key.
+type waitOutcome struct {
+	listenWarns []string      // the waiter's listener WARNs before the release
+	handoff     time.Duration // the holder's Unlock returned … the waiter's Acquire returned
+	heartbeat   time.Duration // the waiter's heartbeat (its wait when it wrongly trusts its listener)
+}
+
+// waitThrough runs one holder and one waiting Locker on their own pools at
+// url: the holder keeps key (lease 20 s, heartbeat 6 s) while the waiter
+// waits in Acquire (poll interval poll) for at least settle — or, with untilWarn, until
+// its listener logged a WARN — then the holder unlocks and the waiter must
+// get the key.
+func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pglease.ListenMode, poll, settle time.Duration, untilWarn bool) waitOutcome {
+	t.Helper()
+	table := fmt.Sprintf("flt_wait_%d_%s", os.Getpid(), strings.ReplaceAll(key, "-", "_"))
+	admin := pgtest.SQL(t, 2)
+	if err := pglease.Migrate(ctx, admin, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{table, table + "_version", table + "_fences"} {
+			_, _ = admin.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+n+`"`)
+		}
+	})
+	const lease, hb = 20 * time.Second, 6 * time.Second
+	holder, err := pglease.New(openDB(t, url, 2), pglease.WithTable(table), pglease.WithHolder("holder"),
+		pglease.WithLeaseDuration(lease), pglease.WithHeartbeat(hb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	rec := NewRecorder(nil)
+	waiter, err := pglease.New(openDB(t, url, 2), pglease.WithTable(table), pglease.WithHolder("waiter"),
+		pglease.WithLeaseDuration(lease), pglease.WithHeartbeat(hb), pglease.WithPollInterval(poll),
+		pglease.WithListen(mode), pglease.WithLogger(slogFor(rec, "waiter")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	held, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type got struct {
+		le  *pglease.Lease
+		err error
+		t   int64
+	}
+	res := make(chan got, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, settle+40*time.Second)
+		defer cancel()
+		le, err := waiter.Acquire(wctx, key)
+		res <- got{le, err, Mono()}
+	}()
+	warns := func() []string {
+		var out []string
+		for _, e := range rec.Events() {
+			if e.Kind == EvListenWarn {
+				out = append(out, e.Detail)
+			}
+		}
+		return out
+	}
+	time.Sleep(settle)
+	for deadline := time.Now().Add(15 * time.Second); untilWarn && len(warns()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	out := waitOutcome{listenWarns: warns(), heartbeat: hb}
+	select {
+	case g := <-res:
+		t.Fatalf("Acquire returned while the key was held: %v", g.err)
+	default:
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := Mono()
+	g := <-res
+	if g.err != nil {
+		t.Fatalf("the waiter did not get the key after Unlock: %v", g.err)
+	}
+	if g.le.Fence() <= held.Fence() {
+		t.Errorf("the waiter's fence %d is not above the holder's %d", g.le.Fence(), held.Fence())
+	}
+	out.handoff = time.Duration(g.t - unlocked)
+	if err := g.le.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+	return out
+}
+
+// Through PgBouncer in transaction pooling mode a LISTEN does not stay on
+// the listener's connection, so a waiter in the default mode
+// (ListenWhenWaiting) must find that its probe does not come back, not
+// trust the listener (a WARN says so), and wait by polling: after the
+// holder's Unlock it gets the key within a few poll intervals (300 ms),
+// not at its heartbeat (6 s), which is when a waiter that wrongly trusted
+// its listener would look again. With WithListen(ListenNever) there is no
+// listener at all (no WARN) and the handoff is by polling too. Directly
+// on PostgreSQL (the control) the probe comes back: no WARN, and the
+// Unlock's notification wakes the waiter (poll interval 5 s there, so a
+// fast handoff is the notification's doing).
+func TestPgBouncerWaitersPoll(t *testing.T) {
+	if _, err := pgbouncer.FindBinary(); err != nil {
+		t.Fatalf("PgBouncer is required for this test: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := startBouncer(ctx, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	viaBouncer := b.URL("postgres", "default_query_exec_mode=exec")
+
+	t.Run("bouncer-default", func(t *testing.T) {
+		o := waitThrough(ctx, t, viaBouncer, "bouncer-default", pglease.ListenWhenWaiting, 300*time.Millisecond, 0, true)
+		t.Logf("through PgBouncer, ListenWhenWaiting: listener WARNs before the release %d %q; handoff after Unlock %v",
+			len(o.listenWarns), o.listenWarns, o.handoff.Round(time.Millisecond))
+		if len(o.listenWarns) == 0 {
+			t.Errorf("through PgBouncer (transaction pooling) the waiter's listener was trusted: no WARN that its probe did not come back")
+		}
+		for _, w := range o.listenWarns {
+			if !strings.Contains(w, "probe") {
+				t.Errorf("listener WARN not about the probe: %s", w)
+			}
+		}
+		if o.handoff >= o.heartbeat/2 {
+			t.Errorf("handoff after Unlock took %v (poll interval 300 ms): the waiter did not poll", o.handoff.Round(time.Millisecond))
+		}
+	})
+	t.Run("bouncer-listen-never", func(t *testing.T) {
+		o := waitThrough(ctx, t, viaBouncer, "bouncer-never", pglease.ListenNever, 300*time.Millisecond, 3*time.Second, false)
+		t.Logf("through PgBouncer, ListenNever: listener WARNs %d; handoff after Unlock %v", len(o.listenWarns), o.handoff.Round(time.Millisecond))
+		if len(o.listenWarns) != 0 {
+			t.Errorf("ListenNever, yet the listener logged: %q", o.listenWarns)
+		}
+		if o.handoff >= o.heartbeat/2 {
+			t.Errorf("handoff after Unlock took %v (poll interval 300 ms): the waiter did not poll", o.handoff.Round(time.Millisecond))
+		}
+	})
+	t.Run("direct-control", func(t *testing.T) {
+		// Waiting 3 s: longer than the probe's 2 s deadline. Poll interval
+		// 5 s (±20 %), heartbeat 6 s: a handoff well under 4 s was woken by
+		// the notification.
+		o := waitThrough(ctx, t, pgtest.URL(), "direct-default", pglease.ListenWhenWaiting, 5*time.Second, 3*time.Second, false)
+		t.Logf("directly on PostgreSQL, ListenWhenWaiting: listener WARNs %d; handoff after Unlock %v", len(o.listenWarns), o.handoff.Round(time.Millisecond))
+		if len(o.listenWarns) != 0 {
+			t.Errorf("directly on PostgreSQL the listener was not trusted: %q", o.listenWarns)
+		}
+		if o.handoff >= 2*time.Second {
+			t.Errorf("directly on PostgreSQL the handoff after Unlock took %v: the notification did not wake the waiter", o.handoff.Round(time.Millisecond))
+		}
+	})
 }
