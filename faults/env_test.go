@@ -174,8 +174,9 @@ func (e *env) replicaURL(addr string) string {
 }
 
 // config is replica number seq's configuration. Even-numbered replicas
-// wait in Acquire (bounded by 5 leases), odd ones Lock and retry; in the
-// kinds with listenNever, every second waiter has WithListen(ListenNever).
+// wait in Acquire (bounded by 5 leases), odd ones Lock and retry. In the
+// kinds with listenNever only r1, r5, … Lock and retry (waiters that poll
+// rarely beat a retry loop), and r4, r8, … wait with WithListen(ListenNever).
 func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 	c := ReplicaConfig{
 		ID: id, URL: e.replicaURL(addr), Table: e.table, Keys: e.keys,
@@ -183,7 +184,9 @@ func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
 		Wait: seq%2 == 0, WaitFor: 5 * e.lease(),
-		ListenNever: e.sc.listenNever && seq%4 == 0,
+	}
+	if e.sc.listenNever {
+		c.Wait, c.ListenNever = seq%4 != 1, seq%4 == 0
 	}
 	if e.sc.variant != Correct {
 		// A broken holder keeps going past the faults, where it does harm.

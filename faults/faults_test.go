@@ -205,7 +205,7 @@ func scenarios() []scenario {
 			server: "failover-async", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
 		{name: "failover-sync", what: "synchronous standby: primary killed (-9) or stopped (fast) while leases are held, standby promoted, a new synchronous standby on the old port; replicas on a multi-host URL; long profile",
 			server: "failover-sync", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
-		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; of the waiters, one listens by default (ListenWhenWaiting: the probe must fail, waiters poll), one has WithListen(ListenNever)",
+		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; one replica Locks and retries, two wait in the default mode (ListenWhenWaiting: the probe must fail, they poll), one waits with WithListen(ListenNever)",
 			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
 			server: "shared", proxies: true, replicas: 3, keys: 2, variant: BrokenUnfenced, inject: partition, expect: 1},
