@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -108,6 +109,7 @@ func TestPgBouncerLeaseVersusAdvisoryLock(t *testing.T) {
 // waitOutcome is what a waiter saw while another Locker held its key.
 type waitOutcome struct {
 	listenWarns []string      // the waiter's listener WARNs before the release
+	listeners   [2]int        // direct only: listening connections while waiting, and once nobody waits
 	handoff     time.Duration // the holder's Unlock returned … the waiter's Acquire returned
 	heartbeat   time.Duration // the waiter's heartbeat (its wait when it wrongly trusts its listener)
 }
@@ -174,6 +176,7 @@ func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pgleas
 		time.Sleep(50 * time.Millisecond)
 	}
 	out := waitOutcome{listenWarns: warns(), heartbeat: hb}
+	out.listeners[0] = listening(ctx, t, admin, url, 0)
 	select {
 	case g := <-res:
 		t.Fatalf("Acquire returned while the key was held: %v", g.err)
@@ -191,10 +194,37 @@ func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pgleas
 		t.Errorf("the waiter's fence %d is not above the holder's %d", g.le.Fence(), held.Fence())
 	}
 	out.handoff = time.Duration(g.t - unlocked)
+	out.listeners[1] = listening(ctx, t, admin, url, 5*time.Second)
 	if err := g.le.Unlock(ctx); err != nil {
 		t.Error(err)
 	}
 	return out
+}
+
+// listening counts the server connections of url's application_name whose
+// last statement was a LISTEN (directly on PostgreSQL: the Lockers'
+// listeners); with wait, it waits up to wait for none to be left. It
+// returns -1 for a URL without application_name.
+func listening(ctx context.Context, t *testing.T, admin *sql.DB, url string, wait time.Duration) int {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := u.Query().Get("application_name")
+	if app == "" {
+		return -1
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		var n int
+		if err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Through PgBouncer in transaction pooling mode a LISTEN does not stay on
@@ -255,10 +285,17 @@ func TestPgBouncerWaitersPoll(t *testing.T) {
 		// Waiting 3 s: longer than the probe's 2 s deadline. Poll interval
 		// 5 s (±20 %), heartbeat 6 s: a handoff well under 4 s was woken by
 		// the notification.
-		o := waitThrough(ctx, t, pgtest.URL(), "direct-default", pglease.ListenWhenWaiting, 5*time.Second, 3*time.Second, false)
+		direct := WithAppName(pgtest.URL(), fmt.Sprintf("fltwait%d", os.Getpid()))
+		o := waitThrough(ctx, t, direct, "direct-default", pglease.ListenWhenWaiting, 5*time.Second, 3*time.Second, false)
 		t.Logf("directly on PostgreSQL, ListenWhenWaiting: listener WARNs %d; handoff after Unlock %v", len(o.listenWarns), o.handoff.Round(time.Millisecond))
 		if len(o.listenWarns) != 0 {
 			t.Errorf("directly on PostgreSQL the listener was not trusted: %q", o.listenWarns)
+		}
+		// One listening connection while the Locker waits, none once
+		// nobody waits (its Locker is still open).
+		t.Logf("listening connections: %d while waiting, %d after Acquire returned", o.listeners[0], o.listeners[1])
+		if o.listeners != [2]int{1, 0} {
+			t.Errorf("listening connections: %d while waiting (want 1), %d after Acquire returned (want 0)", o.listeners[0], o.listeners[1])
 		}
 		if o.handoff >= 2*time.Second {
 			t.Errorf("directly on PostgreSQL the handoff after Unlock took %v: the notification did not wake the waiter", o.handoff.Round(time.Millisecond))
