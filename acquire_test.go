@@ -273,3 +273,48 @@ func TestEvictedHolderToldAtOnce(t *testing.T) {
 		t.Fatal(le.Err())
 	}
 }
+
+// A release wakes one of a Locker's waiters for the key, not all of them:
+// the others would only lose the same race (a herd of reads per release).
+func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
+	f := newFixture(t)
+	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
+	cb := &countingBackend{backend: w.db, renewSQL: w.sql.renew, count: map[string]int{}}
+	w.db = cb
+	holder := f.replica(2)
+	c := ctx(t)
+	held, err := holder.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 8
+	got := make(chan *Lease, waiters)
+	for i := 0; i < waiters; i++ {
+		go func() {
+			le, err := w.Acquire(c, "job")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- le
+		}()
+	}
+	waitFor(t, 20*time.Second, func() bool { return w.lis.isLive() && cb.get("claim") >= waiters })
+	// Let the waiters settle (the listener going live wakes them all once).
+	for last := -1; last != cb.get("claim"); time.Sleep(300 * time.Millisecond) {
+		last = cb.get("claim")
+	}
+	before := cb.get("claim")
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < waiters; i++ { // each winner hands the key to the next
+		le := <-got
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if claims := cb.get("claim") - before; claims > 2*waiters {
+		t.Fatalf("%d claims for %d releases: the waiters are woken as a herd", claims, waiters)
+	}
+}

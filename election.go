@@ -124,7 +124,7 @@ func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
 
 func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
 	defer close(out)
-	w := e.l.lis.wait(e.key)
+	w := e.l.lis.watch(e.key)
 	defer w.stop()
 	var last *LeaderInfo
 	next := time.Duration(0)

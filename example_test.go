@@ -262,6 +262,7 @@ func ExampleLocker_Campaign() {
 	defer locker.Close()
 
 	run, shutdown := context.WithCancel(ctx)
+	defer shutdown()
 	lead, err := locker.Campaign(run, "scheduler-leader")
 	if err != nil {
 		fmt.Println(err)

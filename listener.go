@@ -70,20 +70,28 @@ type listener struct {
 }
 
 // A waiter is woken (its channel gets a value) by a notification for its
-// key, or when the listener (re)starts working.
+// key, or when the listener (re)starts working. Of the claimers waiting on
+// one key in this Locker, a notification wakes one: the others would only
+// lose the same race (they wake at the next release); observers all wake.
 type waiter struct {
-	key string
-	c   chan struct{}
-	lis *listener
+	key      string
+	c        chan struct{}
+	lis      *listener
+	observer bool
 }
 
 func newListener(l *Locker) *listener {
 	return &listener{l: l, waiters: make(map[string]map[*waiter]struct{})}
 }
 
-// wait registers a waiter for key and makes sure the listener runs.
-func (ls *listener) wait(key string) *waiter {
-	w := &waiter{key: key, c: make(chan struct{}, 1), lis: ls}
+// wait registers a claimer waiting for key and makes sure the listener
+// runs; watch registers an observer of key.
+func (ls *listener) wait(key string) *waiter { return ls.register(key, false) }
+
+func (ls *listener) watch(key string) *waiter { return ls.register(key, true) }
+
+func (ls *listener) register(key string, observer bool) *waiter {
+	w := &waiter{key: key, c: make(chan struct{}, 1), lis: ls, observer: observer}
 	ls.mu.Lock()
 	m := ls.waiters[key]
 	if m == nil {
@@ -103,8 +111,27 @@ func (w *waiter) stop() {
 	if len(ls.waiters[w.key]) == 0 {
 		delete(ls.waiters, w.key)
 	}
+	var next *waiter
+	select {
+	case <-w.c: // woken but leaving without claiming: hand the wake-up on
+		next = ls.pickClaimer(w.key)
+	default:
+	}
 	ls.mu.Unlock()
+	if next != nil {
+		next.wake()
+	}
 	ls.unretain()
+}
+
+// pickClaimer returns one claimer waiting for key, or nil; ls.mu is held.
+func (ls *listener) pickClaimer(key string) *waiter {
+	for w := range ls.waiters[key] {
+		if !w.observer {
+			return w
+		}
+	}
+	return nil
 }
 
 func (ls *listener) retain() {
@@ -277,8 +304,13 @@ func (ls *listener) dispatch(payload string) {
 		ls.mu.Unlock()
 		return
 	}
-	ws := make([]*waiter, 0, len(ls.waiters[key]))
+	var ws []*waiter
 	for w := range ls.waiters[key] {
+		if w.observer {
+			ws = append(ws, w)
+		}
+	}
+	if w := ls.pickClaimer(key); w != nil {
 		ws = append(ws, w)
 	}
 	ls.mu.Unlock()
