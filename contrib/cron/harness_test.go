@@ -184,7 +184,7 @@ func (f *fleet) maxOff() time.Duration {
 // window waits until n ticks, each fired by every running replica, have
 // passed and returns them.
 func (f *fleet) window(n int) []time.Time {
-	from := f.allUp.Add(f.maxOff() + time.Second)
+	from := f.allUp.Add(f.maxOff() + 3*time.Second) // margin: a scheduler just started may fire late
 	to := from.Add(time.Duration(n) * time.Second)
 	time.Sleep(time.Until(to.Add(f.maxOff() + time.Second)))
 	return ticks(from, to)

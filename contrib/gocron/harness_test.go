@@ -203,7 +203,9 @@ func (sc scenario) run(t *testing.T) (*runLog, []time.Time, []int) {
 	for _, o := range sc.offsets {
 		maxOff = max(maxOff, o, -o)
 	}
-	from := allUp.Add(maxOff + sc.period)
+	// Two more periods of margin: a scheduler just started on a loaded
+	// machine may fire its first ticks late.
+	from := allUp.Add(maxOff + 3*sc.period)
 	to := from.Add(time.Duration(sc.ticks) * sc.period)
 	time.Sleep(time.Until(to.Add(maxOff + sc.period)))
 	for _, r := range reps {
