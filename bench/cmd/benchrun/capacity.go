@@ -76,7 +76,10 @@ type shapeResult struct {
 	FsyncMs            float64 // mean WAL fsync time
 	Lost               int64
 	Held               int
-	Waits              []waitShare // what the active backends were doing, sampled
+	Waits              []waitShare   // what the active backends were doing, sampled
+	RenewServerMean    time.Duration // pg_stat_statements: mean execution time of the renew statement
+	RenewServerMax     time.Duration
+	RenewServerCalls   int64
 	Warns              int64
 }
 
@@ -256,6 +259,7 @@ func runCapacity(ctx context.Context, cl *pgcluster.Cluster, cpu *benchenv.Serve
 	if err := pglease.Migrate(ctx, admin); err != nil {
 		return nil, err
 	}
+	_, _ = admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`) // absent: no server-side renew time
 	// Time the WAL fsyncs from here on (pg_stat_wal.wal_sync_time).
 	if _, err := admin.Exec(ctx, `ALTER SYSTEM SET track_wal_io_timing = on`); err != nil {
 		return nil, err
@@ -379,6 +383,7 @@ func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.Server
 		return res, err
 	}
 	lost0, warns0 := f.logs.errs.Load(), f.logs.warns.Load()
+	stmtsOK := resetStatements(ctx, admin)
 	wctx, wstop := context.WithTimeout(ctx, window)
 	defer wstop()
 	waitsC := make(chan []waitShare, 1)
@@ -391,6 +396,9 @@ func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.Server
 	time.Sleep(window - window/2)
 	wstop()
 	res.Waits = <-waitsC
+	if stmtsOK {
+		res.RenewServerCalls, res.RenewServerMean, res.RenewServerMax = renewStatements(ctx, admin)
+	}
 	s1, err := takeSample(ctx, admin, cpu, b)
 	if err != nil {
 		return res, err
@@ -667,4 +675,27 @@ WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend
 	}
 	slices.SortFunc(out, func(a, b waitShare) int { return b.N - a.N })
 	return out
+}
+
+// resetStatements resets pg_stat_statements; false if it is not loaded.
+func resetStatements(ctx context.Context, admin *pgxpool.Pool) bool {
+	_, err := admin.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	return err == nil
+}
+
+// renewStatements reads the server-side execution time of the renew
+// statements since the reset (their normalised text sets expires_at from a
+// jsonb list).
+func renewStatements(ctx context.Context, admin *pgxpool.Pool) (calls int64, mean, mx time.Duration) {
+	var meanMs, maxMs float64
+	err := admin.QueryRow(ctx, `
+SELECT coalesce(sum(calls), 0)::bigint,
+       coalesce(sum(total_exec_time) / nullif(sum(calls), 0), 0),
+       coalesce(max(max_exec_time), 0)
+FROM pg_stat_statements
+WHERE query LIKE '%SET expires_at%' AND query LIKE '%jsonb_object_keys%' AND query NOT LIKE '%released_at = now%'`).Scan(&calls, &meanMs, &maxMs)
+	if err != nil {
+		return 0, 0, 0
+	}
+	return calls, time.Duration(meanMs * 1e6), time.Duration(maxMs * 1e6)
 }

@@ -31,7 +31,7 @@ func capacitySVG(c *capacityReport) string {
 	if len(c.Sat) > 0 {
 		thr := chart{Title: "Saturation: Lock+Unlock claims per second", XLabel: "concurrent claimers (log scale)", YLabel: "claims/s",
 			LogX: true, XFmt: numFmt, YFmt: numFmt}
-		lat := chart{Title: "Saturation: claim latency and server CPU", XLabel: "concurrent claimers (log scale)", YLabel: "latency (log scale)",
+		lat := chart{Title: "Saturation: claim latency", XLabel: "concurrent claimers (log scale)", YLabel: "latency (log scale)",
 			LogX: true, LogY: true, XFmt: numFmt, YFmt: msFmt}
 		t := plotSeries{Name: "claims/s", Color: palette[2]}
 		l50 := plotSeries{Name: "claim p50", Color: palette[0]}
@@ -107,6 +107,12 @@ func (r *report) capacityMarkdown(w func(string, ...any)) {
 			s.R, s.J, s.Leases, s.Via, s.ClaimTook.Round(100*time.Millisecond), s.ServerCPU*100, s.BouncerCPU*100, s.ClientCPU*100,
 			s.PerKind[benchenv.KindRenew], s.PerKind[benchenv.KindClaim], other, durOrDash(s.RenewP50), durOrDash(s.RenewP99), durOrDash(s.RenewMax),
 			s.ClientConns, s.ServerConns, s.XidsPerSec, bytesH(int64(s.WALPerSec)), s.FsyncPerSec, s.FsyncMs, s.Lost)
+	}
+	w("\n")
+	w("Where a renew's time goes: the client-side latency above against the server-side execution time of the same statements (`pg_stat_statements`, reset at the start of each window: the executor's time only — the commit, and its wait for the WAL flush, come after it, as do PgBouncer's queue and the network):\n\n")
+	w("| leases | renew statements (server) | server-side mean | server-side max | client-side p50 | client-side p99 |\n|---|---|---|---|---|---|\n")
+	for _, s := range c.Shapes {
+		w("| %d | %d | %s | %s | %s | %s |\n", s.Leases, s.RenewServerCalls, durOrDash(s.RenewServerMean), durOrDash(s.RenewServerMax), durOrDash(s.RenewP50), durOrDash(s.RenewP99))
 	}
 	w("\n")
 	w("What the server's active client backends were doing during each window (`pg_stat_activity` sampled every 20 ms; *running (CPU)* has no wait event — on CPU or waiting for one):\n\n")
