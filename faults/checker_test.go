@@ -3,6 +3,7 @@ package faults
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -225,4 +226,49 @@ func TestCheckerFailover(t *testing.T) {
 		t.Fatalf("fence 4 issued twice across the failover not found: %v", vs)
 	}
 	t.Logf("repeated fence, found: %v", vs)
+}
+
+// Waiters' grants (Acquire: T0 is the call, long before the grant) are
+// checked like any other: counted apart, no violation when the previous
+// holder stopped first, invariant 4 when a waiter's lease was not
+// signalled before the next grant. The Locker's WARNs are classified.
+func TestCheckerWaiters(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	h := []Event{
+		{T0: 0, T: 5 * ms, Proc: "a", Kind: EvGranted, Key: "k", Fence: 1, Via: "lock"},
+		{T0: 10 * ms, T: 3010 * ms, Proc: "w", Kind: EvWaitTimeout, Key: "k"},
+		{T: 500 * ms, Proc: "w", Kind: EvListenWarn, Detail: "listener probe: no notification came back"},
+		{T0: 300 * ms, T: 301 * ms, Proc: "a", Kind: EvUnlockOK, Key: "k", Fence: 1},
+		{T0: 3020 * ms, T: 3030 * ms, Proc: "w", Kind: EvGranted, Key: "k", Fence: 2, Via: "acquire"},
+		{T0: 3030 * ms, T: 3040 * ms, Proc: "a", Kind: EvGranted, Key: "k", Fence: 3, Via: "acquire"},
+		{T: 3050 * ms, Proc: "a", Kind: EvUnlockOK, T0: 3045 * ms, Key: "k", Fence: 3},
+	}
+	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
+	// w's lease (fence 2) ended without a signal before a's grant of 3.
+	st, vs := Check(Merge(h), cfg)
+	if st.WaitGrants != 2 || st.WaitTimeouts != 1 || st.ListenWarns != 1 || st.Grants != 3 {
+		t.Errorf("stats: %+v", st)
+	}
+	if st.ViolationsByInvariant[3] == 0 && st.ViolationsByInvariant[4] == 0 {
+		t.Errorf("a waiter's lease ended without a signal before the next grant: not found (%v)", vs)
+	}
+	ok := append(append([]Event(nil), h[:5]...),
+		Event{T: 3035 * ms, Proc: "w", Kind: EvLost, Key: "k", Fence: 2, Via: "server", Srv: "released"}, h[5], h[6])
+	if _, vs := Check(Merge(ok), cfg); len(vs) != 0 {
+		t.Errorf("clean history with waiters: %v", vs)
+	}
+
+	rec := NewRecorder(nil)
+	log := slogFor(rec, "w")
+	log.Warn("pglease: listener connection lost or not delivering, waiters poll meanwhile; reconnecting", "error", "listener probe: no notification came back within 2s")
+	log.Warn("pglease: renew failed", "error", "x")
+	log.Warn("pglease: claim attempt failed, will retry", "error", "y")
+	log.Info("pglease: not recorded")
+	var kinds []string
+	for _, e := range rec.Events() {
+		kinds = append(kinds, e.Kind)
+	}
+	if want := []string{EvListenWarn, EvRenewFailed, EvWarn}; !slices.Equal(kinds, want) {
+		t.Errorf("WARN kinds: %v, want %v", kinds, want)
+	}
 }
