@@ -116,19 +116,24 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (
 	}
 	r := ForceReleased{Key: key}
 	st := t.statements()
-	err = b.inTx(ctx, func(tx backend) error {
+	release := func(b backend) error {
+		var notified any
+		return b.queryRow(ctx, st.forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
+	}
+	if dl, ok := ctx.Deadline(); ok {
 		// Bound the wait for the row on the server, from ctx's deadline: a
 		// client that just stops waiting would leave the statement queued,
 		// and the eviction would happen later, unannounced.
-		if dl, ok := ctx.Deadline(); ok {
+		err = b.inTx(ctx, func(tx backend) error {
 			ms := max(time.Until(dl)-100*time.Millisecond, time.Millisecond).Milliseconds()
 			if _, err := tx.exec(ctx, st.lockTimeout, strconv.FormatInt(ms, 10)); err != nil {
 				return err
 			}
-		}
-		var notified any
-		return tx.queryRow(ctx, st.forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
-	})
+			return release(tx)
+		})
+	} else {
+		err = release(b)
+	}
 	switch {
 	case errors.Is(err, errNoRows):
 		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.display)

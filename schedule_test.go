@@ -147,7 +147,7 @@ func TestDo(t *testing.T) {
 	_ = held.Unlock(c)
 	jobErr := errors.New("job failed")
 	err = a.Do(c, "job", func(ctx context.Context, le *Lease) error {
-		if _, err := ForceRelease(ctx, f.admin, "job", WithTable(f.table)); err != nil {
+		if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
 			return err
 		}
 		<-ctx.Done() // ends with the loss, at the next beat
