@@ -1,7 +1,9 @@
 package faults
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -257,6 +259,7 @@ func TestFaults(t *testing.T) {
 	}
 	defer func() {
 		if bouncer != nil {
+			logBouncerTrouble(t, bouncer.Log())
 			_ = bouncer.Stop()
 		}
 	}()
@@ -280,6 +283,13 @@ func TestFaults(t *testing.T) {
 			}
 			for run := 0; run < prof.runs; run++ {
 				res := runScenario(t, sc, prof, run, ownC, bAddr)
+				if bAddr != "" {
+					// Does PgBouncer still take connections after the run?
+					pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					err := openDB(t, bouncer.URL("postgres", "default_query_exec_mode=exec&connect_timeout=3"), 1).PingContext(pctx)
+					cancel()
+					t.Logf("run %d: PgBouncer after the run: %v", run, cmp.Or(error(err), errors.New("accepts connections")))
+				}
 				rw.runs++
 				rw.elapsed += res.Elapsed
 				addStats(&rw.st, res.Stats)
@@ -322,6 +332,35 @@ func TestFaults(t *testing.T) {
 		t.Errorf("write %s: %v", prof.output, err)
 	} else {
 		t.Logf("table written to %s", prof.output)
+	}
+}
+
+// logBouncerTrouble logs PgBouncer's WARNING, ERROR and FATAL lines,
+// counted by message (the client or server id and timestamps removed).
+func logBouncerTrouble(t *testing.T, log string) {
+	counts := map[string]int{}
+	var order []string
+	for _, line := range strings.Split(log, "\n") {
+		i := strings.Index(line, "] ")
+		if i < 0 {
+			continue
+		}
+		msg := line[i+2:]
+		if !strings.HasPrefix(msg, "WARNING") && !strings.HasPrefix(msg, "ERROR") && !strings.HasPrefix(msg, "FATAL") {
+			continue
+		}
+		if j := strings.Index(msg, "@"); j >= 0 { // "LEVEL C-0x…: db/user@addr:port text"
+			if k := strings.Index(msg[j:], " "); k >= 0 {
+				msg = strings.SplitN(msg, " ", 2)[0] + msg[j+k:]
+			}
+		}
+		if counts[msg] == 0 {
+			order = append(order, msg)
+		}
+		counts[msg]++
+	}
+	for _, m := range order {
+		t.Logf("pgbouncer log: %d× %s", counts[m], m)
 	}
 }
 
