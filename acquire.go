@@ -103,6 +103,9 @@ func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-l.ctx.Done():
+		if ctx.Err() != nil { // both ended: the caller's reason first
+			return ctx.Err()
+		}
 		return ErrClosed
 	}
 }

@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -19,8 +20,12 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 	wins := make(chan win, len(lockers))
 	cctx, cancel := context.WithCancel(c)
 	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait() // before the Lockers close
 	for i, l := range lockers {
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			le, err := l.Campaign(cctx, "leader")
 			if err != nil {
 				if !errors.Is(err, context.Canceled) {

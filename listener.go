@@ -45,8 +45,10 @@ const (
 	// ListenAlways: also while the Locker holds a lease, so that a holder
 	// evicted by ForceRelease is told at once instead of at its next beat.
 	ListenAlways
-	// ListenNever: never listen; waiters poll (for PgBouncer in transaction
-	// pooling mode, where notifications are not delivered reliably).
+	// ListenNever: never listen; waiters poll. Use it through PgBouncer in
+	// transaction pooling mode: notifications are not delivered there, and
+	// the default mode would try once a minute while someone waits, each
+	// try leaving a LISTEN on one of PgBouncer's server connections.
 	ListenNever
 )
 
@@ -55,7 +57,15 @@ const (
 	listenProbeWait   = 2 * time.Second
 )
 
-var errCannotListen = errors.New("pglease: the driver cannot listen (database/sql with lib/pq): waiters poll")
+var (
+	errCannotListen  = errors.New("pglease: the driver cannot listen (database/sql with lib/pq): waiters poll")
+	errNotDelivering = errors.New("pglease: listener probe: no notification came back within 2s " +
+		"(PgBouncer in transaction pooling mode? use WithListen(ListenNever)); waiters poll")
+)
+
+// notDeliveringPause is how long a Locker whose listener did not get its
+// probe back waits before trying again (while anyone still waits).
+const notDeliveringPause = time.Minute
 
 type listener struct {
 	l *Locker
@@ -67,6 +77,8 @@ type listener struct {
 	live    bool               // LISTEN in effect and a probe came back
 	probe   string             // payload of the probe in flight
 	probeC  chan struct{}
+
+	warnedProbe bool // a failed probe was logged (once per Locker)
 }
 
 // A waiter is woken (its channel gets a value) by a notification for its
@@ -175,19 +187,41 @@ func (ls *listener) isLive() bool {
 
 // run keeps a listening connection until ctx ends, reconnecting with
 // backoff after a failure.
+//
+// A connection that does not deliver (the probe did not come back) is not
+// retried for notDeliveringPause, and said once per Locker: through
+// PgBouncer every attempt would leave a LISTEN on a pooled server
+// connection.
 func (ls *listener) run(ctx context.Context) {
 	for delay := 100 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
 		err := ls.session(ctx)
 		ls.setLive(false)
-		if ctx.Err() != nil || errors.Is(err, errCannotListen) {
+		switch {
+		case ctx.Err() != nil || errors.Is(err, errCannotListen):
 			return
+		case errors.Is(err, errNotDelivering):
+			if ls.warnOnce() {
+				ls.l.log.Warn("pglease: listener not delivering, waiters poll; trying again every minute while they wait",
+					"holder", ls.l.holder, "error", err)
+			}
+			delay = notDeliveringPause
+		default:
+			ls.l.log.Warn("pglease: listener connection lost, waiters poll meanwhile; reconnecting",
+				"holder", ls.l.holder, "error", err)
 		}
-		ls.l.log.Warn("pglease: listener connection lost or not delivering, waiters poll meanwhile; reconnecting",
-			"holder", ls.l.holder, "error", err)
 		if !ctxsleep.For(ctx, delay) {
 			return
 		}
 	}
+}
+
+// warnOnce reports whether the not-delivering warning is still to be given.
+func (ls *listener) warnOnce() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	first := !ls.warnedProbe
+	ls.warnedProbe = true
+	return first
 }
 
 // session is the life of one listening connection.
@@ -260,7 +294,7 @@ func (ls *listener) checkDelivery(ctx context.Context, conn *pgx.Conn) error {
 		n, err := conn.WaitForNotification(pctx)
 		if err != nil {
 			if ctx.Err() == nil && pctx.Err() != nil {
-				return errors.New("listener probe: no notification came back within 2s (PgBouncer in transaction pooling mode? use WithListen(ListenNever))")
+				return errNotDelivering
 			}
 			return err
 		}

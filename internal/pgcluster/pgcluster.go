@@ -338,6 +338,7 @@ func (c *Cluster) signal(kill bool, wait time.Duration) error {
 		killGroup(cmd.Process)
 		<-done
 	}
+	waitGroupGone(cmd.Process, 10*time.Second)
 	c.mu.Lock()
 	c.cmd = nil
 	c.mu.Unlock()

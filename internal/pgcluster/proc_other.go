@@ -5,6 +5,7 @@ package pgcluster
 import (
 	"os"
 	"syscall"
+	"time"
 )
 
 // credential: switching users is not supported here; the server runs as
@@ -23,3 +24,6 @@ func killGroup(p *os.Process) { _ = p.Kill() }
 // fastShutdown: there is no SIGINT to send to another process; the
 // postmaster is killed, and the next start runs crash recovery.
 func fastShutdown(p *os.Process) { _ = p.Kill() }
+
+// waitGroupGone: no process groups here; the postmaster has been waited for.
+func waitGroupGone(*os.Process, time.Duration) {}

@@ -5,6 +5,7 @@ package pgcluster
 import (
 	"os"
 	"syscall"
+	"time"
 )
 
 // credential is the user the server binaries run as (root runs them as
@@ -26,3 +27,14 @@ func killGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGKILL) }
 
 // fastShutdown asks the postmaster for a fast shutdown (SIGINT).
 func fastShutdown(p *os.Process) { _ = p.Signal(syscall.SIGINT) }
+
+// waitGroupGone waits, up to d, until no process of p's group is left: a
+// backend killed with its postmaster may still hold the shared memory for
+// an instant, and a server started then refuses to run.
+func waitGroupGone(p *os.Process, d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if err := syscall.Kill(-p.Pid, 0); err == syscall.ESRCH {
+			return
+		}
+	}
+}
