@@ -13,6 +13,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
 // Variant selects how a replica behaves. Only Correct uses pglease as
@@ -201,14 +202,14 @@ func (r *Replica) worker(ctx context.Context, w int) {
 			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvWaitTimeout, Key: key})
 			continue
 		case errors.Is(err, pglease.ErrAlreadyLocked):
-			sleepCtx(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)
+			_ = ctxsleep.For(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
 			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvClaimErr, Key: key, Detail: truncate(err.Error(), 200)})
-			sleepCtx(ctx, r.cfg.Lease/10)
+			_ = ctxsleep.For(ctx, r.cfg.Lease/10)
 			continue
 		}
 		via := "lock"
@@ -234,14 +235,6 @@ func (r *Replica) claim(ctx context.Context, key string) (*pglease.Lease, error)
 	return r.locker.Lock(cctx, key)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
 
 // hold keeps le for a while, writing, then unlocks it; it returns early
 // when the lease is lost (Correct variant) or ctx ends.
