@@ -235,7 +235,6 @@ func (r *Replica) claim(ctx context.Context, key string) (*pglease.Lease, error)
 	return r.locker.Lock(cctx, key)
 }
 
-
 // hold keeps le for a while, writing, then unlocks it; it returns early
 // when the lease is lost (Correct variant) or ctx ends.
 func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
