@@ -103,13 +103,13 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	f := newFixture(t)
 	dbA := pgtest.SQL(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Minute))
-	proxy, err := tcpproxy.New(targetAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	// A ghost would block the key for a minute.
-	b := f.locker(openVia(t, proxy.Addr()), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
+	b := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {

@@ -336,12 +336,12 @@ func TestMetricsLosses(t *testing.T) {
 	// Through a proxy that goes dark: a lease whose Unlock fails (it is
 	// abandoned: no longer held, no loss, no release) and a lease that
 	// passes its local deadline.
-	proxy, err := tcpproxy.New(targetAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	b := f.locker(openVia(t, proxy.Addr()), WithMeterProvider(m.mp), WithKeyAttribute(true),
+	b := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithMeterProvider(m.mp), WithKeyAttribute(true),
 		WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
 	lb, err := b.Lock(c, "deadline")
 	if err != nil {
@@ -630,13 +630,13 @@ func TestNoTelemetryWhenNotConfigured(t *testing.T) {
 func TestRenewWarnCarriesTraceIDs(t *testing.T) {
 	f := newFixture(t)
 	rec, tp := newSpans(t)
-	proxy, err := tcpproxy.New(targetAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	logs := &logs{}
-	a := f.locker(openVia(t, proxy.Addr()), WithTracerProvider(tp), WithLogger(slog.New(logs)),
+	a := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithTracerProvider(tp), WithLogger(slog.New(logs)),
 		WithLeaseDuration(800*time.Millisecond), WithHeartbeat(100*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
 	le, err := a.Lock(ctx(t), "job")
 	if err != nil {

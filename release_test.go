@@ -82,7 +82,7 @@ func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
 
 func TestUnlockUnreachableServer(t *testing.T) {
 	f := newFixture(t)
-	db := openVia(t, targetAddr(t))
+	db := pgtest.SQLVia(t, pgtest.Addr(t), 2)
 	l := f.locker(db, WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -151,12 +151,12 @@ func TestCloseReleasesEverything(t *testing.T) {
 // context without a deadline.
 func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(targetAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	db := openVia(t, proxy.Addr())
+	db := pgtest.SQLVia(t, proxy.Addr(), 2)
 	l := f.locker(db, WithLeaseDuration(500*time.Millisecond), WithReleaseTimeout(300*time.Millisecond))
 	le, err := l.Lock(context.Background(), "held")
 	if err != nil {

@@ -191,13 +191,13 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	if cl == nil {
 		t.Log("PGLEASE_TEST_DATABASE_URL set: proxying to it")
 	}
-	target := targetAddr(t)
+	target := pgtest.Addr(t)
 	proxy, err := tcpproxy.New(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	dbA := openVia(t, proxy.Addr())
+	dbA := pgtest.SQLVia(t, proxy.Addr(), 2)
 	logs := &logs{}
 	const dur = 800 * time.Millisecond
 	// A margin that a late timer on a loaded machine cannot eat up.

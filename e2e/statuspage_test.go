@@ -77,12 +77,12 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	}
 	// A second replica, reached through a proxy, is cut off: its lease
 	// stays in the table until it expires.
-	proxy, err := tcpproxy.New(dbAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	cut := openVia(t, proxy.Addr())
+	cut := pgtest.SQLVia(t, proxy.Addr(), 2)
 	b2 := locker(t, cut, table, "worker-b@host-2", 2*time.Second, pglease.WithReleaseTimeout(200*time.Millisecond))
 	lock(t, b2, "reindex-search")
 	proxy.SetMode(tcpproxy.Drop)

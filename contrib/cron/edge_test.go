@@ -4,15 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
@@ -95,12 +91,12 @@ func TestOnceJobLongerThanPeriod(t *testing.T) {
 // and from then on every activation runs exactly once.
 func TestOnceReplicaKilledMidRun(t *testing.T) {
 	t.Parallel()
-	proxy, err := tcpproxy.New(serverAddr(t))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	dbs := []*sql.DB{openVia(t, proxy.Addr()), pgtest.SQL(t, 4), pgtest.SQL(t, 4)}
+	dbs := []*sql.DB{pgtest.SQLVia(t, proxy.Addr(), 4), pgtest.SQL(t, 4), pgtest.SQL(t, 4)}
 	var (
 		killTick atomic.Int64 // unix second of the run during which replica 0 dies
 		midRun   = make(chan struct{})
@@ -239,29 +235,4 @@ func TestOnceManyKeys(t *testing.T) {
 	if errs := log.errors(); len(errs) > 0 {
 		t.Fatalf("claims failed: %v", errs)
 	}
-}
-
-func serverAddr(t *testing.T) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-}
-
-func openVia(t *testing.T, addr string) *sql.DB {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(addr)
-	p, _ := strconv.Atoi(port)
-	cfg.Host, cfg.Port = host, uint16(p)
-	cfg.ConnectTimeout = time.Second
-	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(4)
-	t.Cleanup(func() { db.Close() })
-	return db
 }

@@ -2,18 +2,13 @@ package pgleasegocron_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
@@ -48,32 +43,6 @@ func index(log []string, s string) int {
 	return -1
 }
 
-// openVia opens a pool whose connections go through a proxy at addr.
-func openVia(t *testing.T, addr string) *sql.DB {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(addr)
-	p, _ := strconv.Atoi(port)
-	cfg.Host, cfg.Port = host, uint16(p)
-	cfg.ConnectTimeout = 2 * time.Second
-	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(3)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-func serverAddr(t *testing.T) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-}
-
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -105,11 +74,11 @@ func TestElectorLeaderLosesDatabase(t *testing.T) {
 	ev := &events{}
 	var reps []*electorReplica
 	for i := range 3 {
-		proxy, err := tcpproxy.New(serverAddr(t))
+		proxy, err := tcpproxy.New(pgtest.Addr(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := pglease.New(openVia(t, proxy.Addr()), pglease.WithTable(table),
+		l, err := pglease.New(pgtest.SQLVia(t, proxy.Addr(), 3), pglease.WithTable(table),
 			pglease.WithHolder(fmt.Sprintf("r%d", i)), pglease.WithLeaseDuration(2*time.Second),
 			pglease.WithSafetyMargin(400*time.Millisecond), pglease.WithReleaseTimeout(500*time.Millisecond))
 		if err != nil {

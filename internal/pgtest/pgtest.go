@@ -10,14 +10,17 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/stdlib" // also registers the "pgx" database/sql driver
 	"go.uber.org/goleak"
 
 	"github.com/pglease/pglease/internal/pgcluster"
@@ -149,4 +152,39 @@ func Pgx(t testing.TB, maxConns int) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// Addr is host:port of the test server (to put a proxy in front of it).
+func Addr(t testing.TB) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+}
+
+// SQLVia opens a *sql.DB (pgx stdlib) whose connections go through addr — a
+// proxy in front of the test server — with at most maxOpen connections, a
+// 2 s connect timeout, and closes it when the test ends.
+func SQLVia(t testing.TB, addr string, maxOpen int) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatalf("pgtest: port %q: %v", port, err)
+	}
+	cfg.Host, cfg.Port = host, uint16(p)
+	cfg.ConnectTimeout = 2 * time.Second
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(maxOpen)
+	t.Cleanup(func() { db.Close() })
+	return db
 }
