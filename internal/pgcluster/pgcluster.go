@@ -208,6 +208,23 @@ func (c *Cluster) args() []string {
 }
 
 func (c *Cluster) start(ctx context.Context) error {
+	// After a crash, a killed backend can hold the old shared memory for a
+	// moment longer than its process group is visible; the postmaster then
+	// refuses to start. Try again a few times.
+	for attempt := 1; ; attempt++ {
+		err := c.startOnce(ctx)
+		if err == nil || attempt == 10 || !strings.Contains(err.Error(), "pre-existing shared memory block") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) startOnce(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cmd != nil {

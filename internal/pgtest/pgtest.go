@@ -64,7 +64,7 @@ func checkLeaks(code int) int {
 	if code != 0 {
 		return code
 	}
-	if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/pglease/pglease/internal/pgcluster.(*Cluster).start.func1")); err != nil {
+	if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/pglease/pglease/internal/pgcluster.(*Cluster).startOnce.func1")); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: goroutines leaked by the tests: %v\n", err)
 		return 1
 	}
