@@ -16,7 +16,7 @@ import (
 // took, once the claim's outcome is known (abandonLockSQL queues behind the
 // claim's advisory lock).
 func (l *Locker) undoClaim(key string, token int64) {
-	l.retryInBackground("undoing a claim whose reply was lost", key, func(ctx context.Context) error {
+	l.retryInBackground("undoing a claim whose reply was lost", key, 0, func(ctx context.Context) error {
 		return l.db.inTx(ctx, func(tx backend) error {
 			if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
 				return err
@@ -29,19 +29,23 @@ func (l *Locker) undoClaim(key string, token int64) {
 
 // releaseInBackground frees the row of a lease that was never handed out or
 // that its holder gave up at the local deadline, scoped to its holder, fence
-// and token, without a minimum hold.
+// and token, without a minimum hold. It stops trying after one lease
+// duration: the row then expires by itself, one lease after the last renew
+// that reached the server, and a database coming back from an outage is not
+// met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
-	l.retryInBackground("releasing a lease given up at its local deadline", le.key, func(ctx context.Context) error {
+	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
 		_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
 		return err
 	})
 }
 
 // retryInBackground runs fn on the Locker's wait group until one round trip
-// succeeds, each attempt bounded by the release timeout, with backoff; after
-// Close it makes one last attempt and gives up (the row then expires by
-// itself).
-func (l *Locker) retryInBackground(what, key string, fn func(ctx context.Context) error) {
+// succeeds, each attempt bounded by the release timeout, with backoff; it
+// gives up after giveUp (0: never) and, after Close, after one last attempt
+// (the row then expires by itself).
+func (l *Locker) retryInBackground(what, key string, giveUp time.Duration, fn func(ctx context.Context) error) {
+	start := time.Now()
 	l.background(func() {
 		for attempt, delay := 1, 10*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
 			err := l.withReleaseTimeout(fn)
@@ -51,8 +55,8 @@ func (l *Locker) retryInBackground(what, key string, fn func(ctx context.Context
 				}
 				return
 			}
-			if l.ctx.Err() != nil {
-				l.log.Warn("pglease: "+what+": gave up at Close; the row expires by itself",
+			if l.ctx.Err() != nil || (giveUp > 0 && time.Since(start) > giveUp) {
+				l.log.Warn("pglease: "+what+": gave up; the row expires by itself",
 					"key", key, "holder", l.holder, "attempts", attempt, "error", l.table.wrapDB(what, err))
 				return
 			}
