@@ -84,12 +84,11 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 
 // claimReply is the claim statement's answer when it did not acquire.
 type claimReply struct {
-	outcome   string // "held", "min-hold" or "ran"
-	fence     int64
-	holder    string
-	lastTick  sql.NullTime
-	freeIn    time.Duration
-	expiresAt time.Time
+	outcome  string // "held", "min-hold" or "ran"
+	fence    int64
+	holder   string
+	lastTick sql.NullTime
+	freeIn   time.Duration
 }
 
 // err turns a reply (nil: a concurrent claim in flight) into the error Lock
@@ -140,7 +139,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		}
 		return nil, nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
 	case rep.outcome != "acquired":
-		rep.freeIn, rep.expiresAt = time.Duration(freeIn)*time.Microsecond, expires
+		rep.freeIn = time.Duration(freeIn) * time.Microsecond
 		return nil, &rep, nil
 	}
 	le := newLease(l, parent, key, rep.fence, token, lc, expires, sentAt)
