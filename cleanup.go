@@ -64,9 +64,8 @@ func (l *Locker) retryInBackground(what, key string, giveUp time.Duration, fn fu
 				l.log.Warn("pglease: "+what+" failed, retrying in the background",
 					"key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
 			}
-			if !ctxsleep.For(l.ctx, delay) {
-				return
-			}
+			// Close cuts the sleep short; the next attempt is then the last.
+			ctxsleep.For(l.ctx, delay)
 		}
 	})
 }

@@ -200,18 +200,32 @@ func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
 	}
 }
 
-// Issue 9, defect 5: a lease lost at its local deadline frees its row, in
-// case a late renew did extend it on the server.
+// Issue 9, defect 5: a lease lost at its local deadline frees its row, even
+// when a renew sent before the loss is still queued on the server and
+// extends the row after the release ran.
+//
+// The renew is stranded for real: the holder's connections go through a
+// proxy that drops them while the renew waits behind a row lock (so pgx's
+// cancel request cannot get through either); its backend keeps waiting and
+// extends the row when the lock is released. The proxy passes again once
+// the row has expired on the server, so the background release reaches the
+// server before the stranded renew runs.
 func TestDeadlineLossFreesRow(t *testing.T) {
 	f := newFixture(t)
-	l := f.replica(3, WithLeaseDuration(2*time.Second), WithHeartbeat(600*time.Millisecond))
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	// Beats at 2.5 s and 5 s, server expiry at 6 s, local deadline ~5.9 s:
+	// the second renew, stranded, would extend the row to ~11 s.
+	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 3), WithLeaseDuration(6*time.Second),
+		WithHeartbeat(2500*time.Millisecond), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Hold the row so that renewals queue on the server and time out on
-	// the client: the holder must give the lease up at its deadline.
 	tx, err := f.admin.BeginTx(c, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -219,22 +233,53 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR NO KEY UPDATE`); err != nil {
 		t.Fatal(err)
 	}
+	// Strand the last renew before the deadline: one that started less
+	// than 2 s before the row's expiry.
+	waitFor(t, 20*time.Second, func() bool {
+		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2 seconds' FROM "`+f.table+`" WHERE key = 'job')
+			AND query LIKE '%jsonb_object_keys%'`) > 0
+	})
+	proxy.SetMode(tcpproxy.Drop)
 	<-le.Done()
 	if !errors.Is(le.Err(), ErrLeaseLost) {
 		t.Fatalf("want a loss, got %v", le.Err())
 	}
-	// The queued renewals now extend the row: the background release must
-	// free it anyway.
+	waitFor(t, 20*time.Second, func() bool {
+		var expired bool
+		if err := f.admin.QueryRowContext(c, `SELECT expires_at < clock_timestamp() FROM "`+f.table+`" WHERE key = 'job'`).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		return expired
+	})
+	proxy.SetMode(tcpproxy.Pass)
+	// Let the background release reach the server: it queues behind the
+	// row lock (seen as a second waiter), or, if it ignored the expired
+	// row, has run within 2 s (its backoff is at most 1 s here).
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if countWaiters(t, f, `query LIKE '%synchronous_commit%'`) > 0 {
+			break
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
 	if r, _ := f.row("job"); r.Live {
 		t.Fatalf("the row of a lease lost at its deadline is still live: %+v", r)
 	}
+}
+
+// countWaiters: statements on the table waiting for a lock and matching cond.
+func countWaiters(t *testing.T, f *fixture, cond string) int {
+	var n int
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND `+cond, f.table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // noBackendWaits: no statement on the table is waiting for a lock.

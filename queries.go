@@ -267,19 +267,27 @@ r AS (
 SELECT r.holder, r.old_fence, r.fence, r.live, pg_notify('{N}', r.old_fence || ' ' || r.key)::text FROM r`
 
 // releaseLostSQL frees the row of a lease that its holder declared lost at
-// the local deadline, in case the server did extend it (a renew whose reply
-// came too late): scoped like releaseSQL, without a minimum hold.
+// the local deadline (or that was never handed out), in case the server did
+// or will extend it: scoped to key, holder, fence and token, without a
+// minimum hold.
 //
 //	$1 key, $2 holder, $3 fence, $4 token
+//
+// Unlike releaseSQL it also marks a row that has already expired: a renew
+// sent before the loss may still be queued on the server (its client gave
+// up, its backend did not), and it will extend the row when it runs. Marked
+// released, the row refuses that renew (released_at IS NULL); or, if the
+// renew holds the row first, this statement queues behind it and releases
+// what it extended. An expired row is marked as released at its expiry.
 //
 // Durability: as releaseSQL.
 const releaseLostSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
 r AS (
-	UPDATE {T} AS l SET released_at = now.ts, hold_until = NULL
+	UPDATE {T} AS l SET released_at = LEAST(now.ts, l.expires_at), hold_until = NULL
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
-	  AND l.released_at IS NULL AND l.expires_at > now.ts
+	  AND l.released_at IS NULL
 	RETURNING l.key, l.fence, l.hold_until
 )
 SELECT r.fence, {NOTIFY:r} FROM r`
