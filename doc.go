@@ -33,8 +33,10 @@
 //     beat for all its leases, the newest of each key only): held → held with
 //     a later expiry, or → lost if the row is no longer this claim's.
 //   - The local deadline timer: held → lost when no renew succeeded in time;
-//     the row is then released in the background in case a late renew did
-//     extend it.
+//     the row is then marked released in the background (even if already
+//     expired), so that a late renew — sent before the loss, still queued
+//     on the server — finds it released, or is undone if it ran first. The
+//     retries stop after one lease duration, or at Close after a last try.
 //   - Unlock, Close: held → unlocking → released (or minimum hold on the
 //     server); the release notifies waiters.
 //   - Guard finding the row gone, a notification of a force-release (with

@@ -217,8 +217,9 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	// Beats at 2.5 s and 5 s, server expiry at 6 s, local deadline ~5.9 s:
-	// the second renew, stranded, would extend the row to ~11 s.
+	// Beats every 2.5 s, the first between 1.25 s and 2.5 s; server expiry
+	// at 6 s, local deadline ~5.9 s: the second renew (3.75 s to 5 s),
+	// stranded, would extend the row to 9.75 s or later.
 	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 3), WithLeaseDuration(6*time.Second),
 		WithHeartbeat(2500*time.Millisecond), WithReleaseTimeout(time.Second))
 	c := ctx(t)
@@ -233,10 +234,10 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR NO KEY UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	// Strand the last renew before the deadline: one that started less
-	// than 2 s before the row's expiry.
+	// Strand the last renew before the deadline: the one that started less
+	// than a beat before the row's expiry.
 	waitFor(t, 20*time.Second, func() bool {
-		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2 seconds' FROM "`+f.table+`" WHERE key = 'job')
+		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2.5 seconds' FROM "`+f.table+`" WHERE key = 'job')
 			AND query LIKE '%jsonb_object_keys%'`) > 0
 	})
 	proxy.SetMode(tcpproxy.Drop)
@@ -269,6 +270,36 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	}
 	if r, _ := f.row("job"); r.Live {
 		t.Fatalf("the row of a lease lost at its deadline is still live: %+v", r)
+	}
+}
+
+// A background clean-up cut short by Close makes one last attempt: Close
+// during its backoff must not drop it. The database is unreachable while
+// the lease is lost at its deadline and the release retries; it comes back
+// while the retry loop sleeps (between its attempts at +1.27 s and +2.27 s
+// after the loss), and Close then wakes the loop for its last attempt, which
+// marks the row released.
+func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
+	f := newFixture(t)
+	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
+	le, err := l.Lock(ctx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetMode(tcpproxy.Drop)
+	<-le.Done()
+	time.Sleep(1600 * time.Millisecond)
+	proxy.SetMode(tcpproxy.Pass)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := f.row("job"); !r.Released || r.Holder != l.Holder() {
+		t.Fatalf("after Close, the deadline-lost lease's row was not released: %+v", r)
 	}
 }
 

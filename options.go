@@ -52,7 +52,10 @@ func WithLeaseDuration(d time.Duration) Option {
 // WithHeartbeat sets the renew interval (default: lease duration / 3). Two
 // beats must fit before the local deadline (2 x heartbeat <= duration -
 // safety margin), so that a renew that fails is retried at least once
-// before the holder has to give the lease up.
+// before the holder has to give the lease up. The renewer's first beat
+// comes at a random point of the second half of the interval, so that
+// Lockers started together do not renew in the same instant; later beats
+// come every interval.
 func WithHeartbeat(d time.Duration) Option {
 	return func(c *config) {
 		c.note("WithHeartbeat")

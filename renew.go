@@ -3,14 +3,17 @@ package pglease
 import (
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"time"
 )
 
 // This file answers "who renews my lease": the Locker's renewer, one
 // goroutine per Locker (not per lease), alive while the Locker holds at
-// least one lease. At every beat it sends one statement (renewSQL) that
-// extends all of them — the newest lease of each key, scoped to its holder,
-// fence and claim token. Per lease, the outcome is:
+// least one lease. At every beat (the first at a random point of the second
+// half of the heartbeat, so that replicas started together spread their
+// renewals) it sends one statement (renewSQL) that extends all of them — the
+// newest lease of each key, scoped to its holder, fence and claim token. Per
+// lease, the outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
@@ -24,13 +27,28 @@ import (
 
 func (l *Locker) renewLoop() {
 	defer l.wg.Done()
-	tick := time.NewTicker(l.cfg.heartbeat)
-	defer tick.Stop()
+	// The first beat comes at a random point of the second half of the beat,
+	// then one every beat: replicas started together (a deploy, a restart
+	// after an outage) do not all renew in the same instant. Beats never
+	// come later than the heartbeat, so the retry room is kept.
+	first := time.NewTimer(l.cfg.heartbeat/2 + rand.N(l.cfg.heartbeat/2+1))
+	defer first.Stop()
+	var tick *time.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	beat := first.C
 	for {
 		select {
 		case <-l.ctx.Done():
 			return
-		case <-tick.C:
+		case <-beat:
+		}
+		if tick == nil {
+			tick = time.NewTicker(l.cfg.heartbeat)
+			beat = tick.C
 		}
 		batch, ok := l.renewBatch()
 		if !ok {

@@ -289,3 +289,56 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 		}
 	}
 }
+
+// Lockers whose leases were claimed in the same instant (a fleet deployed
+// at once) do not renew in step: each renewer's first beat comes at a random
+// point of the second half of its heartbeat. Measured on the server clock:
+// for each lease, the first renew's time after its claim (expires_at after
+// the renew − acquired_at − duration). In step, every offset would be one
+// heartbeat; spread, 30 offsets cover most of [beat/2, beat].
+func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
+	f := newFixture(t)
+	const n, beat, dur = 30, time.Second, 3 * time.Second
+	db := pgtest.SQL(t, 10)
+	lockers := make([]*Locker, n)
+	for i := range lockers {
+		lockers[i] = f.locker(db, WithLeaseDuration(dur), WithHeartbeat(beat), WithListen(ListenNever))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := l.Lock(ctx(t), fmt.Sprintf("job-%02d", i)); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var lo, hi float64
+	waitFor(t, 20*time.Second, func() bool {
+		var renewed int
+		err := f.admin.QueryRowContext(ctx(t), `
+			SELECT count(*) FILTER (WHERE expires_at > acquired_at + $1 * interval '1 microsecond'),
+			       coalesce(min(extract(epoch FROM expires_at - acquired_at)), 0),
+			       coalesce(max(extract(epoch FROM expires_at - acquired_at)), 0)
+			FROM "`+f.table+`"`, dur.Microseconds()).Scan(&renewed, &lo, &hi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return renewed == n
+	})
+	lo, hi = lo-dur.Seconds(), hi-dur.Seconds()
+	if lo < beat.Seconds()/2-0.05 {
+		t.Fatalf("a first renew %.3fs after its claim, before half a beat", lo)
+	}
+	if hi-lo < beat.Seconds()/4 {
+		t.Fatalf("first renews %.3fs to %.3fs after their claims: %d renewers started together renew in step", lo, hi, n)
+	}
+	t.Logf("first renews %.3fs to %.3fs after their claims (beat %v)", lo, hi, beat)
+}
