@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -40,10 +41,68 @@ type runLog struct {
 	runs    map[time.Time][]int // tick -> replicas that ran it
 	skips   map[string]int      // kind of Lock error -> count
 	otherEr []error
+	first   map[int]time.Time // replica -> first tick it fired (ran or skipped)
+	stopped bool              // the schedulers are being shut down
+}
+
+func (r *runLog) stopping() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
 }
 
 func newRunLog() *runLog {
-	return &runLog{runs: map[time.Time][]int{}, skips: map[string]int{}}
+	return &runLog{runs: map[time.Time][]int{}, skips: map[string]int{}, first: map[int]time.Time{}}
+}
+
+// fired records that replica fired tick (ran it or was refused).
+func (r *runLog) fired(tick time.Time, replica int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.first[replica]; !ok {
+		r.first[replica] = tick.UTC()
+	}
+}
+
+// firstRun returns the first tick replica ran, if it ran one.
+func (r *runLog) firstRun(replica int) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first time.Time
+	for tk, reps := range r.runs {
+		if slices.Contains(reps, replica) && (first.IsZero() || tk.Before(first)) {
+			first = tk
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// mostAhead is the replica whose clock is most ahead.
+func (sc scenario) mostAhead() int {
+	best := 0
+	for i, o := range sc.offsets {
+		if o > sc.offsets[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// allFired returns the latest first tick of n replicas, once all have fired.
+func (r *runLog) allFired(n int) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last time.Time
+	for i := 0; i < n; i++ {
+		tk, ok := r.first[i]
+		if !ok {
+			return time.Time{}, false
+		}
+		if tk.After(last) {
+			last = tk
+		}
+	}
+	return last, true
 }
 
 func (r *runLog) ran(tick time.Time, replica int) {
@@ -61,6 +120,7 @@ func (r *runLog) skipped(err error) {
 		r.skips["already-run"]++
 	case errors.Is(err, pglease.ErrAlreadyLocked):
 		r.skips["already-locked"]++
+	case r.stopped:
 	default:
 		r.skips["other"]++
 		r.otherEr = append(r.otherEr, err)
@@ -106,6 +166,11 @@ type scenario struct {
 	ticks    int             // ticks to observe with every replica up
 	jobTime  time.Duration   // how long the job runs
 	lease    time.Duration
+	// aheadLeads: the replica whose clock is most ahead runs every tick
+	// once it has run one (skews larger than the period, tick mode): ticks
+	// count from its first run, as the ticks between its first firing and
+	// its first run are lost by design (see WithTicks).
+	aheadLeads bool
 	// locker builds replica i's gocron.Locker over its pglease.Locker.
 	locker func(l *pglease.Locker, clock skewedClock) (gocron.Locker, error)
 }
@@ -149,11 +214,17 @@ func startReplica(t *testing.T, sc scenario, table string, i int, log *runLog) *
 	}
 	job := func() {
 		// The activation this run belongs to, on this replica's clock.
-		log.ran(clock.Now().Round(sc.period), i)
+		tick := clock.Now().Round(sc.period)
+		log.fired(tick, i)
+		log.ran(tick, i)
 		time.Sleep(sc.jobTime)
 	}
+	skipped := func(_ uuid.UUID, _ string, err error) {
+		log.fired(clock.Now().Round(sc.period), i)
+		log.skipped(err)
+	}
 	if _, err := s.NewJob(gocron.CronJob(sc.cronSpec, true), gocron.NewTask(job), gocron.WithName("report"),
-		gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) { log.skipped(err) }))); err != nil {
+		gocron.WithEventListeners(gocron.AfterLockError(skipped))); err != nil {
 		t.Fatal(err)
 	}
 	s.Start()
@@ -195,19 +266,37 @@ func (sc scenario) run(t *testing.T) (*runLog, []time.Time, []int) {
 		}
 		reps = append(reps, startReplica(t, sc, table, i, log))
 	}
-	// Every replica is up from here; a tick T fires on replica i at real
-	// time T - offset_i, so ticks from allUp + period + max|offset| on were
-	// fired by every replica.
-	allUp := time.Now()
+	// A tick T fires on replica i at real time T - offset_i. Ticks count
+	// from the one after the latest first tick any replica fired: from
+	// there on every replica fires every tick. Counting earlier would
+	// measure the schedulers' start on a loaded machine, not the library:
+	// a replica whose clock is ahead by more than a period, starting late,
+	// fires its first tick (say T+3) at the instant another replica runs T;
+	// that first claim finds the key held and is skipped, and T+3 is then
+	// an earlier tick than the ones this replica claims from then on, so
+	// the ledger refuses it to everyone (WithTicks says so). With such
+	// skews (aheadLeads), ticks count from the ahead replica's first run.
 	maxOff := time.Duration(0)
 	for _, o := range sc.offsets {
 		maxOff = max(maxOff, o, -o)
 	}
-	// Two more periods of margin: a scheduler just started on a loaded
-	// machine may fire its first ticks late.
-	from := allUp.Add(maxOff + 3*sc.period)
+	var from time.Time
+	for end := time.Now().Add(30*time.Second + maxOff); ; time.Sleep(20 * time.Millisecond) {
+		tk, ok := log.allFired(len(reps))
+		from = tk.Add(sc.period)
+		if ok && sc.aheadLeads {
+			from, ok = log.firstRun(sc.mostAhead())
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("some replica's scheduler never fired")
+		}
+	}
 	to := from.Add(time.Duration(sc.ticks) * sc.period)
 	time.Sleep(time.Until(to.Add(maxOff + sc.period)))
+	log.stopping() // a Lock cut short by Shutdown is not an infrastructure error
 	for _, r := range reps {
 		r.stop(t)
 	}

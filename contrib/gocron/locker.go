@@ -66,7 +66,11 @@ func WithMinHold(d time.Duration) Option {
 // would claim the wrong tick). A replica whose clock is ahead by more than
 // the period claims ticks the others have not reached yet: they then find
 // their ticks run (ErrAlreadyRun), and if that replica stops, the others
-// resume once their clocks pass its last tick.
+// resume once their clocks pass its last tick. When it starts (or comes
+// back), its first tick can fire while another replica still runs an
+// earlier one: that claim finds the key held and is skipped, and since its
+// next claims move the ledger past that tick, the tick runs nowhere. Keep
+// clocks within the period (NTP does far better) to avoid both.
 //
 // Tick mode drops the default minimum hold (set one with WithMinHold if you
 // want both). A run longer than its period keeps the key, so the next tick

@@ -90,6 +90,7 @@ func TestTicksSkewFarLargerThanPeriod(t *testing.T) {
 	sc := defaultScenario()
 	sc.offsets = []time.Duration{3 * time.Second, 0, -4 * time.Second}
 	sc.ticks = 10
+	sc.aheadLeads = true
 	sc.locker = func(l *pglease.Locker, c skewedClock) (gocron.Locker, error) {
 		return pgleasegocron.NewLocker(l, pgleasegocron.WithTicks(time.Second), pgleasegocron.WithClock(c.Now))
 	}
