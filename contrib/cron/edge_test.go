@@ -24,7 +24,7 @@ import (
 func TestOnceSkewFarLargerThanPeriod(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, []time.Duration{3 * time.Second, 0, -4 * time.Second}, nil, 5*time.Second, onceJob(t, 5*time.Millisecond))
-	ts := f.window(10)
+	ts := f.windowLedBy(0, 10)
 	f.stop()
 	assertOnce(t, f, ts)
 	for _, tk := range ts {

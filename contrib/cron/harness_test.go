@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +88,19 @@ func (r *runLog) count(t time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.runs[t.UTC()])
+}
+
+// firstRun is the first tick replica ran (zero if none yet).
+func (r *runLog) firstRun(replica int) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first time.Time
+	for tk, reps := range r.runs {
+		if slices.Contains(reps, replica) && (first.IsZero() || tk.Before(first)) {
+			first = tk
+		}
+	}
+	return first
 }
 
 func (r *runLog) who(t time.Time) []int {
@@ -186,6 +200,23 @@ func (f *fleet) maxOff() time.Duration {
 func (f *fleet) window(n int) []time.Time {
 	from := f.allUp.Add(f.maxOff() + 3*time.Second) // margin: a scheduler just started may fire late
 	to := from.Add(time.Duration(n) * time.Second)
+	time.Sleep(time.Until(to.Add(f.maxOff() + time.Second)))
+	return ticks(from, to)
+}
+
+// windowLedBy is window for fleets whose replica ahead runs every tick once
+// it has run one (skews larger than the period): ticks count from its first
+// run, as the ones between another replica's last run and that first run are
+// lost by design (see Once).
+func (f *fleet) windowLedBy(ahead, n int) []time.Time {
+	var from time.Time
+	for end := time.Now().Add(30*time.Second + f.maxOff()); from.IsZero(); time.Sleep(20 * time.Millisecond) {
+		from = f.log.firstRun(ahead)
+		if from.IsZero() && time.Now().After(end) {
+			f.t.Fatalf("replica %d never ran the job", ahead)
+		}
+	}
+	to := from.Add(time.Duration(n-1) * time.Second)
 	time.Sleep(time.Until(to.Add(f.maxOff() + time.Second)))
 	return ticks(from, to)
 }

@@ -117,7 +117,12 @@ func WithLogger(l cron.Logger) Option {
 // depend on when each replica added the entry. Clock skew between replicas
 // does not break once-per-activation; a replica whose clock is ahead runs
 // the activations first, and if it stops the others resume once their
-// clocks pass its last activation.
+// clocks pass its last activation. With a skew larger than the interval
+// between activations, the activations between the last one run by a
+// replica whose clock is behind and the first one claimed by the replica
+// ahead, when it starts or comes back, run nowhere: the ledger refuses
+// activations earlier than the last one run. Keep clocks closer than that
+// (NTP does far better).
 func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
