@@ -102,7 +102,10 @@
 // run the same tick again. MinHold keeps a released key blocked until
 // acquired_at + hold on the server clock; Tick ties a claim to the run's
 // scheduled time, and the key remembers the last tick claimed, so a tick runs
-// once whatever the skew or the job's length (ErrAlreadyRun for the others).
+// at most once whatever the skew or the job's length (ErrAlreadyRun for the
+// others), and exactly once while the replicas' clocks agree within the
+// period (a replica ahead by more claims ticks before the others fire them;
+// the ticks it skips over when it takes the lead run nowhere).
 // The adapters for gocron v2 and robfig/cron live in their own modules under
 // contrib/.
 //
