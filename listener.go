@@ -31,7 +31,9 @@ import (
 // work — lib/pq (no access to the connection), PgBouncer in transaction
 // pooling mode (LISTEN's session is not ours), a dropped connection — waiting
 // degrades to polling, it does not break. The listener proves that it works:
-// after LISTEN, and after every 5 s of silence, it sends itself a probe
+// before LISTEN it checks that its connection is not lent by a pooler (the
+// backend pid matches the one announced at connection; see checkNotPooled),
+// and after LISTEN, and after every 5 s of silence, it sends itself a probe
 // through the pool and expects it on its own connection within 2 s; without
 // it, the listener is not trusted, waiters poll, and it reconnects.
 
@@ -45,10 +47,10 @@ const (
 	// ListenAlways: also while the Locker holds a lease, so that a holder
 	// evicted by ForceRelease is told at once instead of at its next beat.
 	ListenAlways
-	// ListenNever: never listen; waiters poll. Use it through PgBouncer in
-	// transaction pooling mode: notifications are not delivered there, and
-	// the default mode would try once a minute while someone waits, each
-	// try leaving a LISTEN on one of PgBouncer's server connections.
+	// ListenNever: never listen; waiters poll. Use it through PgBouncer or
+	// another pooler: the default mode then opens a connection once a
+	// minute while someone waits, sees that it goes through a pooler and
+	// closes it without listening.
 	ListenNever
 )
 
@@ -61,6 +63,9 @@ var (
 	errCannotListen  = errors.New("pglease: the driver cannot listen (database/sql with lib/pq): waiters poll")
 	errNotDelivering = errors.New("pglease: listener probe: no notification came back within 2s " +
 		"(PgBouncer in transaction pooling mode? use WithListen(ListenNever)); waiters poll")
+	errBehindPooler = errors.New("pglease: listener: the connection goes through a pooler (the backend " +
+		"pid differs from the one announced at connection: PgBouncer?), so LISTEN is not sent and no " +
+		"probe either; use WithListen(ListenNever); waiters poll")
 )
 
 // notDeliveringPause is how long a Locker whose listener did not get its
@@ -188,10 +193,9 @@ func (ls *listener) isLive() bool {
 // run keeps a listening connection until ctx ends, reconnecting with
 // backoff after a failure.
 //
-// A connection that does not deliver (the probe did not come back) is not
-// retried for notDeliveringPause, and said once per Locker: through
-// PgBouncer every attempt would leave a LISTEN on a pooled server
-// connection.
+// A connection that does not deliver (the probe did not come back), or
+// that goes through a pooler, is not retried for notDeliveringPause, and
+// said once per Locker.
 func (ls *listener) run(ctx context.Context) {
 	for delay := 100 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
 		err := ls.session(ctx)
@@ -199,7 +203,7 @@ func (ls *listener) run(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil || errors.Is(err, errCannotListen):
 			return
-		case errors.Is(err, errNotDelivering):
+		case errors.Is(err, errNotDelivering), errors.Is(err, errBehindPooler):
 			if ls.warnOnce() {
 				ls.l.log.Warn("pglease: listener not delivering, waiters poll; trying again every minute while they wait",
 					"holder", ls.l.holder, "error", err)
@@ -245,6 +249,9 @@ func (ls *listener) session(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	if err := checkNotPooled(ctx, conn); err != nil {
+		return err
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ls.l.table.channel}.Sanitize()); err != nil {
 		return err
 	}
@@ -270,6 +277,26 @@ func (ls *listener) session(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// checkNotPooled refuses a connection that goes through a pooler. Through
+// PgBouncer in transaction pooling mode a LISTEN lands on a server
+// connection the pooler lends to others: it stays there, and every later
+// notification reaches that connection while no client is linked to it,
+// which PgBouncer 1.18 logs ("got packet 'A' from server when not linked")
+// and which can make it exit ("server in bad state", seen in the fault
+// suite). A pooler answers the startup with a cancel key of its own, so the
+// pid it announced is not the backend's: then nothing is sent. (PgBouncer in
+// session mode is refused too; its waiters poll.)
+func checkNotPooled(ctx context.Context, conn *pgx.Conn) error {
+	var pid uint32
+	if err := conn.QueryRow(ctx, backendPIDSQL).Scan(&pid); err != nil {
+		return err
+	}
+	if pid != conn.PgConn().PID() {
+		return errBehindPooler
+	}
+	return nil
 }
 
 // checkDelivery sends a probe through the pool and waits for it on conn,

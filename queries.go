@@ -229,6 +229,11 @@ r AS (
 )
 SELECT r.fence, {NOTIFY:r} FROM r`
 
+// backendPIDSQL reads the pid of the backend serving the statement (the
+// listener compares it with the pid announced at connection: a pooler
+// announces its own).
+const backendPIDSQL = `SELECT pg_backend_pid()`
+
 // lockTimeoutSQL bounds the waits for row locks of the rest of the current
 // transaction (ForceRelease, from its context's deadline).
 //
