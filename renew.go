@@ -31,24 +31,16 @@ func (l *Locker) renewLoop() {
 	// then one every beat: replicas started together (a deploy, a restart
 	// after an outage) do not all renew in the same instant. Beats never
 	// come later than the heartbeat, so the retry room is kept.
-	first := time.NewTimer(l.cfg.heartbeat/2 + rand.N(l.cfg.heartbeat/2+1))
-	defer first.Stop()
-	var tick *time.Ticker
-	defer func() {
-		if tick != nil {
-			tick.Stop()
-		}
-	}()
-	beat := first.C
-	for {
+	tick := time.NewTicker(l.cfg.heartbeat/2 + rand.N(l.cfg.heartbeat/2+1))
+	defer tick.Stop()
+	for first := true; ; first = false {
 		select {
 		case <-l.ctx.Done():
 			return
-		case <-beat:
+		case <-tick.C:
 		}
-		if tick == nil {
-			tick = time.NewTicker(l.cfg.heartbeat)
-			beat = tick.C
+		if first {
+			tick.Reset(l.cfg.heartbeat)
 		}
 		batch, ok := l.renewBatch()
 		if !ok {
