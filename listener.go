@@ -83,7 +83,7 @@ type listener struct {
 	probe   string             // payload of the probe in flight
 	probeC  chan struct{}
 
-	warnedProbe bool // a failed probe was logged (once per Locker)
+	warned bool // a failed probe or a pooled connection was logged (once per Locker)
 }
 
 // A waiter is woken (its channel gets a value) by a notification for its
@@ -219,12 +219,13 @@ func (ls *listener) run(ctx context.Context) {
 	}
 }
 
-// warnOnce reports whether the not-delivering warning is still to be given.
+// warnOnce reports whether the not-delivering (or pooler) warning is still
+// to be given.
 func (ls *listener) warnOnce() bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	first := !ls.warnedProbe
-	ls.warnedProbe = true
+	first := !ls.warned
+	ls.warned = true
 	return first
 }
 
