@@ -75,7 +75,7 @@ func (l *Locker) retryIn(err error, failures int) time.Duration {
 		poll = l.cfg.heartbeat
 	}
 	poll = time.Duration(float64(poll) * (0.8 + 0.4*rand.Float64()))
-	var held *HeldError
+	var held *AlreadyLockedError
 	switch {
 	case errors.As(err, &held) && held.Holder == "":
 		// A concurrent claim was in flight: look again very soon.

@@ -62,8 +62,8 @@ func List[D DB](ctx context.Context, db D, opts ...Option) ([]LeaseInfo, error) 
 	return out, nil
 }
 
-// ForceReleased reports what ForceRelease did.
-type ForceReleased struct {
+// ForceReleaseResult reports what ForceRelease did.
+type ForceReleaseResult struct {
 	Key      string
 	Holder   string // the last holder (evicted if WasLive)
 	OldFence int64  // its lease's fence
@@ -92,7 +92,7 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // closes) — at once if its Locker is listening for notifications (it is
 // while any of its callers waits in Acquire or Campaign), otherwise within
 // one heartbeat. Until then it may keep working: its fenced transactions
-// (Guard) are rejected from the moment of the eviction, but a FenceGuard or
+// (Guard) are rejected from the moment of the eviction, but a FenceTable or
 // a `last_fence <= $f` condition rejects its writes only once the next
 // holder has written. Its Unlock changes nothing.
 //
@@ -102,19 +102,19 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // nothing was released. A lease that is not live
 // (released, expired) keeps its fence and only loses a pending minimum
 // hold: WasLive reports which.
-func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (ForceReleased, error) {
+func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (ForceReleaseResult, error) {
 	if err := checkKey(key); err != nil {
-		return ForceReleased{}, err
+		return ForceReleaseResult{}, err
 	}
 	b, err := newBackend(db)
 	if err != nil {
-		return ForceReleased{}, err
+		return ForceReleaseResult{}, err
 	}
 	t, err := tableOnly("ForceRelease", opts)
 	if err != nil {
-		return ForceReleased{}, err
+		return ForceReleaseResult{}, err
 	}
-	r := ForceReleased{Key: key}
+	r := ForceReleaseResult{Key: key}
 	st := t.statements()
 	release := func(b backend) error {
 		var notified any

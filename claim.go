@@ -18,7 +18,7 @@ import (
 // the Lease, kept alive by the Locker's renewer until Unlock. It does not
 // wait for the key: if another holder has an unexpired lease on it (or a
 // minimum hold blocks it), Lock returns an error wrapping ErrAlreadyLocked
-// (a *HeldError) without writing anything — a scheduler skips its run. With
+// (a *AlreadyLockedError) without writing anything — a scheduler skips its run. With
 // Tick, a tick already run returns ErrAlreadyRun instead. To wait for the
 // key, use Acquire.
 //
@@ -96,11 +96,11 @@ type claimReply struct {
 func (r *claimReply) err(key string, lc lockConfig) error {
 	switch {
 	case r == nil:
-		return &HeldError{Key: key}
+		return &AlreadyLockedError{Key: key}
 	case r.outcome == "ran":
 		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.lastTick.Time, Holder: r.holder, Fence: r.fence}
 	}
-	return &HeldError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, MinHold: r.outcome == "min-hold"}
+	return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, MinHold: r.outcome == "min-hold"}
 }
 
 // claim runs the claim statement once. It returns the lease, or the reply

@@ -17,7 +17,7 @@
 //	lease, err := locker.Lock(ctx, "nightly")     // skip if held: ErrAlreadyLocked
 //	lease, err := locker.Acquire(ctx, "nightly")  // or wait for it
 //	err = locker.Do(ctx, "nightly", job, pglease.Tick(scheduled), pglease.MinHold(time.Second))
-//	err = election.Run(ctx, pglease.Callbacks{OnStartedLeading: lead})
+//	err = election.Run(ctx, pglease.LeaderCallbacks{OnStartedLeading: lead})
 //
 // # The states of a lease, and who moves it
 //
@@ -72,7 +72,7 @@
 // holder's, even after a pause. Renew and release touch no key column (FOR
 // NO KEY UPDATE), so the holder's own fenced work never blocks them.
 // TestTakeoverWaitsForFencedTransaction is the canary for this behaviour of
-// ON CONFLICT: run it when upgrading PostgreSQL. FenceGuard records the
+// ON CONFLICT: run it when upgrading PostgreSQL. FenceTable records the
 // highest fence per resource for writes elsewhere; it rejects a stale holder
 // only once a newer one has written.
 //

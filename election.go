@@ -145,7 +145,7 @@ func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
 			next = e.l.retryIn(err, 1)
 			continue
 		default:
-			next = e.l.retryIn(&HeldError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn}, 0)
+			next = e.l.retryIn(&AlreadyLockedError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn}, 0)
 		}
 		if last != nil && last.Holder == li.Holder && last.Fence == li.Fence {
 			continue
@@ -162,8 +162,8 @@ func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
 	}
 }
 
-// Callbacks are Run's hooks, in the manner of Kubernetes' leaderelection.
-type Callbacks struct {
+// LeaderCallbacks are Run's hooks, in the manner of Kubernetes' leaderelection.
+type LeaderCallbacks struct {
 	// OnStartedLeading runs while this replica leads, with a context that
 	// ends when leadership ends (lost, Run's ctx done, Locker closed). When
 	// it returns, Run resigns; a non-nil error ends Run with that error, nil
@@ -181,9 +181,9 @@ type Callbacks struct {
 // again, until ctx ends — then it resigns and returns nil: a clean shutdown
 // is not an error. It returns OnStartedLeading's error, or an error that
 // campaigning cannot get past (closed Locker, missing table).
-func (e *Election) Run(ctx context.Context, cb Callbacks) error {
+func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 	if cb.OnStartedLeading == nil {
-		return fmt.Errorf("%w: Callbacks.OnStartedLeading is required", ErrInvalidOption)
+		return fmt.Errorf("%w: LeaderCallbacks.OnStartedLeading is required", ErrInvalidOption)
 	}
 	if cb.OnNewLeader != nil {
 		octx, cancel := context.WithCancel(ctx)

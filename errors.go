@@ -50,10 +50,10 @@ var (
 	ErrReadOnly = errors.New("pglease: server is read-only")
 )
 
-// HeldError is returned (wrapping ErrAlreadyLocked) when another holder has
+// AlreadyLockedError is returned (wrapping ErrAlreadyLocked) when another holder has
 // the key. Holder and Fence are zero when the claim met a concurrent claim
 // still in flight (it cannot tell who will win).
-type HeldError struct {
+type AlreadyLockedError struct {
 	Key    string
 	Holder string
 	Fence  int64
@@ -66,7 +66,7 @@ type HeldError struct {
 	MinHold bool
 }
 
-func (e *HeldError) Error() string {
+func (e *AlreadyLockedError) Error() string {
 	switch {
 	case e.Holder == "":
 		return fmt.Sprintf("pglease: %q is being claimed by another holder right now", e.Key)
@@ -79,7 +79,7 @@ func (e *HeldError) Error() string {
 }
 
 // Is makes errors.Is(err, ErrAlreadyLocked) true.
-func (e *HeldError) Is(target error) bool { return target == ErrAlreadyLocked }
+func (e *AlreadyLockedError) Is(target error) bool { return target == ErrAlreadyLocked }
 
 // AlreadyRunError is returned (wrapping ErrAlreadyRun) by a claim for a
 // tick at or before the key's last claimed tick.
@@ -99,21 +99,21 @@ func (e *AlreadyRunError) Error() string {
 // Is makes errors.Is(err, ErrAlreadyRun) true.
 func (e *AlreadyRunError) Is(target error) bool { return target == ErrAlreadyRun }
 
-// LostError is the error (wrapping ErrLeaseLost) that Err, Unlock and the
+// LeaseLostError is the error (wrapping ErrLeaseLost) that Err, Unlock and the
 // Context's cause report once a lease is lost.
-type LostError struct {
+type LeaseLostError struct {
 	Key    string
 	Holder string
 	Fence  int64
 	Reason string
 }
 
-func (e *LostError) Error() string {
+func (e *LeaseLostError) Error() string {
 	return fmt.Sprintf("pglease: lease on %q (holder %q, fence %d) lost: %s", e.Key, e.Holder, e.Fence, e.Reason)
 }
 
 // Is makes errors.Is(err, ErrLeaseLost) true.
-func (e *LostError) Is(target error) bool { return target == ErrLeaseLost }
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // sqlState extracts the SQLSTATE from pgx and lib/pq errors alike.
 func sqlState(err error) string {

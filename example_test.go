@@ -121,17 +121,17 @@ func ExampleLease_Guard() {
 	// <nil>
 }
 
-// A fence guard for a resource written outside the lease's transaction (here
+// A fence table for a resource written outside the lease's transaction (here
 // a table in the same database; it can be another database where Migrate
 // ran): the highest fence seen wins; equal fences may write again, older
 // ones never.
-func ExampleFenceGuard() {
+func ExampleFenceTable() {
 	ctx := context.Background()
 	db, _ := sql.Open("pgx", pgtest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_fg")
 	_ = pglease.Migrate(ctx, db, table) // creates example_fg_fences too
-	guard, _ := pglease.NewFenceGuard(table)
+	guard, _ := pglease.NewFenceTable(table)
 
 	write := func(fence int64) error {
 		tx, _ := db.BeginTx(ctx, nil)
@@ -168,7 +168,7 @@ func ExampleElection_Run() {
 	election, _ := pglease.NewElection(locker, "scheduler-leader")
 
 	run, shutdown := context.WithCancel(ctx) // in a service: signal.NotifyContext
-	err := election.Run(run, pglease.Callbacks{
+	err := election.Run(run, pglease.LeaderCallbacks{
 		OnStartedLeading: func(ctx context.Context, lead *pglease.Lease) error {
 			fmt.Println("leading, term", lead.Fence())
 			shutdown() // SIGTERM arrives

@@ -9,11 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrStaleFence: a FenceGuard saw a higher fence for the resource already;
+// ErrStaleFence: a FenceTable saw a higher fence for the resource already;
 // the write comes from a holder that was superseded and must be rolled back.
 var ErrStaleFence = errors.New("pglease: stale fence")
 
-// StaleFenceError is the error (wrapping ErrStaleFence) FenceGuard returns.
+// StaleFenceError is the error (wrapping ErrStaleFence) FenceTable returns.
 type StaleFenceError struct {
 	Resource string
 	Fence    int64 // the fence presented
@@ -82,7 +82,7 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 		if lost := le.lostErr(); lost != nil {
 			return lost
 		}
-		return &LostError{Key: le.key, Holder: l.holder, Fence: le.fence,
+		return &LeaseLostError{Key: le.key, Holder: l.holder, Fence: le.fence,
 			Reason: "fenced transaction: the lease is not held in this transaction's view (expired, released or taken over)"}
 	case err != nil:
 		return l.table.wrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
@@ -90,7 +90,7 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 	return nil
 }
 
-// FenceGuard protects a resource that is written outside the lease's
+// FenceTable protects a resource that is written outside the lease's
 // transaction (another table, another database) against stale holders: it
 // records the highest fence seen per resource name, in a small table (created
 // by Migrate next to the lease table: <table>_fences), and rejects older
@@ -112,26 +112,26 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 // For a table of your own, the same guarantee is one condition in your
 // UPDATE: `UPDATE t SET ..., last_fence = $f WHERE id = $id AND last_fence <= $f`
 // — zero rows updated means a newer holder already wrote: roll back.
-type FenceGuard struct {
+type FenceTable struct {
 	table table
 	sql   statements
 	obs   observer
 }
 
-// NewFenceGuard returns a FenceGuard for the fence table next to the lease
+// NewFenceTable returns a FenceTable for the fence table next to the lease
 // table named by WithTable. Besides WithTable it takes only the telemetry
 // options (WithMeterProvider counts its rejections).
-func NewFenceGuard(opts ...Option) (*FenceGuard, error) {
-	c, t, err := tableAndTelemetry("NewFenceGuard", opts)
+func NewFenceTable(opts ...Option) (*FenceTable, error) {
+	c, t, err := tableAndTelemetry("NewFenceTable", opts)
 	if err != nil {
 		return nil, err
 	}
-	return &FenceGuard{table: t, sql: t.statements(), obs: newObserver(c)}, nil
+	return &FenceTable{table: t, sql: t.statements(), obs: newObserver(c)}, nil
 }
 
 // Check records fence for resource in tx, or returns an error wrapping
 // ErrStaleFence (a *StaleFenceError) if a higher fence was accepted already.
-func (g *FenceGuard) Check(ctx context.Context, tx *sql.Tx, resource string, fence int64) error {
+func (g *FenceTable) Check(ctx context.Context, tx *sql.Tx, resource string, fence int64) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
 	}
@@ -139,16 +139,16 @@ func (g *FenceGuard) Check(ctx context.Context, tx *sql.Tx, resource string, fen
 }
 
 // CheckPgx is Check for a pgx transaction.
-func (g *FenceGuard) CheckPgx(ctx context.Context, tx pgx.Tx, resource string, fence int64) error {
+func (g *FenceTable) CheckPgx(ctx context.Context, tx pgx.Tx, resource string, fence int64) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil pgx.Tx", ErrInvalidOption)
 	}
 	return g.check(ctx, pgxBackend{tx}, resource, fence)
 }
 
-func (g *FenceGuard) check(ctx context.Context, b backend, resource string, fence int64) error {
+func (g *FenceTable) check(ctx context.Context, b backend, resource string, fence int64) error {
 	if err := checkKey(resource); err != nil {
-		return fmt.Errorf("pglease: fence guard resource: %w", err)
+		return fmt.Errorf("pglease: fence table resource: %w", err)
 	}
 	if fence <= 0 {
 		return fmt.Errorf("%w: fence %d (fences start at 1)", ErrInvalidOption, fence)
@@ -156,15 +156,15 @@ func (g *FenceGuard) check(ctx context.Context, b backend, resource string, fenc
 	var got int64
 	err := b.queryRow(ctx, g.sql.fenceAdvance, []any{resource, fence}, &got)
 	if errors.Is(err, errNoRows) {
-		g.obs.rejected(ctx, "fence_guard")
+		g.obs.rejected(ctx, "fence_table")
 		var cur int64
 		if err := b.queryRow(ctx, g.sql.fenceCurrent, []any{resource}, &cur); err != nil && !errors.Is(err, errNoRows) {
-			return g.table.wrapDB("fence guard", err)
+			return g.table.wrapDB("fence table", err)
 		}
 		return &StaleFenceError{Resource: resource, Fence: fence, Current: cur}
 	}
 	if err != nil {
-		return g.table.wrapDB(fmt.Sprintf("fence guard %q", resource), err)
+		return g.table.wrapDB(fmt.Sprintf("fence table %q", resource), err)
 	}
 	return nil
 }

@@ -17,16 +17,16 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
-func (f *fixture) fenceGuard() *FenceGuard {
-	g, err := NewFenceGuard(WithTable(f.table))
+func (f *fixture) fenceTable() *FenceTable {
+	g, err := NewFenceTable(WithTable(f.table))
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	return g
 }
 
-// guardedWrite writes to a resource through a FenceGuard, in one transaction.
-func guardedWrite(c context.Context, db *sql.DB, g *FenceGuard, resource string, fence int64) error {
+// guardedWrite writes to a resource through a FenceTable, in one transaction.
+func guardedWrite(c context.Context, db *sql.DB, g *FenceTable, resource string, fence int64) error {
 	tx, err := db.BeginTx(c, nil)
 	if err != nil {
 		return err
@@ -46,7 +46,7 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	dbA, dbB := pgtest.SQL(t, 3), pgtest.SQL(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(2*time.Second))
 	b := f.locker(dbB, WithLeaseDuration(2*time.Second))
-	g := f.fenceGuard()
+	g := f.fenceTable()
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {
@@ -313,7 +313,7 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 	if _, err := f.admin.ExecContext(c, `INSERT INTO `+table+` VALUES ($1, 0, 0)`, mode); err != nil {
 		t.Fatal(err)
 	}
-	g := f.fenceGuard()
+	g := f.fenceTable()
 	var st counterStats
 	var failures atomic.Int64
 	key := "counter-" + mode
@@ -387,7 +387,7 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 }
 
 // increment does one read-modify-write; ok=false: rejected as stale.
-func increment(c context.Context, db *sql.DB, le *Lease, g *FenceGuard, mode, table string, pauseAt int, pause func(), staleAccepted *int64) (bool, error) {
+func increment(c context.Context, db *sql.DB, le *Lease, g *FenceTable, mode, table string, pauseAt int, pause func(), staleAccepted *int64) (bool, error) {
 	if pauseAt == 0 {
 		pause() // paused, and not looking at Done
 	}

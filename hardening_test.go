@@ -421,7 +421,7 @@ func TestTableOnlyEntryPointsRefuseOtherOptions(t *testing.T) {
 	}
 	_, checks["List"] = List(c, f.admin, bad...)
 	_, checks["ForceRelease"] = ForceRelease(c, f.admin, "k", bad...)
-	_, checks["NewFenceGuard"] = NewFenceGuard(bad...)
+	_, checks["NewFenceTable"] = NewFenceTable(bad...)
 	_, checks["SchemaVersionOf"] = SchemaVersionOf(c, f.admin, bad...)
 	for name, err := range checks {
 		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithLeaseDuration") {

@@ -11,7 +11,7 @@ type leaseState int
 const (
 	stateHeld      leaseState = iota
 	stateUnlocking            // Unlock or Close is sending the release
-	stateLost                 // ended other than by Unlock; err is a *LostError
+	stateLost                 // ended other than by Unlock; err is a *LeaseLostError
 	stateReleased             // ended by Unlock or Close
 	stateAbandoned            // the release failed: not renewed, expires by itself
 )
@@ -97,7 +97,7 @@ func (le *Lease) Key() string { return le.key }
 // Fence is the fencing token: it strictly increases each time the key is
 // acquired by a new claim (also after a release or an expiry), and never
 // repeats. Pass it to the resources you write to, and have them reject
-// writes with a lower fence (see Guard and FenceGuard).
+// writes with a lower fence (see Guard and FenceTable).
 func (le *Lease) Fence() int64 { return le.fence }
 
 // Holder is the holder id the lease was claimed under.
@@ -181,13 +181,13 @@ func (le *Lease) lose(ctx context.Context, reason string, why lossReason) {
 	le.finishLost(ctx, stateHeld, reason, why)
 }
 
-func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string, why lossReason) *LostError {
+func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string, why lossReason) *LeaseLostError {
 	le.mu.Lock()
 	if le.state != from {
 		le.mu.Unlock()
 		return nil
 	}
-	err := &LostError{Key: le.key, Holder: le.locker.holder, Fence: le.fence, Reason: reason}
+	err := &LeaseLostError{Key: le.key, Holder: le.locker.holder, Fence: le.fence, Reason: reason}
 	le.state, le.err = stateLost, err
 	le.timer.Stop()
 	le.mu.Unlock()

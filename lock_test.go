@@ -29,7 +29,7 @@ func TestLockUnlockAndFenceSurvivesRelease(t *testing.T) {
 		t.Fatalf("fresh lease: fence %d key %q err %v", la.Fence(), la.Key(), la.Err())
 	}
 	_, err = b.Lock(c, "job")
-	var held *HeldError
+	var held *AlreadyLockedError
 	if !errors.Is(err, ErrAlreadyLocked) || !errors.As(err, &held) || held.Holder != a.Holder() || held.Fence != 1 {
 		t.Fatalf("second replica: want ErrAlreadyLocked naming %q fence 1, got %v", a.Holder(), err)
 	}

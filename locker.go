@@ -72,7 +72,7 @@ func (l *Locker) LeaseDuration() time.Duration { return l.cfg.duration }
 func (l *Locker) Table() string { return l.table.display }
 
 // Held returns the number of leases currently held by this Locker.
-func (l *Locker) Held() int {
+func (l *Locker) NumHeld() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.leases)

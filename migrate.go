@@ -11,7 +11,7 @@ func SchemaVersion() int { return len(migrations) }
 
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
 // version table (<table>_version) and the fence-guard table (<table>_fences,
-// see FenceGuard). It is idempotent and safe to run from every replica at
+// see FenceTable). It is idempotent and safe to run from every replica at
 // start-up: concurrent runs are serialised by a transaction-scoped advisory
 // lock, and each applies only what is missing, in one transaction. It takes
 // only WithTable. The schema part of a "schema.table" name must exist.

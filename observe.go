@@ -54,7 +54,7 @@ type observer interface {
 	lost(le *Lease, why lossReason)
 	released(le *Lease, n int)
 	renewed(ctx context.Context, batch int, d time.Duration, err error)
-	rejected(ctx context.Context, kind string) // "guard" or "fence_guard"
+	rejected(ctx context.Context, kind string) // "guard" or "fence_table"
 	waited(ctx context.Context, key string, d time.Duration, acquired bool)
 }
 

@@ -19,8 +19,8 @@ const (
 )
 
 // Option configures a Locker (New). Migrate, SchemaVersionOf, List,
-// ForceRelease and NewFenceGuard take only WithTable and refuse the others
-// (they would have no effect there); NewFenceGuard also takes the telemetry
+// ForceRelease and NewFenceTable take only WithTable and refuse the others
+// (they would have no effect there); NewFenceTable also takes the telemetry
 // options (otel.go). Options are validated when given.
 type Option func(*config)
 

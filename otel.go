@@ -30,7 +30,7 @@ type telemetryConfig struct {
 	keyAttr bool
 }
 
-// telemetryOptions are the options NewFenceGuard takes besides WithTable.
+// telemetryOptions are the options NewFenceTable takes besides WithTable.
 var telemetryOptions = map[string]bool{"WithMeterProvider": true, "WithTracerProvider": true, "WithKeyAttribute": true}
 
 // WithMeterProvider records the Locker's metrics with mp (an OpenTelemetry
@@ -50,10 +50,10 @@ var telemetryOptions = map[string]bool{"WithMeterProvider": true, "WithTracerPro
 //	                                                 the SQLSTATE, timeout, canceled or the Go type)
 //	pglease.renew.batch.size  Histogram {lease}      leases per renew statement
 //	pglease.fence.rejections  Counter {rejection}    writes refused, by pglease.rejection.kind:
-//	                                                 guard (Guard), fence_guard (FenceGuard)
+//	                                                 guard (Guard), fence_table (FenceTable)
 //	pglease.wait.duration     Histogram s            Acquire/Campaign waits, by pglease.wait.acquired
 //
-// NewFenceGuard takes it too (its rejections).
+// NewFenceTable takes it too (its rejections).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) {
 		c.note("WithMeterProvider")
@@ -95,7 +95,7 @@ func WithKeyAttribute(on bool) Option {
 	return func(c *config) { c.note("WithKeyAttribute"); c.tel.keyAttr = on }
 }
 
-// tableAndTelemetry is tableOnly for NewFenceGuard, which also records
+// tableAndTelemetry is tableOnly for NewFenceTable, which also records
 // rejections: it accepts WithTable and the telemetry options.
 func tableAndTelemetry(entry string, opts []Option) (config, table, error) {
 	c, t, err := buildConfig(opts)
@@ -189,7 +189,7 @@ func newOtelMetrics(m metric.Meter, tableName string) *otelMetrics {
 		metric.WithDescription("Leases renewed by one renew statement."),
 		metric.WithExplicitBucketBoundaries(batchBuckets...))
 	om.rejections, errs[6] = m.Int64Counter("pglease.fence.rejections", metric.WithUnit("{rejection}"),
-		metric.WithDescription("Writes refused by Guard (lease not held) or FenceGuard (stale fence)."))
+		metric.WithDescription("Writes refused by Guard (lease not held) or FenceTable (stale fence)."))
 	om.waits, errs[7] = m.Float64Histogram("pglease.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time Acquire or Campaign waited for a key, by whether it got it."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))

@@ -381,7 +381,7 @@ func TestMetricsLosses(t *testing.T) {
 }
 
 // Rejections: a fenced transaction of an evicted holder (Guard), and a
-// stale fence at a FenceGuard.
+// stale fence at a FenceTable.
 func TestMetricsRejections(t *testing.T) {
 	f := newFixture(t)
 	m := newMeters(t)
@@ -410,7 +410,7 @@ func TestMetricsRejections(t *testing.T) {
 	}
 	m.waitSum("pglease.lease.losses", map[string]string{"pglease.loss.reason": string(lossGuard)}, 1)
 
-	g, err := NewFenceGuard(WithTable(f.table), WithMeterProvider(m.mp))
+	g, err := NewFenceTable(WithTable(f.table), WithMeterProvider(m.mp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,11 +432,11 @@ func TestMetricsRejections(t *testing.T) {
 	if err := check(4); !errors.Is(err, ErrStaleFence) {
 		t.Fatalf("stale fence: %v", err)
 	}
-	if got := m.sum("pglease.fence.rejections", kind("fence_guard")); got != 1 {
-		t.Fatalf("fence_guard rejections: %d", got)
+	if got := m.sum("pglease.fence.rejections", kind("fence_table")); got != 1 {
+		t.Fatalf("fence_table rejections: %d", got)
 	}
 	if got := m.sum("pglease.fence.rejections", kind("guard")); got != 1 {
-		t.Fatalf("guard rejections after the FenceGuard's: %d", got)
+		t.Fatalf("guard rejections after the FenceTable's: %d", got)
 	}
 }
 
@@ -449,11 +449,11 @@ func TestTelemetryOptions(t *testing.T) {
 	if _, err := New(db, WithTracerProvider(nil)); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("nil TracerProvider: %v", err)
 	}
-	if _, err := NewFenceGuard(WithMeterProvider(m.mp), WithKeyAttribute(true), WithTracerProvider(sdktrace.NewTracerProvider())); err != nil {
-		t.Errorf("NewFenceGuard with telemetry options: %v", err)
+	if _, err := NewFenceTable(WithMeterProvider(m.mp), WithKeyAttribute(true), WithTracerProvider(sdktrace.NewTracerProvider())); err != nil {
+		t.Errorf("NewFenceTable with telemetry options: %v", err)
 	}
-	if _, err := NewFenceGuard(WithMeterProvider(m.mp), WithHolder("x")); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("NewFenceGuard with WithHolder: %v", err)
+	if _, err := NewFenceTable(WithMeterProvider(m.mp), WithHolder("x")); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("NewFenceTable with WithHolder: %v", err)
 	}
 	if _, err := List(ctx(t), db, WithMeterProvider(m.mp)); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("List with WithMeterProvider: %v", err)
@@ -803,7 +803,7 @@ func BenchmarkObserverSkipPath(b *testing.B) {
 	defer mp.Shutdown(context.Background())
 	tp := sdktrace.NewTracerProvider()
 	defer tp.Shutdown(context.Background())
-	held := &HeldError{Key: "job", Holder: "other", Fence: 1}
+	held := &AlreadyLockedError{Key: "job", Holder: "other", Fence: 1}
 	for _, bc := range []struct {
 		name string
 		opts []Option

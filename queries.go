@@ -377,7 +377,7 @@ var migrations = []string{
 	released_at timestamptz,
 	CONSTRAINT lease_validity CHECK (expires_at > acquired_at)
 ) WITH (fillfactor = 50)`,
-	// v2: the fence-guard table (FenceGuard): the highest fence accepted
+	// v2: the fence-guard table (FenceTable): the highest fence accepted
 	// per downstream resource.
 	`CREATE TABLE IF NOT EXISTS {F} (
 	resource   text        PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 512),

@@ -102,7 +102,7 @@ func TestUnlockUnreachableServer(t *testing.T) {
 	default:
 		t.Fatal("Done must close: the job is over and the lease is no longer renewed")
 	}
-	if l.Held() != 0 {
+	if l.NumHeld() != 0 {
 		t.Fatal("an abandoned lease must not be renewed")
 	}
 }

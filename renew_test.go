@@ -144,7 +144,7 @@ func TestRenewFindsLeaseGone(t *testing.T) {
 			tc.break_(f, "job")
 			broken := f.dump()
 			waitDone(t, le, 10*time.Second)
-			var lost *LostError
+			var lost *LeaseLostError
 			if !errors.Is(le.Err(), ErrLeaseLost) || !errors.As(le.Err(), &lost) || lost.Fence != le.Fence() {
 				t.Fatalf("Err after loss: %v", le.Err())
 			}

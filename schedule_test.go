@@ -22,7 +22,7 @@ func TestMinHoldBlocksUntilItEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.Lock(c, "job")
-	var held *HeldError
+	var held *AlreadyLockedError
 	if !errors.As(err, &held) || !held.MinHold || held.FreeIn <= 0 || held.FreeIn > time.Second {
 		t.Fatalf("claim inside the minimum hold: %v", err)
 	}
@@ -201,7 +201,7 @@ func TestElectionRun(t *testing.T) {
 	events := make(chan string, 16)
 	errA := make(chan error, 1)
 	go func() {
-		errA <- ea.Run(runA, Callbacks{
+		errA <- ea.Run(runA, LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context, lead *Lease) error {
 				events <- "a leads"
 				<-ctx.Done()
@@ -228,7 +228,7 @@ func TestElectionRun(t *testing.T) {
 	runB, stopB := context.WithCancel(c)
 	defer stopB()
 	go func() {
-		errB <- eb.Run(runB, Callbacks{OnStartedLeading: func(ctx context.Context, lead *Lease) error {
+		errB <- eb.Run(runB, LeaderCallbacks{OnStartedLeading: func(ctx context.Context, lead *Lease) error {
 			events <- "b leads"
 			<-ctx.Done()
 			return nil

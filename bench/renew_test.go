@@ -93,7 +93,7 @@ func newRenewFixture(b *testing.B, n int) *renewFixture {
 	}
 	f.db.SetMaxOpenConns(PoolSize)
 	f.db.SetMaxIdleConns(PoolSize)
-	if got := l.Held(); got != n {
+	if got := l.NumHeld(); got != n {
 		f.close()
 		b.Fatalf("holding %d leases, want %d", got, n)
 	}
@@ -249,8 +249,8 @@ func BenchmarkRenew(b *testing.B) {
 	}
 	// Between the claims and the benchmark loops nothing was lost.
 	for _, f := range fixtures {
-		if f.locker.Held() != f.n {
-			b.Errorf("N=%d: %d leases left of %d", f.n, f.locker.Held(), f.n)
+		if f.locker.NumHeld() != f.n {
+			b.Errorf("N=%d: %d leases left of %d", f.n, f.locker.NumHeld(), f.n)
 		}
 	}
 }

@@ -76,7 +76,7 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = closedLocker.Close()
-	guard, err := pglease.NewFenceGuard(tbl)
+	guard, err := pglease.NewFenceTable(tbl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +175,10 @@ func TestBadInput(t *testing.T) {
 		{"Lock on a closed Locker", func() error { _, err := closedLocker.Lock(ctx, "fresh"); return err }, pglease.ErrClosed, "closed"},
 		{"Lock on a closed Locker, bad key too", func() error { _, err := closedLocker.Lock(ctx, ""); return err }, pglease.ErrInvalidKey, "key"},
 		{"Guard with a nil tx", func() error { return held.Guard(ctx, nil) }, pglease.ErrInvalidOption, "nil"},
-		{"FenceGuard: fence 0", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r", 0) }), pglease.ErrInvalidOption, "fence"},
-		{"FenceGuard: negative fence", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r", -5) }), pglease.ErrInvalidOption, "fence"},
-		{"FenceGuard: NUL resource", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r\x00", 1) }), pglease.ErrInvalidKey, "NUL"},
-		{"FenceGuard: huge resource", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, strings.Repeat("r", 600), 1) }), pglease.ErrInvalidKey, "limit"},
+		{"FenceTable: fence 0", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r", 0) }), pglease.ErrInvalidOption, "fence"},
+		{"FenceTable: negative fence", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r", -5) }), pglease.ErrInvalidOption, "fence"},
+		{"FenceTable: NUL resource", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, "r\x00", 1) }), pglease.ErrInvalidKey, "NUL"},
+		{"FenceTable: huge resource", inTx(func(tx *sql.Tx) error { return guard.Check(ctx, tx, strings.Repeat("r", 600), 1) }), pglease.ErrInvalidKey, "limit"},
 		{"ForceRelease of an unknown key", func() error { _, err := pglease.ForceRelease(ctx, db, "nobody", tbl); return err }, pglease.ErrUnknownKey, "no lease row"},
 		{"ForceRelease of a bad key", func() error { _, err := pglease.ForceRelease(ctx, db, "", tbl); return err }, pglease.ErrInvalidKey, "empty"},
 		{"Lock on a table never migrated", func() error {
@@ -196,7 +196,7 @@ func TestBadInput(t *testing.T) {
 			tc{fmt.Sprintf("injected table %d: New", i), newL(pglease.WithTable(name)), pglease.ErrInvalidOption, "table name"},
 			tc{fmt.Sprintf("injected table %d: Migrate", i), func() error { return pglease.Migrate(ctx, db, pglease.WithTable(name)) }, pglease.ErrInvalidOption, "table name"},
 			tc{fmt.Sprintf("injected table %d: List", i), func() error { _, err := pglease.List(ctx, db, pglease.WithTable(name)); return err }, pglease.ErrInvalidOption, "table name"},
-			tc{fmt.Sprintf("injected table %d: FenceGuard", i), func() error { _, err := pglease.NewFenceGuard(pglease.WithTable(name)); return err }, pglease.ErrInvalidOption, "table name"},
+			tc{fmt.Sprintf("injected table %d: FenceTable", i), func() error { _, err := pglease.NewFenceTable(pglease.WithTable(name)); return err }, pglease.ErrInvalidOption, "table name"},
 		)
 	}
 	before := dumpTable(t, db, table)

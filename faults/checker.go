@@ -297,7 +297,7 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			continue
 		}
 		if w.Via == "fenceguard" {
-			continue // a FenceGuard knows only the fences its resource has seen
+			continue // a FenceTable knows only the fences its resource has seen
 		}
 		s := suffix[w.Key]
 		i := sort.Search(len(s), func(i int) bool { return s[i].fence > w.Fence })

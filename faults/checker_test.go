@@ -29,7 +29,7 @@ func TestCheckerFindsEachViolation(t *testing.T) {
 		g("a", "k", 1, 0, 5), w("a", "k", "guard", 1, 0, 10), w("a", "k", "fenceguard", 1, 1, 20),
 		lost("a", "k", 1, 590),
 		g("b", "k", 2, 600, 605), w("b", "k", "guard", 2, 1, 610),
-		// a paused holder's stale FenceGuard write before the new holder wrote: allowed
+		// a paused holder's stale FenceTable write before the new holder wrote: allowed
 		unlock("b", "k", 2, 900),
 		g("c", "k", 3, 950, 951), unlock("c", "k", 3, 1000),
 		{T: 1100 * ms, Proc: "controller", Kind: EvQuiesced}, probe("k", 1100, 1120),

@@ -38,7 +38,7 @@ const (
 	EvUnlockErr   = "unlock_err"   // Unlock failed (not a loss: the server was unreachable)
 	EvClosed      = "closed"       // Locker.Close ended the lease (released); T0 sent
 	EvWriteOK     = "write_ok"     // a write committed; Prev: resource fence before it
-	EvWriteReject = "write_reject" // a write refused by Guard/FenceGuard
+	EvWriteReject = "write_reject" // a write refused by Guard/FenceTable
 	EvWriteErr    = "write_err"    // a write failed otherwise (network, server)
 	EvConnLeak    = "leak"         // connections (or, in a replica process, goroutines) left after Close
 	EvPause       = "pause"        // controller: Proc stopped at T0, continued at T

@@ -22,7 +22,7 @@ type Variant string
 
 const (
 	// Correct: stops at Done, writes in fenced transactions (Guard) or
-	// through a FenceGuard, with the lease's Context.
+	// through a FenceTable, with the lease's Context.
 	Correct Variant = ""
 	// BrokenUnfenced ignores Done and writes with no fencing at all, until
 	// its planned hold time is over. Checker invariant 1 must catch it.
@@ -85,7 +85,7 @@ type Replica struct {
 	rec    *Recorder
 	db     *sql.DB
 	locker *pglease.Locker
-	guard  *pglease.FenceGuard
+	guard  *pglease.FenceTable
 	res    string
 	srv    string // server-side guard statement (BrokenNoDeadline)
 	wg     sync.WaitGroup
@@ -128,7 +128,7 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 		db.Close()
 		return nil, err
 	}
-	g, err := pglease.NewFenceGuard(pglease.WithTable(cfg.Table))
+	g, err := pglease.NewFenceTable(pglease.WithTable(cfg.Table))
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -392,8 +392,8 @@ func (r *Replica) write(ctx context.Context, le *pglease.Lease, via string, work
 	defer tx.Rollback()
 	switch via {
 	case "guard":
-		// Guard, and the resource's FenceGuard too: every write to the
-		// resource records its fence there, so that a FenceGuard write with
+		// Guard, and the resource's FenceTable too: every write to the
+		// resource records its fence there, so that a FenceTable write with
 		// an older fence (a holder evicted by ForceRelease, not yet told)
 		// is refused once a newer fence has written by either way.
 		err = le.Guard(wctx, tx)

@@ -27,7 +27,7 @@ Acquire, Campaign or Observe), otherwise at its next renew: within one
 heartbeat (a third of the lease by default). Until then it may still be
 working. What protects the data meanwhile is fencing:
   - a fenced transaction (Lease.Guard) rejects the evicted holder at once;
-  - a FenceGuard check (or "WHERE last_fence <= $fence") rejects it only once
+  - a FenceTable check (or "WHERE last_fence <= $fence") rejects it only once
     a newer holder has written with its higher fence.
 
 If the lease was already released or expired there is nothing to evict: the
@@ -72,7 +72,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			r, err := forceRelease(cmd.Context(), e, &f, key, timeout, func(ctx context.Context) (pglease.ForceReleased, error) {
+			r, err := forceRelease(cmd.Context(), e, &f, key, timeout, func(ctx context.Context) (pglease.ForceReleaseResult, error) {
 				return pglease.ForceRelease(ctx, db, key, pglease.WithTable(f.table))
 			})
 			if err != nil {
@@ -91,7 +91,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 // forceRelease runs release under timeout, saying on stderr what it waits
 // for once that takes longer than waitNoticeAfter.
 func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout time.Duration,
-	release func(context.Context) (pglease.ForceReleased, error)) (pglease.ForceReleased, error) {
+	release func(context.Context) (pglease.ForceReleaseResult, error)) (pglease.ForceReleaseResult, error) {
 	tctx, cancel := context.WithTimeout(ctx, timeout+cancelGrace)
 	defer cancel()
 	done := make(chan struct{})
@@ -138,7 +138,7 @@ func sqlState(err error) string {
 }
 
 // printReleased says what ForceRelease did: an eviction, or nothing to evict.
-func printReleased(w io.Writer, r pglease.ForceReleased) {
+func printReleased(w io.Writer, r pglease.ForceReleaseResult) {
 	fence := fmt.Sprintf("fence %d -> %d", r.OldFence, r.NewFence)
 	if r.NewFence == r.OldFence {
 		fence = fmt.Sprintf("fence stays %d", r.NewFence)

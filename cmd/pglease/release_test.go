@@ -141,7 +141,7 @@ func TestReleaseHelp(t *testing.T) {
 		"at once if its Locker is listening for notifications",
 		"otherwise at its next renew: within one heartbeat (a third of the lease by default)",
 		"a fenced transaction (Lease.Guard) rejects the evicted holder at once",
-		"a FenceGuard check (or \"WHERE last_fence <= $fence\") rejects it only once a newer holder has written",
+		"a FenceTable check (or \"WHERE last_fence <= $fence\") rejects it only once a newer holder has written",
 		"nothing to evict: the fence stays",
 		"--timeout duration",
 	} {

@@ -71,9 +71,9 @@ func TestLockErrorGivesNilLock(t *testing.T) {
 		t.Fatalf("Unlock with a cancelled context: %v", err)
 	}
 	_, err = b.Lock(ctx, "job")
-	var held *pglease.HeldError
+	var held *pglease.AlreadyLockedError
 	if !errors.As(err, &held) || !held.MinHold {
-		t.Fatalf("Lock right after Unlock = %v; want a HeldError from the default minimum hold", err)
+		t.Fatalf("Lock right after Unlock = %v; want a AlreadyLockedError from the default minimum hold", err)
 	}
 	waitFor(t, 5*time.Second, "the default minimum hold to end", func() bool {
 		lb, err = b.Lock(ctx, "job")

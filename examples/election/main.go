@@ -46,7 +46,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	// Run returns nil when ctx ends (a clean shutdown), after resigning.
-	return election.Run(ctx, pglease.Callbacks{
+	return election.Run(ctx, pglease.LeaderCallbacks{
 		OnStartedLeading: func(ctx context.Context, lead *pglease.Lease) error {
 			fmt.Println("leading, term", lead.Fence())
 			<-ctx.Done() // lead until shutdown or loss of leadership

@@ -137,7 +137,7 @@ func TestCrashAfterAcknowledgedReleases(t *testing.T) {
 	for _, le := range leases[:nRel] {
 		k := le.Key()
 		got, err := other.Lock(ctx, k)
-		var held *pglease.HeldError
+		var held *pglease.AlreadyLockedError
 		if reverted[k] && errors.As(err, &held) {
 			if held.Holder != "before" || held.Fence != le.Fence() {
 				t.Errorf("%q (release lost): held by %q under fence %d; want %q under fence %d", k, held.Holder, held.Fence, "before", le.Fence())

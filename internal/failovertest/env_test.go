@@ -2,7 +2,7 @@
 // primary and a real streaming standby (internal/pgcluster), Lockers on
 // multi-host connection strings (pgx stdlib, pgxpool, lib/pq), a kill -9 of
 // the primary and a promotion, then assertions on the fences and on what
-// the holders were told. Downstream fence guards live on a third server
+// the holders were told. Downstream fence tables live on a third server
 // (internal/pgtest), which the failover does not touch. crash_test.go kills
 // a durable single server right after acknowledged releases and claims.
 package failovertest
@@ -203,11 +203,11 @@ func logFences(t *testing.T, when string, m map[string][]int64) {
 	}
 }
 
-// downstream is a FenceGuard on the test server (not the failed-over pair).
+// downstream is a FenceTable on the test server (not the failed-over pair).
 type downstream struct {
 	t     *testing.T
 	db    *sql.DB
-	guard *pglease.FenceGuard
+	guard *pglease.FenceTable
 }
 
 func newDownstream(t *testing.T) *downstream {
@@ -216,7 +216,7 @@ func newDownstream(t *testing.T) *downstream {
 	if err := pglease.Migrate(context.Background(), db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
-	g, err := pglease.NewFenceGuard(pglease.WithTable(table))
+	g, err := pglease.NewFenceTable(pglease.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // 4–8 on "job" and 1–4 on "fresh" (and 1 on "other"), which the standby
 // never gets; the primary is killed (-9) and the standby promoted. The next
 // claims must get fences greater than every fence issued before, on every
-// key; a downstream FenceGuard that saw 8 must accept the new holder; the
+// key; a downstream FenceTable that saw 8 must accept the new holder; the
 // holders of the old primary (one per driver, on a multi-host connection
 // string) must learn of the loss at their next renew against the new
 // primary — not by their local deadline — and their Lockers must claim
@@ -84,9 +84,9 @@ func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
 			t.Fatalf("holder %s of %q (fence %d) not told of the loss within %v of the promotion", le.Holder(), le.Key(), le.Fence(), 3*beat)
 		}
 		told := time.Now()
-		var lost *pglease.LostError
+		var lost *pglease.LeaseLostError
 		if !errors.As(le.Err(), &lost) {
-			t.Fatalf("%s: Err = %v, want a LostError", le.Holder(), le.Err())
+			t.Fatalf("%s: Err = %v, want a LeaseLostError", le.Holder(), le.Err())
 		}
 		if !told.Before(le.Deadline()) || strings.Contains(lost.Reason, "deadline") {
 			t.Errorf("%s learned of the loss by its local deadline (%s), not from the new primary", le.Holder(), lost.Reason)
@@ -104,10 +104,10 @@ func TestFailoverAsyncFencesStayMonotonic(t *testing.T) {
 		}
 		if i == 0 {
 			if err := down.write("res:job", le.Fence()); err != nil {
-				t.Errorf("the downstream FenceGuard that saw %d refused the new holder's fence %d: %v", top, le.Fence(), err)
+				t.Errorf("the downstream FenceTable that saw %d refused the new holder's fence %d: %v", top, le.Fence(), err)
 			}
 			if err := down.write("res:job", top); !errors.Is(err, pglease.ErrStaleFence) {
-				t.Errorf("the downstream FenceGuard accepted the old fence %d after %d: %v", top, le.Fence(), err)
+				t.Errorf("the downstream FenceTable accepted the old fence %d after %d: %v", top, le.Fence(), err)
 			}
 		}
 		if err := le.Unlock(x.ctx); err != nil {
@@ -166,7 +166,7 @@ func TestFailoverSyncLeasesSurvive(t *testing.T) {
 		}
 		if h.key == "job" {
 			if err := down.write("res:job", le.Fence()); err != nil {
-				t.Errorf("downstream FenceGuard refused fence %d after %d: %v", le.Fence(), top, err)
+				t.Errorf("downstream FenceTable refused fence %d after %d: %v", le.Fence(), top, err)
 			}
 		}
 		if err := le.Unlock(x.ctx); err != nil {

@@ -426,7 +426,7 @@ func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.Server
 	res.RenewErrs = st.Errs[benchenv.KindRenew]
 	res.Lost, res.Warns = f.logs.errs.Load()-lost0, f.logs.warns.Load()-warns0
 	for _, l := range f.lockers {
-		res.Held += l.Held()
+		res.Held += l.NumHeld()
 	}
 	if res.Held != res.Leases {
 		res.Lost += int64(res.Leases - res.Held) // counted even if nothing was logged
