@@ -109,19 +109,3 @@ func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration
 		return ErrClosed
 	}
 }
-
-// Campaign blocks until this Locker holds key — leader election — or ctx
-// ends, waiting like Acquire. Leadership is tied to ctx: when ctx ends, the
-// leader resigns (its lease is released, Done closes, Context is cancelled),
-// so a leader loop run under signal.NotifyContext stops leading on SIGTERM.
-// The leader must stop acting as leader when the lease's Done closes, and
-// may Campaign again. Election wraps this in the usual forms (Run, Resign,
-// Observe).
-func (l *Locker) Campaign(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
-	le, err := l.Acquire(ctx, key, opts...)
-	if err != nil {
-		return nil, err
-	}
-	le.endWith(ctx)
-	return le, nil
-}

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// LeaseInfo describes one row of the lease table, as List reports it.
+// LeaseInfo describes one lease row: List reports each row of the table,
+// and an Election reports its leader as one.
 type LeaseInfo struct {
 	Key        string
 	Holder     string

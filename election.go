@@ -22,17 +22,6 @@ type Election struct {
 	lead *Lease // the lease while this Election leads
 }
 
-// LeaderInfo describes the current leader.
-type LeaderInfo struct {
-	Key    string
-	Holder string
-	Fence  int64     // the term: strictly greater for every new leader
-	Since  time.Time // acquired at, server clock
-	// ExpiresIn is how long the leader's lease runs without a renew, on
-	// the server clock when it was read.
-	ExpiresIn time.Duration
-}
-
 // ErrNoLeader: nobody holds the election's key.
 var ErrNoLeader = errors.New("pglease: no leader")
 
@@ -47,14 +36,19 @@ func NewElection(l *Locker, key string) (*Election, error) {
 	return &Election{l: l, key: key}, nil
 }
 
-// Campaign blocks until elected or ctx ends (see Locker.Campaign):
-// leadership ends with ctx, on Resign, on loss, or when the Locker closes
-// (Close resigns at once).
+// Campaign blocks until this Election leads or ctx ends, waiting like
+// Locker.Acquire. Leadership is tied to ctx: when ctx ends, the leader
+// resigns (its lease is released, Done closes, Context is cancelled), so a
+// leader loop run under signal.NotifyContext stops leading on SIGTERM. It
+// also ends on Resign, on loss, and when the Locker closes. The leader must
+// stop acting as leader when the lease's Done closes, and may Campaign
+// again.
 func (e *Election) Campaign(ctx context.Context) (*Lease, error) {
-	le, err := e.l.Campaign(ctx, e.key)
+	le, err := e.l.Acquire(ctx, e.key)
 	if err != nil {
 		return nil, err
 	}
+	le.endWith(ctx)
 	e.mu.Lock()
 	e.lead = le
 	e.mu.Unlock()
@@ -91,18 +85,17 @@ func (e *Election) IsLeader() bool {
 	return st == stateHeld
 }
 
-// Leader reads the current leader (one read, no write); ErrNoLeader if the
-// key is free.
-func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
-	li := LeaderInfo{Key: e.key}
+// Leader reads the current leader's lease (one read, no write; State is
+// "held"); ErrNoLeader if the key is free.
+func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
+	li := LeaseInfo{Key: e.key, State: "held"}
 	var left int64
-	var exp time.Time
-	err := e.l.db.queryRow(ctx, e.l.sql.leader, []any{e.key}, &li.Holder, &li.Fence, &li.Since, &exp, &left)
+	err := e.l.db.queryRow(ctx, e.l.sql.leader, []any{e.key}, &li.Holder, &li.Fence, &li.AcquiredAt, &li.ExpiresAt, &left)
 	switch {
 	case errors.Is(err, errNoRows):
-		return LeaderInfo{}, ErrNoLeader
+		return LeaseInfo{}, ErrNoLeader
 	case err != nil:
-		return LeaderInfo{}, e.l.table.wrapDB(fmt.Sprintf("leader of %q", e.key), err)
+		return LeaseInfo{}, e.l.table.wrapDB(fmt.Sprintf("leader of %q", e.key), err)
 	}
 	li.ExpiresIn = time.Duration(left) * time.Microsecond
 	return li, nil
@@ -110,23 +103,23 @@ func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
 
 // Observe streams leadership changes until ctx ends, then closes the
 // channel. It sends the current state first, then each change of holder or
-// fence; a zero LeaderInfo (Holder "") means nobody leads. It wakes on
+// fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It wakes on
 // release notifications, at the leader's expiry and at the poll interval;
 // read errors are logged at WARN and retried. A slow reader only misses
 // intermediate states, never the latest.
-func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
-	out := make(chan LeaderInfo, 1)
+func (e *Election) Observe(ctx context.Context) <-chan LeaseInfo {
+	out := make(chan LeaseInfo, 1)
 	if !e.l.spawn(func() { e.observe(ctx, out) }) {
 		close(out)
 	}
 	return out
 }
 
-func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
+func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 	defer close(out)
 	w := e.l.lis.watch(e.key)
 	defer w.stop()
-	var last *LeaderInfo
+	var last *LeaseInfo
 	next := time.Duration(0)
 	for {
 		if err := e.l.sleepUntilRetry(ctx, w, next); err != nil {
@@ -135,7 +128,7 @@ func (e *Election) observe(ctx context.Context, out chan LeaderInfo) {
 		li, err := e.Leader(ctx)
 		switch {
 		case errors.Is(err, ErrNoLeader):
-			li, err = LeaderInfo{Key: e.key}, nil
+			li, err = LeaseInfo{Key: e.key}, nil
 			next = e.l.retryIn(nil, 0)
 		case err != nil:
 			if ctx.Err() != nil {
@@ -174,7 +167,7 @@ type LeaderCallbacks struct {
 	OnStoppedLeading func()
 	// OnNewLeader runs for each change of leader seen (any replica,
 	// including this one; Holder "" when nobody leads). Optional.
-	OnNewLeader func(LeaderInfo)
+	OnNewLeader func(LeaseInfo)
 }
 
 // Run campaigns, leads through OnStartedLeading, resigns and campaigns

@@ -26,7 +26,12 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			le, err := l.Campaign(cctx, "leader")
+			el, err := NewElection(l, "leader")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			le, err := el.Campaign(cctx)
 			if err != nil {
 				if !errors.Is(err, context.Canceled) {
 					t.Error(err)
@@ -50,7 +55,7 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 		t.Fatalf("hand-over: leader %d fence %d after %d fence %d", second.i, second.le.Fence(), first.i, first.le.Fence())
 	}
 	cancel() // the third campaign gives up
-	if _, err := lockers[0].Campaign(c, ""); !errors.Is(err, ErrInvalidKey) {
+	if _, err := NewElection(lockers[0], ""); !errors.Is(err, ErrInvalidKey) {
 		t.Fatalf("bad key: %v", err)
 	}
 }

@@ -252,7 +252,7 @@ func ExampleLocker_Acquire() {
 // leads, and leadership ends with its context (the lease is released, its
 // Context cancelled) — so a loop under signal.NotifyContext resigns on
 // shutdown.
-func ExampleLocker_Campaign() {
+func ExampleElection_Campaign() {
 	ctx := context.Background()
 	db, _ := sql.Open("pgx", pgtest.URL())
 	defer db.Close()
@@ -263,7 +263,8 @@ func ExampleLocker_Campaign() {
 
 	run, shutdown := context.WithCancel(ctx)
 	defer shutdown()
-	lead, err := locker.Campaign(run, "scheduler-leader")
+	election, _ := pglease.NewElection(locker, "scheduler-leader")
+	lead, err := election.Campaign(run)
 	if err != nil {
 		fmt.Println(err)
 		return

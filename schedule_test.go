@@ -176,7 +176,11 @@ func TestCampaignResignsWhenContextEnds(t *testing.T) {
 	l := f.replica(2)
 	c := ctx(t)
 	run, stop := context.WithCancel(c)
-	lead, err := l.Campaign(run, "leader")
+	el, err := NewElection(l, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead, err := el.Campaign(run)
 	if err != nil {
 		t.Fatal(err)
 	}

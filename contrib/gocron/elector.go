@@ -142,8 +142,13 @@ func (e *Elector) Close() error {
 
 func (e *Elector) run(ctx context.Context) {
 	defer close(e.done)
+	el, err := pglease.NewElection(e.l, e.key)
+	if err != nil {
+		e.stop.Store(&err)
+		return
+	}
 	for {
-		le, err := e.l.Campaign(ctx, e.key)
+		le, err := el.Campaign(ctx)
 		if err != nil {
 			// ctx ended, or an error retrying cannot fix (Locker closed,
 			// table missing): stop campaigning.

@@ -53,6 +53,6 @@ func run(ctx context.Context) error {
 			return nil
 		},
 		OnStoppedLeading: func() { fmt.Println("stopped leading") },
-		OnNewLeader:      func(li pglease.LeaderInfo) { fmt.Printf("leader: %q\n", li.Holder) },
+		OnNewLeader:      func(li pglease.LeaseInfo) { fmt.Printf("leader: %q\n", li.Holder) },
 	})
 }
