@@ -18,7 +18,7 @@ var ErrNotLeader = errors.New("pgleasegocron: not the leader")
 
 // Elector is a gocron.Elector (gocron.WithDistributedElector): only the
 // replica holding the election lease on key runs jobs. A goroutine started
-// by Start campaigns for the key (pglease.Locker.Campaign) and holds the
+// by Start campaigns for the key (pglease.Election.Campaign) and holds the
 // lease, renewed by pglease, until it is lost or Close.
 //
 // IsLeader is a local check, no round trip: it answers nil while the held
