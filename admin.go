@@ -33,12 +33,12 @@ type LeaseInfo struct {
 
 // List returns every row of the lease table, ordered by key, with each
 // lease's state on the server's clock. It writes nothing.
-func List[D DB](ctx context.Context, db D, opts ...Option) ([]LeaseInfo, error) {
+func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, error) {
 	b, err := newBackend(db)
 	if err != nil {
 		return nil, err
 	}
-	t, err := tableOnly("List", opts)
+	_, t, err := tableConfig(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // nothing was released. A lease that is not live
 // (released, expired) keeps its fence and only loses a pending minimum
 // hold: WasLive reports which.
-func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (ForceReleaseResult, error) {
+func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOption) (ForceReleaseResult, error) {
 	if err := checkKey(key); err != nil {
 		return ForceReleaseResult{}, err
 	}
@@ -111,7 +111,7 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...Option) (
 	if err != nil {
 		return ForceReleaseResult{}, err
 	}
-	t, err := tableOnly("ForceRelease", opts)
+	_, t, err := tableConfig(opts)
 	if err != nil {
 		return ForceReleaseResult{}, err
 	}

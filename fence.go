@@ -119,10 +119,10 @@ type FenceTable struct {
 }
 
 // NewFenceTable returns a FenceTable for the fence table next to the lease
-// table named by WithTable. Besides WithTable it takes only the telemetry
-// options (WithMeterProvider counts its rejections).
-func NewFenceTable(opts ...Option) (*FenceTable, error) {
-	c, t, err := tableAndTelemetry("NewFenceTable", opts)
+// table named by WithTable; the telemetry options record its rejections
+// and spans.
+func NewFenceTable(opts ...FenceTableOption) (*FenceTable, error) {
+	c, t, err := tableConfig(opts)
 	if err != nil {
 		return nil, err
 	}

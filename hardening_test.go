@@ -411,23 +411,10 @@ func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
 	}
 }
 
-// Entry points that use only the table refuse the other options.
-func TestTableOnlyEntryPointsRefuseOtherOptions(t *testing.T) {
+// SchemaVersionOf reports the version of a migrated table, 0 for a missing one.
+func TestSchemaVersionOf(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
-	bad := []Option{WithTable(f.table), WithLeaseDuration(time.Second)}
-	checks := map[string]error{
-		"Migrate": Migrate(c, f.admin, bad...),
-	}
-	_, checks["List"] = List(c, f.admin, bad...)
-	_, checks["ForceRelease"] = ForceRelease(c, f.admin, "k", bad...)
-	_, checks["NewFenceTable"] = NewFenceTable(bad...)
-	_, checks["SchemaVersionOf"] = SchemaVersionOf(c, f.admin, bad...)
-	for name, err := range checks {
-		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "WithLeaseDuration") {
-			t.Errorf("%s with WithLeaseDuration: %v", name, err)
-		}
-	}
 	if v, err := SchemaVersionOf(c, f.admin, WithTable(f.table)); err != nil || v != SchemaVersion() {
 		t.Fatalf("SchemaVersionOf: %d %v", v, err)
 	}

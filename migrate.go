@@ -18,12 +18,12 @@ func SchemaVersion() int { return len(migrations) }
 //
 // A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
 // and change nothing.
-func Migrate[D DB](ctx context.Context, db D, opts ...Option) error {
+func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	b, err := newBackend(db)
 	if err != nil {
 		return err
 	}
-	t, err := tableOnly("Migrate", opts)
+	_, t, err := tableConfig(opts)
 	if err != nil {
 		return err
 	}
@@ -67,13 +67,13 @@ func Migrate[D DB](ctx context.Context, db D, opts ...Option) error {
 
 // SchemaVersionOf reports the schema version the table named by WithTable
 // was migrated to: 0 if it was never migrated, SchemaVersion() when it is
-// current. It writes nothing. It takes only WithTable.
-func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...Option) (int, error) {
+// current. It writes nothing.
+func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int, error) {
 	b, err := newBackend(db)
 	if err != nil {
 		return 0, err
 	}
-	t, err := tableOnly("SchemaVersionOf", opts)
+	_, t, err := tableConfig(opts)
 	if err != nil {
 		return 0, err
 	}

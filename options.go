@@ -18,11 +18,47 @@ const (
 	MaxHolderLen     = 256
 )
 
-// Option configures a Locker (New). Migrate, SchemaVersionOf, List,
-// ForceRelease and NewFenceTable take only WithTable and refuse the others
-// (they would have no effect there); NewFenceTable also takes the telemetry
-// options (otel.go). Options are validated when given.
-type Option func(*config)
+// An Option configures a Locker (New). Invalid values make New fail with
+// ErrInvalidOption.
+//
+// The entry points that need less take narrower types, so that an option
+// that would have no effect there does not compile: Migrate,
+// SchemaVersionOf, List and ForceRelease take a TableOption (WithTable);
+// NewFenceTable takes a FenceTableOption (WithTable and the telemetry
+// options). Both are Options too.
+type Option interface{ apply(*config) }
+
+// A FenceTableOption configures NewFenceTable: WithTable, WithMeterProvider,
+// WithTracerProvider and WithKeyAttribute return one.
+type FenceTableOption interface {
+	Option
+	isFenceTableOption()
+}
+
+// A TableOption names the lease table: WithTable returns the only one. It
+// is accepted everywhere an Option or a FenceTableOption is.
+type TableOption interface {
+	FenceTableOption
+	isTableOption()
+}
+
+// optionFunc is a Locker-only Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// telemetryOption is an Option that NewFenceTable takes too.
+type telemetryOption func(*config)
+
+func (f telemetryOption) apply(c *config)   { f(c) }
+func (telemetryOption) isFenceTableOption() {}
+
+// tableOption is WithTable's Option.
+type tableOption string
+
+func (o tableOption) apply(c *config)   { c.table = string(o) }
+func (tableOption) isFenceTableOption() {}
+func (tableOption) isTableOption()      {}
 
 type config struct {
 	table          string
@@ -36,17 +72,14 @@ type config struct {
 	minHold        time.Duration
 	listen         ListenMode
 	poll           time.Duration
-	given          []string // the options given, by name (see tableOnly)
 	errs           []error
 }
-
-func (c *config) note(name string) { c.given = append(c.given, name) }
 
 // WithLeaseDuration sets how long a claim or a renew keeps the lease on the
 // server's clock (default 60s; between MinLeaseDuration and MaxLeaseDuration).
 // A holder that stops renewing loses the key after at most this long.
 func WithLeaseDuration(d time.Duration) Option {
-	return func(c *config) { c.note("WithLeaseDuration"); c.duration = d }
+	return optionFunc(func(c *config) { c.duration = d })
 }
 
 // WithHeartbeat sets the renew interval (default: lease duration / 3). Two
@@ -57,14 +90,13 @@ func WithLeaseDuration(d time.Duration) Option {
 // Lockers started together do not renew in the same instant; later beats
 // come every interval.
 func WithHeartbeat(d time.Duration) Option {
-	return func(c *config) {
-		c.note("WithHeartbeat")
+	return optionFunc(func(c *config) {
 		if d <= 0 {
 			c.errs = append(c.errs, fmt.Errorf("%w: heartbeat %v must be positive", ErrInvalidOption, d))
 			return
 		}
 		c.heartbeat = d
-	}
+	})
 }
 
 // WithSafetyMargin sets how much earlier than the lease duration the local
@@ -73,68 +105,64 @@ func WithHeartbeat(d time.Duration) Option {
 // a late timer on a loaded host, and the time the job needs to notice Done.
 // Must be below half the lease duration.
 func WithSafetyMargin(d time.Duration) Option {
-	return func(c *config) {
-		c.note("WithSafetyMargin")
+	return optionFunc(func(c *config) {
 		if d < 0 {
 			c.errs = append(c.errs, fmt.Errorf("%w: safety margin %v is negative", ErrInvalidOption, d))
 			return
 		}
 		c.margin = d
-	}
+	})
 }
 
 // WithTable sets the lease table: "name" or "schema.name" (default
 // DefaultTable). It is always quoted, so it is case-sensitive; anything but
 // letters, digits and underscores is refused.
-func WithTable(name string) Option { return func(c *config) { c.table = name } }
+func WithTable(name string) TableOption { return tableOption(name) }
 
 // WithHolder sets the holder id recorded in the table (default: host name
 // plus a random suffix, fixed when the Locker is created). Two Lockers may
 // share a holder id: each claim also carries a random token, so they still
 // exclude each other.
 func WithHolder(id string) Option {
-	return func(c *config) {
-		c.note("WithHolder")
+	return optionFunc(func(c *config) {
 		if id == "" {
 			c.errs = append(c.errs, fmt.Errorf("%w: empty holder id", ErrInvalidOption))
 			return
 		}
 		c.holder = id
-	}
+	})
 }
 
 // WithLogger sets where lease losses (ERROR) and failed renewals (WARN) are
 // logged (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.note("WithLogger"); c.logger = l }
+	return optionFunc(func(c *config) { c.logger = l })
 }
 
 // WithReleaseTimeout bounds each release statement: Unlock's (also when
 // the caller's context is already done) and Close's (default 5s). Close
 // also waits for the Locker's goroutines to stop, each bounded the same way.
 func WithReleaseTimeout(d time.Duration) Option {
-	return func(c *config) {
-		c.note("WithReleaseTimeout")
+	return optionFunc(func(c *config) {
 		if d <= 0 || d > time.Hour {
 			c.errs = append(c.errs, fmt.Errorf("%w: release timeout %v must be in (0, 1h]", ErrInvalidOption, d))
 			return
 		}
 		c.releaseTimeout = d
-	}
+	})
 }
 
 // WithMinHold sets the Locker's default minimum hold (see MinHold): an
 // Unlock earlier than acquired_at + d, on the server's clock, keeps the key
 // blocked until then. Default 0 (none); at most MaxLeaseDuration.
 func WithMinHold(d time.Duration) Option {
-	return func(c *config) {
-		c.note("WithMinHold")
+	return optionFunc(func(c *config) {
 		if err := checkMinHold(d); err != nil {
 			c.errs = append(c.errs, err)
 			return
 		}
 		c.minHold = d
-	}
+	})
 }
 
 // WithListen sets when the Locker keeps a connection listening for
@@ -142,14 +170,13 @@ func WithMinHold(d time.Duration) Option {
 // waiters poll (WithPollInterval) and wake at the expiry of the lease they
 // wait for.
 func WithListen(m ListenMode) Option {
-	return func(c *config) {
-		c.note("WithListen")
+	return optionFunc(func(c *config) {
 		if m < ListenWhenWaiting || m > ListenNever {
 			c.errs = append(c.errs, fmt.Errorf("%w: listen mode %d", ErrInvalidOption, m))
 			return
 		}
 		c.listen = m
-	}
+	})
 }
 
 // WithPollInterval sets how often a waiter retries when no notification
@@ -158,27 +185,23 @@ func WithListen(m ListenMode) Option {
 // also retry at the expiry of the lease they wait for, and — when
 // notifications work — once per heartbeat as a safety net.
 func WithPollInterval(d time.Duration) Option {
-	return func(c *config) {
-		c.note("WithPollInterval")
+	return optionFunc(func(c *config) {
 		if d < MinHeartbeat || d > MaxLeaseDuration {
 			c.errs = append(c.errs, fmt.Errorf("%w: poll interval %v must be between %v and %v", ErrInvalidOption, d, MinHeartbeat, MaxLeaseDuration))
 			return
 		}
 		c.poll = d
-	}
+	})
 }
 
-// tableOnly builds the configuration of an entry point that uses only
-// WithTable, and refuses any other option: it would have no effect.
-func tableOnly(entry string, opts []Option) (table, error) {
-	c, t, err := buildConfig(opts)
-	if err != nil {
-		return t, err
+// tableConfig builds the configuration of an entry point that takes a
+// narrower option type (TableOption, FenceTableOption).
+func tableConfig[O Option](opts []O) (config, table, error) {
+	all := make([]Option, len(opts))
+	for i, o := range opts {
+		all[i] = o
 	}
-	if len(c.given) > 0 {
-		return t, fmt.Errorf("%w: %s takes only WithTable; %s would have no effect", ErrInvalidOption, entry, c.given[0])
-	}
-	return t, nil
+	return buildConfig(all)
 }
 
 func buildConfig(opts []Option) (config, table, error) {
@@ -187,7 +210,7 @@ func buildConfig(opts []Option) (config, table, error) {
 		if o == nil {
 			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
 		}
-		o(&c)
+		o.apply(&c)
 	}
 	if len(c.errs) > 0 {
 		return c, table{}, c.errs[0]

@@ -30,9 +30,6 @@ type telemetryConfig struct {
 	keyAttr bool
 }
 
-// telemetryOptions are the options NewFenceTable takes besides WithTable.
-var telemetryOptions = map[string]bool{"WithMeterProvider": true, "WithTracerProvider": true, "WithKeyAttribute": true}
-
 // WithMeterProvider records the Locker's metrics with mp (an OpenTelemetry
 // SDK MeterProvider with the exporter of your choice). Default: none. Every
 // point carries pglease.table; pglease.key only with WithKeyAttribute; the
@@ -54,15 +51,14 @@ var telemetryOptions = map[string]bool{"WithMeterProvider": true, "WithTracerPro
 //	pglease.wait.duration     Histogram s            Acquire/Campaign waits, by pglease.wait.acquired
 //
 // NewFenceTable takes it too (its rejections).
-func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) {
-		c.note("WithMeterProvider")
+func WithMeterProvider(mp metric.MeterProvider) FenceTableOption {
+	return telemetryOption(func(c *config) {
 		if mp == nil {
 			c.errs = append(c.errs, fmt.Errorf("%w: nil MeterProvider", ErrInvalidOption))
 			return
 		}
 		c.tel.meters = mp
-	}
+	})
 }
 
 // WithTracerProvider starts a client span with tp for each claim, renew,
@@ -76,39 +72,22 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // db.response.status_code (the SQLSTATE). The ERROR line of a loss and the
 // WARN line of a failed renew carry the trace_id and span_id of the
 // statement's span.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) {
-		c.note("WithTracerProvider")
+func WithTracerProvider(tp trace.TracerProvider) FenceTableOption {
+	return telemetryOption(func(c *config) {
 		if tp == nil {
 			c.errs = append(c.errs, fmt.Errorf("%w: nil TracerProvider", ErrInvalidOption))
 			return
 		}
 		c.tel.tracers = tp
-	}
+	})
 }
 
 // WithKeyAttribute adds the lease key as the pglease.key attribute to the
 // metrics (default false). Each key becomes its own time series: enable it
 // only when the keys are few and bounded (job names, not user ids). Spans
 // carry the key either way.
-func WithKeyAttribute(on bool) Option {
-	return func(c *config) { c.note("WithKeyAttribute"); c.tel.keyAttr = on }
-}
-
-// tableAndTelemetry is tableOnly for NewFenceTable, which also records
-// rejections: it accepts WithTable and the telemetry options.
-func tableAndTelemetry(entry string, opts []Option) (config, table, error) {
-	c, t, err := buildConfig(opts)
-	if err != nil {
-		return c, t, err
-	}
-	for _, name := range c.given {
-		if !telemetryOptions[name] {
-			return c, t, fmt.Errorf("%w: %s takes only WithTable and the telemetry options; %s would have no effect",
-				ErrInvalidOption, entry, name)
-		}
-	}
-	return c, t, nil
+func WithKeyAttribute(on bool) FenceTableOption {
+	return telemetryOption(func(c *config) { c.tel.keyAttr = on })
 }
 
 // Attribute keys of pglease's own metrics and spans.

@@ -452,12 +452,6 @@ func TestTelemetryOptions(t *testing.T) {
 	if _, err := NewFenceTable(WithMeterProvider(m.mp), WithKeyAttribute(true), WithTracerProvider(sdktrace.NewTracerProvider())); err != nil {
 		t.Errorf("NewFenceTable with telemetry options: %v", err)
 	}
-	if _, err := NewFenceTable(WithMeterProvider(m.mp), WithHolder("x")); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("NewFenceTable with WithHolder: %v", err)
-	}
-	if _, err := List(ctx(t), db, WithMeterProvider(m.mp)); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("List with WithMeterProvider: %v", err)
-	}
 	l, err := New(db)
 	if err != nil {
 		t.Fatal(err)
