@@ -117,6 +117,11 @@ func (e *Election) Observe(ctx context.Context) <-chan LeaseInfo {
 
 func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 	defer close(out)
+	// Reads end with the caller's ctx or the Locker's, whichever ends
+	// first, so that Close never waits for a read of a silent server.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.l.ctx, cancel)()
 	w := e.l.lis.watch(e.key)
 	defer w.stop()
 	var last *LeaseInfo

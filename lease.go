@@ -69,9 +69,14 @@ func (le *Lease) arm() {
 }
 
 // endWith ties the lease to ctx: when ctx ends, the lease is unlocked
-// (under a fresh context bounded by the release timeout).
+// (under a fresh context bounded by the release timeout), on the Locker's
+// wait group so that Close waits for it. Once the Locker is closed the tie
+// does nothing: Close has released the lease, or given it up to expire.
 func (le *Lease) endWith(ctx context.Context) {
-	stop := context.AfterFunc(ctx, func() { _ = le.Unlock(context.WithoutCancel(ctx)) })
+	l := le.locker
+	stop := context.AfterFunc(ctx, func() {
+		l.spawn(func() { _ = le.Unlock(context.WithoutCancel(ctx)) })
+	})
 	le.mu.Lock()
 	ended := le.state != stateHeld
 	le.stopTie = stop

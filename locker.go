@@ -71,7 +71,7 @@ func (l *Locker) LeaseDuration() time.Duration { return l.cfg.duration }
 // Table is the lease table's name as configured.
 func (l *Locker) Table() string { return l.table.display }
 
-// Held returns the number of leases currently held by this Locker.
+// NumHeld returns the number of leases this Locker holds now.
 func (l *Locker) NumHeld() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -6,6 +6,10 @@ import (
 	"fmt"
 )
 
+// errNilLease is Unlock's answer for a nil *Lease: a deferred Unlock placed
+// before the claim's error check.
+var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed: check its error before deferring Unlock)")
+
 // Unlock ends the lease with one statement scoped to its key, holder, fence
 // and claim token (its text is in queries.go), stops renewing it and closes
 // Done. The row is kept, so the next claim gets a higher fence. Waiters
@@ -20,7 +24,12 @@ import (
 //     changes nothing; a late Unlock never touches another holder's lease.
 //   - If the server cannot be reached, the error says so; the lease is no
 //     longer renewed and expires by itself. Calling Unlock again retries.
+//   - On a nil *Lease (a deferred Unlock placed before the claim's error
+//     check) it returns an error instead of panicking.
 func (le *Lease) Unlock(ctx context.Context) error {
+	if le == nil {
+		return errNilLease
+	}
 	le.unlockMu.Lock()
 	defer le.unlockMu.Unlock()
 	switch st, err := le.beginUnlock(); st {
