@@ -15,7 +15,7 @@ import (
 // someone else holds the key it writes nothing. Between attempts the caller
 // sleeps until the first of:
 //
-//   - a release of the key is notified (see listener.go): one waiter of the
+//   - a release of the key is notified (LISTEN/NOTIFY): one waiter of the
 //     key per Locker wakes, after 0–2 ms of jitter so that the replicas do
 //     not claim in step;
 //   - the current lease's expiry, as the server reported it (a holder that

@@ -86,8 +86,8 @@ func timePtr(t sql.NullTime) *time.Time {
 var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 
 // ForceRelease ends the current lease on key, whoever holds it, and moves
-// the fence on (one statement; its text is in queries.go). For operators (`pglease
-// release --force`); a holder ends its own lease with Unlock.
+// the fence on, in one statement. For operators (`pglease release
+// --force`); a holder ends its own lease with Unlock.
 //
 // What the evicted holder sees: its next renew reports the loss (Done
 // closes) — at once if its Locker is listening for notifications (it is

@@ -10,8 +10,7 @@
 // by heartbeats, released scoped to holder, fence and token, and never
 // deleted: the fence — a counter that strictly increases each time the key
 // is acquired — survives releases. No connection is held between calls; a
-// pool of one connection can hold and renew a thousand leases. Every
-// statement is in queries.go, each with its reasoning.
+// pool of one connection can hold and renew a thousand leases.
 //
 //	locker, err := pglease.New(db)               // *sql.DB or *pgxpool.Pool
 //	lease, err := locker.Lock(ctx, "nightly")     // skip if held: ErrAlreadyLocked
@@ -27,9 +26,10 @@
 // sending the release), released, lost, or abandoned (the release failed;
 // the row expires by itself). The moves:
 //
-//   - Lock, Acquire, Campaign, Do: free → held (the claim statement). The fence becomes
+//   - Lock, Acquire, Do, Election.Campaign: free → held (the claim
+//     statement). The fence becomes
 //     max(fence + 1, timeline base + 1); a retry of the same claim keeps it.
-//   - The renewer (renew.go; one goroutine per Locker, one statement per
+//   - The renewer (one goroutine per Locker, one statement per
 //     beat for all its leases, the newest of each key only): held → held with
 //     a later expiry, or → lost if the row is no longer this claim's.
 //   - The local deadline timer: held → lost when no renew succeeded in time;
@@ -94,7 +94,7 @@
 // at the current lease's expiry, which the claim's reply gives on the
 // server clock, and at a jittered poll; so without notifications (lib/pq,
 // PgBouncer in transaction pooling mode, ListenNever) waiting still works,
-// only slower. See listener.go.
+// only slower.
 //
 // # Scheduled jobs
 //

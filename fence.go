@@ -27,10 +27,10 @@ func (e *StaleFenceError) Error() string {
 // Is makes errors.Is(err, ErrStaleFence) true.
 func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence }
 
-// Guard makes tx a fenced transaction: in one statement (its text is in
-// queries.go) it checks that the lease is still held — same key, holder,
-// fence and claim token, not released, not expired on the server's clock —
-// and locks the lease row until tx ends.
+// Guard makes tx a fenced transaction: in one statement it checks that the
+// lease is still held — same key, holder, fence and claim token, not
+// released, not expired on the server's clock — and locks the lease row
+// until tx ends.
 //
 // Any error means: roll back, write nothing. It wraps ErrLeaseLost when the
 // lease is gone (the lease then ends locally at once: Done closes, Err

@@ -11,7 +11,7 @@ import (
 // A Locker claims leases on keys for one holder id. It is safe for
 // concurrent use. Its renewer — a single goroutine, started when the first
 // lease is held and stopped when none is — renews every lease it holds
-// with one statement per beat (the renewer: renew.go in the source).
+// with one statement per beat.
 type Locker struct {
 	db     backend
 	cfg    config

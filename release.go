@@ -11,7 +11,7 @@ import (
 var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed: check its error before deferring Unlock)")
 
 // Unlock ends the lease with one statement scoped to its key, holder, fence
-// and claim token (its text is in queries.go), stops renewing it and closes
+// and claim token, stops renewing it and closes
 // Done. The row is kept, so the next claim gets a higher fence. Waiters
 // (Acquire, Campaign) are notified at once — unless a minimum hold (MinHold)
 // keeps the key blocked; they then wake when it ends.
