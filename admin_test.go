@@ -1,10 +1,13 @@
 package pglease
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 func TestListAndForceRelease(t *testing.T) {
@@ -80,5 +83,63 @@ func TestMissingSchemaIsReportedClearly(t *testing.T) {
 	}
 	if _, err := List(c, db, WithTable("no_such_schema.leases")); !errors.Is(err, ErrNotMigrated) {
 		t.Fatalf("List: %v", err)
+	}
+}
+
+// Issue 9, defect 7 (library side): ForceRelease bounded by its context
+// while a fenced transaction holds the row says so and changes nothing.
+func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	before := f.dump()
+	short, cancel := context.WithTimeout(c, 300*time.Millisecond)
+	defer cancel()
+	_, err = ForceRelease(short, f.admin, "job", WithTable(f.table))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "fenced transaction") {
+		t.Fatalf("want a bounded, explained failure, got %v", err)
+	}
+	if f.dump() != before {
+		t.Fatal("a ForceRelease that gave up changed the table")
+	}
+	// Nor does it happen later, once the fenced transaction ends: the
+	// server stopped waiting too.
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
+	if r, _ := f.row("job"); r.Released || r.Fence != le.Fence() {
+		t.Fatalf("the abandoned force release took effect later: %+v", r)
+	}
+}
+
+// Force-releasing a lease that is not live evicts nobody and keeps the fence.
+func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ForceRelease(c, f.admin, "job", WithTable(f.table))
+	if err != nil || r.WasLive || r.NewFence != le.Fence() {
+		t.Fatalf("force release of a released lease: %+v %v", r, err)
 	}
 }

@@ -59,3 +59,97 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 		t.Fatalf("bad key: %v", err)
 	}
 }
+
+// Campaign's leadership ends with its context: a leader loop under
+// signal.NotifyContext stops leading and resigns on shutdown.
+func TestCampaignResignsWhenContextEnds(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	run, stop := context.WithCancel(c)
+	el, err := NewElection(l, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead, err := el.Campaign(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	select {
+	case <-lead.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("leadership outlived the campaign's context")
+	}
+	waitFor(t, 10*time.Second, func() bool { r, _ := f.row("leader"); return r.Released })
+}
+
+// Election.Run: leads, observes, and returns nil on a clean shutdown; the
+// other replica takes over when the leader resigns.
+func TestElectionRun(t *testing.T) {
+	f := newFixture(t)
+	la, lb := f.replica(2), f.replica(2)
+	c := ctx(t)
+	ea, _ := NewElection(la, "leader")
+	eb, _ := NewElection(lb, "leader")
+	runA, stopA := context.WithCancel(c)
+	events := make(chan string, 16)
+	errA := make(chan error, 1)
+	go func() {
+		errA <- ea.Run(runA, LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context, lead *Lease) error {
+				events <- "a leads"
+				<-ctx.Done()
+				return nil
+			},
+			OnStoppedLeading: func() { events <- "a stopped" },
+		})
+	}()
+	if e := <-events; e != "a leads" {
+		t.Fatal(e)
+	}
+	if !ea.IsLeader() || eb.IsLeader() {
+		t.Fatal("IsLeader")
+	}
+	li, err := eb.Leader(c)
+	if err != nil || li.Holder != la.Holder() {
+		t.Fatalf("Leader: %+v %v", li, err)
+	}
+	obs := eb.Observe(c)
+	if first := <-obs; first.Holder != la.Holder() {
+		t.Fatalf("Observe first: %+v", first)
+	}
+	errB := make(chan error, 1)
+	runB, stopB := context.WithCancel(c)
+	defer stopB()
+	go func() {
+		errB <- eb.Run(runB, LeaderCallbacks{OnStartedLeading: func(ctx context.Context, lead *Lease) error {
+			events <- "b leads"
+			<-ctx.Done()
+			return nil
+		}})
+	}()
+	stopA()
+	if err := <-errA; err != nil {
+		t.Fatalf("a clean shutdown is not an error: %v", err)
+	}
+	// a stopped before b leads.
+	if e := <-events; e != "a stopped" {
+		t.Fatal(e)
+	}
+	if e := <-events; e != "b leads" {
+		t.Fatal(e)
+	}
+	for li := range obs {
+		if li.Holder == lb.Holder() {
+			break
+		}
+	}
+	stopB()
+	if err := <-errB; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewElection(la, ""); !errors.Is(err, ErrInvalidKey) {
+		t.Fatal(err)
+	}
+}

@@ -459,3 +459,64 @@ func (p *pausableBackend) query(ctx context.Context, q string, args []any, each 
 	}
 	return p.backend.query(ctx, q, args, each)
 }
+
+// Issue 9, defect 2: when Guard finds the lease gone on the server, the
+// lease ends locally at once, not at the next beat.
+func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db, WithLeaseDuration(time.Minute)) // beat: 20 s, far beyond the test
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Guard after eviction: %v", err)
+	}
+	select {
+	case <-le.Done():
+	default:
+		t.Fatal("Guard found the lease gone but Done is still open")
+	}
+	if !errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatalf("Err: %v", le.Err())
+	}
+}
+
+// Guard counts the rows its statement locks: with lib/pq too.
+func TestGuardWithLibPQ(t *testing.T) {
+	f := newFixture(t)
+	pq, err := sql.Open("postgres", pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pq.Close() })
+	l := f.locker(pq)
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{nil, ErrLeaseLost} {
+		tx, err := pq.BeginTx(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Guard(c, tx); !errors.Is(err, want) || (want == nil && err != nil) {
+			t.Fatalf("guard %d: %v, want %v", i, err, want)
+		}
+		_ = tx.Rollback()
+		if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/lib/pq" // the "postgres" driver: the tests cover lib/pq too
 
 	"github.com/pglease/pglease/internal/pgtest"
 )
@@ -168,3 +169,37 @@ func listAny(c context.Context, db any, table string) ([]LeaseInfo, error) {
 	}
 	panic("unknown pool")
 }
+
+// countWaiters: statements on the table waiting for a lock and matching cond.
+func countWaiters(t *testing.T, f *fixture, cond string) int {
+	var n int
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND `+cond, f.table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// noBackendWaits: no statement on the table is waiting for a lock.
+func noBackendWaits(t *testing.T, f *fixture) bool {
+	var n int
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, f.table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 0
+}
+
+// waitFor polls cond until it holds, failing after a generous bound.
+func waitFor(t *testing.T, within time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("condition not met within %v", within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func sqlOpen(driver, url string) (*sql.DB, error) { return sql.Open(driver, url) }

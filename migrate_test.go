@@ -151,3 +151,15 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 		t.Fatalf("claim after the upgrade: %v (fence %v)", err, le)
 	}
 }
+
+// SchemaVersionOf reports the version of a migrated table, 0 for a missing one.
+func TestSchemaVersionOf(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	if v, err := SchemaVersionOf(c, f.admin, WithTable(f.table)); err != nil || v != SchemaVersion() {
+		t.Fatalf("SchemaVersionOf: %d %v", v, err)
+	}
+	if v, err := SchemaVersionOf(c, f.admin, WithTable("never_migrated_here")); err != nil || v != 0 {
+		t.Fatalf("SchemaVersionOf of a missing table: %d %v", v, err)
+	}
+}

@@ -1,10 +1,15 @@
 package pglease
 
 import (
+	"context"
+	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pglease/internal/pgtest"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
@@ -59,5 +64,58 @@ func TestNilOption(t *testing.T) {
 	}
 	if _, err := New(f0(t), nil); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("New(db, nil): %v", err)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	db := pgtest.SQL(t, 1)
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want string
+	}{
+		{"zero duration", []Option{WithLeaseDuration(0)}, "lease duration"},
+		{"negative duration", []Option{WithLeaseDuration(-time.Second)}, "lease duration"},
+		{"sub-millisecond duration", []Option{WithLeaseDuration(500 * time.Microsecond)}, "lease duration"},
+		{"absurd duration", []Option{WithLeaseDuration(1000 * time.Hour)}, "lease duration"},
+		{"heartbeat equal to half", []Option{WithLeaseDuration(time.Second), WithHeartbeat(600 * time.Millisecond)}, "heartbeat"},
+		{"heartbeat above duration", []Option{WithLeaseDuration(time.Second), WithHeartbeat(2 * time.Second)}, "heartbeat"},
+		{"zero heartbeat", []Option{WithHeartbeat(0)}, "heartbeat"},
+		{"negative heartbeat", []Option{WithHeartbeat(-time.Second)}, "heartbeat"},
+		{"tiny heartbeat", []Option{WithHeartbeat(time.Microsecond)}, "heartbeat"},
+		{"huge margin", []Option{WithLeaseDuration(time.Second), WithSafetyMargin(600 * time.Millisecond)}, "safety margin"},
+		{"negative margin", []Option{WithSafetyMargin(-1)}, "safety margin"},
+		{"injected table", []Option{WithTable(`x"; DROP TABLE users; --`)}, "table name"},
+		{"injected table 2", []Option{WithTable("leases; DELETE FROM t")}, "table name"},
+		{"three-part table", []Option{WithTable("a.b.c")}, "table name"},
+		{"empty table", []Option{WithTable("")}, "table name"},
+		{"empty holder", []Option{WithHolder("")}, "holder"},
+		{"huge holder", []Option{WithHolder(strings.Repeat("h", 300))}, "holder"},
+		{"NUL holder", []Option{WithHolder("a\x00b")}, "holder"},
+		{"nil option", []Option{nil}, "nil Option"},
+		{"bad release timeout", []Option{WithReleaseTimeout(0)}, "release timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := New(db, tc.opts...)
+			if err == nil || !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: got %v (locker %v), want ErrInvalidOption mentioning %q", err, l, tc.want)
+			}
+		})
+	}
+	if _, err := New((*sql.DB)(nil)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("nil *sql.DB: %v", err)
+	}
+	if _, err := New((*pgxpool.Pool)(nil)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("nil *pgxpool.Pool: %v", err)
+	}
+	if err := Migrate(context.Background(), (*sql.DB)(nil)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("Migrate nil: %v", err)
+	}
+	if err := Migrate(context.Background(), db, WithTable(`bad"name`)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("Migrate injected table: %v", err)
+	}
+	// Schema-qualified and mixed-case names are accepted and quoted.
+	if _, err := New(db, WithTable("public.My_Leases")); err != nil {
+		t.Fatal(err)
 	}
 }

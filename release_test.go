@@ -268,3 +268,33 @@ func TestCloseRacingUnlock(t *testing.T) {
 		}
 	}
 }
+
+// Issue 9, defect 6: renew and Guard are scoped by the claim token too: a
+// row with the same holder and fence but another claim is not ours.
+func TestWritesScopedByClaimToken(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 3)
+	l := f.locker(db, WithHolder("pod-0"), WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another process with the same holder id and fence (a reused pod
+	// name): only the token tells them apart.
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET token = token + 1 WHERE key = 'job'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Guard of another claim's row passed: %v", err)
+	}
+	<-le.Done()
+	if r, _ := f.row("job"); !r.Live || r.Released {
+		t.Fatalf("the other claim's lease must be untouched: %+v", r)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -341,4 +342,80 @@ func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
 		t.Fatalf("first renews %.3fs to %.3fs after their claims: %d renewers started together renew in step", lo, hi, n)
 	}
 	t.Logf("first renews %.3fs to %.3fs after their claims (beat %v)", lo, hi, beat)
+}
+
+// Issue 9, defect 4: the heartbeat must leave room for one retry before the
+// local deadline.
+func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		lease, beat time.Duration
+		ok          bool
+	}{
+		{time.Second, 500 * time.Millisecond, false}, // was accepted: no retry before duration − margin
+		{time.Second, 450 * time.Millisecond, true},
+		{time.Minute, 20 * time.Second, true}, // the default beat
+		{100 * time.Millisecond, 0, true},     // the default beat at the shortest lease
+	} {
+		opts := []Option{WithTable(f.table), WithLeaseDuration(tc.lease)}
+		if tc.beat > 0 {
+			opts = append(opts, WithHeartbeat(tc.beat))
+		}
+		l, err := New(f.admin, opts...)
+		if (err == nil) != tc.ok {
+			t.Fatalf("lease %v beat %v: err %v, want ok=%v", tc.lease, tc.beat, err, tc.ok)
+		}
+		if err == nil {
+			if 2*l.cfg.heartbeat > l.cfg.duration-l.cfg.margin {
+				t.Fatalf("lease %v: beat %v margin %v leave no retry", tc.lease, l.cfg.heartbeat, l.cfg.margin)
+			}
+			_ = l.Close()
+		} else if !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("want ErrInvalidOption, got %v", err)
+		}
+	}
+}
+
+// Invariant 6: no connection is held between calls — one connection holds
+// a thousand leases, and renews them.
+func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
+	f := newFixture(t)
+	db := pgtest.SQL(t, 1)
+	l := f.locker(db, WithLeaseDuration(3*time.Second))
+	other := f.replica(1)
+	c := ctx(t)
+	leases := make([]*Lease, 0, 1000)
+	for i := 0; i < 1000; i++ {
+		le, err := l.Lock(c, "job-"+strconv.Itoa(i))
+		if err != nil {
+			t.Fatalf("lease %d: %v", i, err)
+		}
+		leases = append(leases, le)
+		// Between calls nothing holds the connection (the renewer may be
+		// using it for an instant: the next Lock would wait for it).
+		waitFor(t, 10*time.Second, func() bool { return db.Stats().InUse == 0 })
+	}
+	// Outlive the lease duration: every lease must be renewed.
+	deadline := time.Now().Add(2 * l.LeaseDuration())
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, le := range leases {
+		if le.Err() != nil {
+			t.Fatalf("lease %s lost: %v", le.Key(), le.Err())
+		}
+	}
+	if _, err := other.Lock(c, "job-500"); !errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("renewed lease claimable by another replica: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := db.Stats(); st.InUse != 0 || st.OpenConnections > 1 {
+		t.Fatalf("pool stats after Close: %+v", st)
+	}
+	var live int
+	if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM "`+f.table+`" WHERE released_at IS NULL`).Scan(&live); err != nil || live != 0 {
+		t.Fatalf("Close must release all 1000: %d live (%v)", live, err)
+	}
 }

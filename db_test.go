@@ -1,0 +1,64 @@
+package pglease
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+// New and Migrate work with pgx's stdlib driver, lib/pq and pgxpool.
+func TestDrivers(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	pq, err := sqlOpen("postgres", pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pq.Close()
+	pool := pgtest.Pgx(t, 2)
+	if err := Migrate(c, pq, WithTable(f.table)); err != nil {
+		t.Fatalf("Migrate over lib/pq: %v", err)
+	}
+	if err := Migrate(c, pool, WithTable(f.table)); err != nil {
+		t.Fatalf("Migrate over pgxpool: %v", err)
+	}
+	lpq, err := New(pq, WithTable(f.table), WithLeaseDuration(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lpq.Close()
+	lpgx, err := New(pool, WithTable(f.table), WithLeaseDuration(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lpgx.Close()
+	lstd := f.replica(2, WithLeaseDuration(500*time.Millisecond))
+	var fence int64
+	for _, l := range []*Locker{lpq, lpgx, lstd} {
+		le, err := l.Lock(c, "drv")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if le.Fence() <= fence {
+			t.Fatalf("fence went from %d to %d", fence, le.Fence())
+		}
+		fence = le.Fence()
+		// Let it renew a few times through this driver.
+		for i := 0; i < 3; i++ {
+			before := le.ExpiresAt()
+			waitFor(t, 5*time.Second, func() bool { return le.ExpiresAt().After(before) })
+		}
+		for _, o := range []*Locker{lpq, lpgx, lstd} {
+			if o != l {
+				if _, err := o.Lock(c, "drv"); !errors.Is(err, ErrAlreadyLocked) {
+					t.Fatalf("other driver: %v", err)
+				}
+			}
+		}
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
