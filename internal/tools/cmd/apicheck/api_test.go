@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -136,5 +137,57 @@ func TestUnifiedDiff(t *testing.T) {
 	}
 	if got := unifiedDiff("x", "y", a, a, 1); got != "" {
 		t.Errorf("equal inputs: got %q", got)
+	}
+}
+
+// TestRun goes through -w and -check on a throw-away repository: a check
+// right after -w passes, and a changed signature or a stale file fails it.
+func TestRun(t *testing.T) {
+	root := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/r\n\ngo 1.26.0\n")
+	write("r.go", "package r\n\nfunc F() {}\n")
+	write("cmd/r/main.go", "package main\n\nfunc main() {}\n")
+	if err := run(root, true); err != nil {
+		t.Fatalf("-w: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "api", "r.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), "pkg example.com/r, func F()\n"; got != want {
+		t.Fatalf("api/r.txt = %q, want %q", got, want)
+	}
+	if err := run(root, false); err != nil {
+		t.Fatalf("-check after -w: %v", err)
+	}
+
+	write("r.go", "package r\n\nfunc F(int) {}\n")
+	if err := run(root, false); !errors.Is(err, errChanged) {
+		t.Fatalf("-check after a change: %v, want errChanged", err)
+	}
+	if err := run(root, true); err != nil {
+		t.Fatalf("-w: %v", err)
+	}
+	write("api/old.txt", "pkg example.com/old, func G()\n")
+	if err := run(root, false); !errors.Is(err, errChanged) {
+		t.Fatalf("-check with a stale file: %v, want errChanged", err)
+	}
+	if err := run(root, true); err != nil {
+		t.Fatalf("-w: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "api", "old.txt")); !os.IsNotExist(err) {
+		t.Fatalf("stale file not removed by -w: %v", err)
+	}
+	if err := run(root, false); err != nil {
+		t.Fatalf("-check at the end: %v", err)
 	}
 }
