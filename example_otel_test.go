@@ -46,7 +46,7 @@ func ExampleWithMeterProvider() {
 		if sum, ok := m.Data.(metricdata.Sum[int64]); ok {
 			for _, dp := range sum.DataPoints {
 				outcome, _ := dp.Attributes.Value("pglease.claim.outcome")
-				fmt.Println(m.Name, outcome.Emit(), dp.Value)
+				fmt.Println(m.Name, outcome.String(), dp.Value)
 			}
 		}
 	}

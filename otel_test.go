@@ -67,7 +67,7 @@ func matches(set attribute.Set, want map[string]string) bool {
 			}
 			continue
 		}
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}
@@ -474,7 +474,7 @@ func newSpans(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) 
 func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
 	m := map[string]string{}
 	for _, kv := range s.Attributes() {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }

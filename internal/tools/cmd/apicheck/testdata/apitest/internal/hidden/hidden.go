@@ -1,0 +1,4 @@
+// An internal package: not part of the API.
+package hidden
+
+func Exported() {}
