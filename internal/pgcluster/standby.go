@@ -17,6 +17,10 @@ import (
 // This file makes streaming standbys of a running cluster, promotes them,
 // and makes them fall behind on purpose: what a failover test needs.
 
+// standbyRetryInterval is a standby's wal_retrieve_retry_interval (see
+// StartStandby).
+const standbyRetryInterval = "100ms"
+
 // StandbyOptions tune StartStandby.
 type StandbyOptions struct {
 	// Sync makes the standby synchronous: the primary's
@@ -38,7 +42,9 @@ type StandbyOptions struct {
 // WAL segment the standby has not received, however far behind it falls),
 // starts it as a hot standby on its own port, and waits until c shows it
 // streaming (and, with Sync, as its synchronous standby). The standby runs
-// with c's settings. Call Remove on it when done.
+// with c's settings, and wal_retrieve_retry_interval at 100ms unless they
+// set it, so that Promote right after the primary's death is not held up
+// for seconds. Call Remove on it when done.
 func (c *Cluster) StartStandby(ctx context.Context, so StandbyOptions) (*Cluster, error) {
 	opts := c.opts
 	opts.Settings = maps.Clone(c.opts.Settings)
@@ -63,6 +69,23 @@ func (c *Cluster) StartStandby(ctx context.Context, so StandbyOptions) (*Cluster
 	}
 	s.name = fmt.Sprintf("standby_%d", s.port)
 	s.opts.Settings["cluster_name"] = s.name
+	// A standby whose primary is gone alternates between reading pg_wal
+	// and starting a walreceiver; after each failed streaming attempt it
+	// sleeps until wal_retrieve_retry_interval (default 5s) has passed since
+	// the previous failure. A promote request wakes that sleep, except one
+	// handled while the walreceiver is being restarted, as happens right
+	// after the primary dies: the request then counts as one more failure
+	// to stream, and the startup process sleeps out the rest of the
+	// interval with nothing left to wake it (the request's wake-up is
+	// spent, and the new walreceiver has not started yet, or has already
+	// failed to connect). Promotion then took 5 s instead of 0.1 s, long
+	// enough for a lease to lapse in a failover test. A short interval
+	// bounds that delay; the price is a reconnection attempt (a FATAL line
+	// in the log) every 100ms while no primary answers. Options.Settings
+	// of the primary may set it otherwise.
+	if _, set := s.opts.Settings["wal_retrieve_retry_interval"]; !set {
+		s.opts.Settings["wal_retrieve_retry_interval"] = standbyRetryInterval
+	}
 	if so.Sync {
 		if err := c.requireSyncCommit(ctx); err != nil {
 			return nil, err
