@@ -25,6 +25,9 @@ import (
 //     between two beats: waiting for the next beat would drop leases the
 //     new primary still has. The retries are per Locker (one statement for
 //     all its leases), not per lease.
+//   - the server is read-only (SQLSTATE 25006: a standby, such as an old
+//     primary that rejoined after a failover): every lease of the batch is
+//     lost at once (ERROR + Done), not at its deadline.
 //
 // A lease can also be checked out of beat (renewNow): when a fenced
 // transaction does not find it, or when a notification says its key was
@@ -164,6 +167,17 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 		})
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
+	if sqlState(err) == "25006" { // read_only_sql_transaction
+		// A standby answered: after a failover, the old primary rejoins as
+		// one, and a pool still connected to it can never renew there.
+		// The leases end now rather than at their deadline, while the new
+		// primary may already have given the keys to others.
+		for _, le := range batch {
+			le.lose(ctx, "renew refused: the server is read-only (a standby: after a failover the old primary rejoins as one; "+
+				"or default_transaction_read_only) and the lease cannot be renewed there", lossReadOnly)
+		}
+		return true
+	}
 	if err != nil {
 		if warn && l.ctx.Err() == nil {
 			l.log.WarnContext(ctx, "pglease: renew failed, retrying until the local deadline",
