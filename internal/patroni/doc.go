@@ -7,9 +7,10 @@
 //
 // Tests start and stop it themselves (New registers the clean-up with
 // t.Cleanup). Every process runs in a process group of its own and is
-// killed by Close; Patroni starts PostgreSQL detached (setsid), so Close
-// also kills each node's postmaster group, found from postmaster.pid, and
-// then every process whose command line names the cluster's directory.
+// killed by Close; Patroni starts PostgreSQL detached (setsid), and each
+// PostgreSQL child is a group of its own, so Close also kills each node's
+// postmaster, found from postmaster.pid, and its children, then every
+// process whose command line names the cluster's directory.
 // Sweep, called from TestMain, kills what a test binary killed outright
 // left behind. As root, Patroni (and so PostgreSQL) runs as the "postgres"
 // system user: PostgreSQL refuses to run as root.

@@ -106,8 +106,8 @@ func Check() error {
 }
 
 // New starts a cluster for t and stops it (every process, and the
-// directory) when the test ends; on failure it logs the tail of every
-// process's log first.
+// directory) when the test ends; on failure (or with PGLEASE_PATRONI_LOGS
+// set) it logs the tail of every process's log first.
 func New(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	if opts.Logf == nil {
@@ -120,8 +120,8 @@ func New(t testing.TB, opts Options) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(c.Logs(3000))
+		if t.Failed() || os.Getenv("PGLEASE_PATRONI_LOGS") != "" {
+			t.Log(c.Logs(20000))
 		}
 		c.Close()
 	})
@@ -617,34 +617,59 @@ func (n *Node) PostmasterPID() int {
 	return pid
 }
 
-// postgresGroup is the process group of the node's postmaster and its
-// backends (Patroni starts it in a session of its own).
-func (n *Node) postgresGroup() int {
-	pid := n.PostmasterPID()
-	if pid == 0 {
-		return 0
+// postgresProcs returns the node's postmaster and its children. PostgreSQL
+// puts every child (backend, walsender, checkpointer, …) in a process
+// group of its own (setsid), so signalling the postmaster's group reaches
+// none of them: a "crash" that only kills the postmaster leaves the
+// backends serving their clients, and committing, until they notice.
+func (n *Node) postgresProcs() (postmaster int, children []int) {
+	postmaster = n.PostmasterPID()
+	if postmaster == 0 {
+		return 0, nil
 	}
-	pgid, err := syscall.Getpgid(pid)
-	if err != nil {
-		return 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		f := strings.Fields(rest)
+		if len(f) > 1 {
+			if ppid, _ := strconv.Atoi(f[1]); ppid == postmaster {
+				children = append(children, pid)
+			}
+		}
 	}
-	return pgid
+	return postmaster, children
 }
 
-// KillPostgres kills the node's postmaster and backends with SIGKILL (a
-// crash: Patroni notices at its next loop and, with primary_start_timeout
-// 0, fails over rather than restarting it as the primary).
+// KillPostgres kills the node's postmaster and every one of its children
+// with SIGKILL, as a crash of the server would (the postmaster is stopped
+// first, so that it forks nothing meanwhile). Patroni notices at its next
+// loop and, with primary_start_timeout 0, fails over rather than
+// restarting it as the primary.
 func (c *Cluster) KillPostgres(name string) error {
 	n := c.node(name)
-	pgid := n.postgresGroup()
-	if pgid == 0 {
+	pm, _ := n.postgresProcs()
+	if pm == 0 {
 		return fmt.Errorf("patroni: %s: postgres is not running", name)
 	}
-	return syscall.Kill(-pgid, syscall.SIGKILL)
+	_ = syscall.Kill(pm, syscall.SIGSTOP)
+	_, children := n.postgresProcs()
+	for _, pid := range children {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return syscall.Kill(pm, syscall.SIGKILL)
 }
 
-// Freeze stops the whole node — Patroni and PostgreSQL — with SIGSTOP, as
-// a stalled VM looks; Thaw resumes it with SIGCONT.
+// Freeze stops the whole node — Patroni, the postmaster and every backend
+// — with SIGSTOP, as a stalled VM looks; Thaw resumes it with SIGCONT.
 func (c *Cluster) Freeze(name string) error { return c.signalNode(name, syscall.SIGSTOP) }
 
 // Thaw resumes a node stopped by Freeze.
@@ -652,11 +677,14 @@ func (c *Cluster) Thaw(name string) error { return c.signalNode(name, syscall.SI
 
 func (c *Cluster) signalNode(name string, sig syscall.Signal) error {
 	n := c.node(name)
-	var errs []error
-	if pgid := n.postgresGroup(); pgid != 0 {
-		errs = append(errs, syscall.Kill(-pgid, sig))
+	errs := []error{syscall.Kill(-n.cmd.Process.Pid, sig)}
+	if pm, _ := n.postgresProcs(); pm != 0 {
+		errs = append(errs, syscall.Kill(pm, sig))
+		_, children := n.postgresProcs()
+		for _, pid := range children {
+			_ = syscall.Kill(pid, sig)
+		}
 	}
-	errs = append(errs, syscall.Kill(-n.cmd.Process.Pid, sig))
 	return errors.Join(errs...)
 }
 
@@ -722,9 +750,13 @@ func (c *Cluster) Close() {
 				<-n.done
 			}
 			// Patroni is gone: kill PostgreSQL now, so it is not restarted.
-			if pgid := n.postgresGroup(); pgid != 0 {
-				_ = syscall.Kill(-pgid, syscall.SIGCONT)
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			if pm, _ := n.postgresProcs(); pm != 0 {
+				_ = syscall.Kill(pm, syscall.SIGSTOP)
+				_, children := n.postgresProcs()
+				for _, pid := range append(children, pm) {
+					_ = syscall.Kill(pid, syscall.SIGCONT)
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
 			}
 		}
 		for _, p := range c.procs {
