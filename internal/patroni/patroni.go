@@ -523,7 +523,8 @@ func (c *Cluster) IsPrimary(ctx context.Context, name string) bool {
 }
 
 // WaitHealthy waits until a leader runs, every other node runs as a
-// replica on its timeline, and a write through HAProxy succeeds.
+// replica on its timeline (one of them synchronous, in synchronous_mode),
+// and a write through HAProxy succeeds.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	return c.poll(ctx, 90*time.Second, "a healthy cluster", func() error {
 		for _, n := range c.Nodes {
@@ -537,13 +538,19 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		leaders, replicas := 0, 0
+		leaders, replicas, syncs := 0, 0, 0
 		tl := 0
 		for _, m := range ms {
 			if m.Role == "leader" && m.State == "running" {
 				leaders++
 				tl = m.Timeline
 			}
+			if m.Role == "sync_standby" {
+				syncs++
+			}
+		}
+		if c.opts.SynchronousMode && syncs == 0 {
+			return fmt.Errorf("no synchronous standby yet: %+v", ms)
 		}
 		for _, m := range ms {
 			if m.Role != "leader" && m.State == "running" && m.Timeline == tl {
