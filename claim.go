@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
@@ -126,11 +124,11 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	case errors.Is(err, errNoRows):
 		return nil, nil, nil
 	case err != nil:
-		if sqlState(err) == "" && !pgconn.SafeToRetry(err) {
+		if sqlState(err) == "" && !neverSent(err) {
 			// No server verdict (context ended, connection lost) for a claim
-			// that was sent: it may commit after the reply was lost. Undo it
-			// once its outcome is known. (A claim that never left — no
-			// connection — needs no undo.)
+			// that may have been sent: it may commit after the reply was
+			// lost. Undo it once its outcome is known. A claim that never
+			// left — no connection could be had or made — needs no undo.
 			l.undoClaim(key, token)
 		}
 		if parent.Err() == nil && ctx.Err() != nil {

@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 
@@ -29,6 +30,26 @@ type DB interface {
 }
 
 var errNoRows = errors.New("pglease: no rows")
+
+// notSentError wraps the error of getting a connection for a statement —
+// none came free in time, or a new one could not be established — so that
+// the caller knows the server never saw the statement.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
+// neverSent reports whether err proves that the statement never reached
+// the server: no connection could be had for it (notSentError, or a
+// *pgconn.ConnectError however it got there), or pgconn says nothing was
+// written. Any other error, a bare context error included (database/sql
+// returns one for a statement that did run when the context ends while the
+// reply is read), leaves the statement's fate unknown.
+func neverSent(err error) bool {
+	var ns *notSentError
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ns) || errors.As(err, &ce) || pgconn.SafeToRetry(err)
+}
 
 // backend is what pglease needs of a pool; one adapter per pool type.
 type backend interface {
@@ -69,7 +90,28 @@ type sqlQuerier interface {
 type sqlBackend struct{ q sqlQuerier }
 
 func (b sqlBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	err := b.q.QueryRowContext(ctx, q, args...).Scan(dest...)
+	db, ok := b.q.(*sql.DB)
+	if !ok {
+		return sqlRowErr(b.q.QueryRowContext(ctx, q, args...).Scan(dest...))
+	}
+	// The connection is taken first, so that failing to get one is known
+	// to have sent nothing (a claim then needs no undo). A connection found
+	// broken before the statement went out is replaced, as database/sql
+	// does for a query on the *sql.DB itself.
+	for attempt := 1; ; attempt++ {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return &notSentError{err}
+		}
+		err = conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+		_ = conn.Close()
+		if !errors.Is(err, driver.ErrBadConn) || attempt == 3 {
+			return sqlRowErr(err)
+		}
+	}
+}
+
+func sqlRowErr(err error) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return errNoRows
 	}
@@ -145,7 +187,18 @@ type pgxLike interface {
 type pgxBackend struct{ q pgxLike }
 
 func (b pgxBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	err := b.q.QueryRow(ctx, q, args...).Scan(dest...)
+	q1 := b.q
+	if p, ok := b.q.(*pgxpool.Pool); ok {
+		// As Pool.QueryRow does, but failing to get a connection is known
+		// to have sent nothing (a claim then needs no undo).
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return &notSentError{err}
+		}
+		defer c.Release()
+		q1 = c
+	}
+	err := q1.QueryRow(ctx, q, args...).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errNoRows
 	}

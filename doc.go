@@ -55,8 +55,9 @@
 // d/5), which absorbs clock-rate drift, a late timer on a loaded host and
 // the time the job takes to notice Done. The clocks need not agree on the
 // time, only on its rate. A renew is sent every heartbeat h (default d/3);
-// 2h ≤ d − m is enforced, so a failed renew is retried once before the
-// deadline. Loss is therefore signalled before any other process can claim
+// 2h ≤ d − m is enforced, so a failed renew gets at least one more beat
+// before the deadline, and it is retried sooner than that: backing off from
+// h/16, jittered, until one succeeds or the deadline passes. Loss is therefore signalled before any other process can claim
 // the key — unless the holder is paused (GC, SIGSTOP, a stalled VM) past its
 // deadline, which only fencing can catch.
 //

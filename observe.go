@@ -22,6 +22,7 @@ const (
 	lossGuard      lossReason = "gone_at_guard"    // a fenced transaction found it gone
 	lossNotified   lossReason = "forced"           // force-released (notification, then renew)
 	lossFailover   lossReason = "failover"         // found gone after a database failover
+	lossReadOnly   lossReason = "read_only"        // a renew reached a read-only server (a standby)
 )
 
 // Claim outcomes, for metrics.

@@ -41,7 +41,7 @@ type telemetryConfig struct {
 //	                                                 already_run, error
 //	pglease.lease.losses      Counter {lease}        leases lost, by pglease.loss.reason: renew_found_gone,
 //	                                                 local_deadline, superseded, gone_at_unlock,
-//	                                                 gone_at_guard, forced, failover
+//	                                                 gone_at_guard, forced, failover, read_only
 //	pglease.lease.releases    Counter {lease}        leases released by Unlock or Close
 //	pglease.renew.duration    Histogram s            one renew statement (error.type on failure:
 //	                                                 the SQLSTATE, timeout, canceled or the Go type)

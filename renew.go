@@ -17,9 +17,17 @@ import (
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
-//   - the statement failed (network, server down, read-only during a
-//     failover): WARN, retried next beat; if no beat succeeds before the
-//     local deadline, the lease's timer declares it lost.
+//   - the statement failed (network, server down, a failover under way):
+//     WARN, and retried soon — backing off from a sixteenth of the beat,
+//     jittered, closer together as the local deadline nears — until one
+//     succeeds (the normal beat then resumes from it) or the lease's timer
+//     declares it lost at its local deadline. A failover often completes
+//     between two beats: waiting for the next beat would drop leases the
+//     new primary still has. The retries are per Locker (one statement for
+//     all its leases), not per lease.
+//   - the server is read-only (SQLSTATE 25006: a standby, such as an old
+//     primary that rejoined after a failover): every lease of the batch is
+//     lost at once (ERROR + Done), not at its deadline.
 //
 // A lease can also be checked out of beat (renewNow): when a fenced
 // transaction does not find it, or when a notification says its key was
@@ -33,11 +41,18 @@ func (l *Locker) renewLoop() {
 	// come later than the heartbeat, so the retry room is kept.
 	tick := time.NewTicker(l.cfg.heartbeat/2 + rand.N(l.cfg.heartbeat/2+1))
 	defer tick.Stop()
+	// After a failed renew, the ticker is stopped and retry drives the
+	// loop until a renew succeeds.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	failures := 0
 	for first := true; ; first = false {
 		select {
 		case <-l.ctx.Done():
 			return
 		case <-tick.C:
+		case <-retry.C:
 		}
 		if first {
 			tick.Reset(l.cfg.heartbeat)
@@ -46,10 +61,46 @@ func (l *Locker) renewLoop() {
 		if !ok {
 			return
 		}
-		if len(batch) > 0 {
-			l.renew(batch, lossRenew)
+		if len(batch) == 0 || l.renew(batch, lossRenew, failures == 0) {
+			if failures > 0 {
+				if len(batch) > 0 {
+					l.log.Info("pglease: renew succeeded after failing", "holder", l.holder, "leases", len(batch), "failed_attempts", failures)
+				}
+				failures = 0
+				tick.Reset(l.cfg.heartbeat) // the normal beat, from this renew
+			}
+			continue
+		}
+		if failures == 0 {
+			tick.Stop()
+		}
+		failures++
+		retry.Reset(l.renewRetryDelay(failures, time.Until(earliestDeadline(batch))))
+	}
+}
+
+// renewRetryDelay is the wait before the next try after failures failed
+// renews in a row, left being the time until the earliest local deadline of
+// the leases to renew: from a sixteenth of the beat (at most 1 s), doubling,
+// at most half a beat, and at most half the time left (but not below the
+// first step), so that tries come closer together as the deadline nears;
+// jittered over [d/2, d], so that Lockers that failed together (a database
+// failover) do not retry in step.
+func (l *Locker) renewRetryDelay(failures int, left time.Duration) time.Duration {
+	base := min(l.cfg.heartbeat/16, time.Second)
+	d := min(base<<min(failures-1, 10), l.cfg.heartbeat/2)
+	d = max(min(d, left/2), base)
+	return d/2 + rand.N(d/2+1)
+}
+
+func earliestDeadline(batch []*Lease) time.Time {
+	var first time.Time
+	for i, le := range batch {
+		if d := le.Deadline(); i == 0 || d.Before(first) {
+			first = d
 		}
 	}
+	return first
 }
 
 // renewBatch lists the leases to renew: the newest lease of each key, if it
@@ -91,8 +142,9 @@ type renewResult struct {
 }
 
 // renew extends batch with one statement; a lease missing from the result
-// is lost for the reason given. It reports whether the statement ran.
-func (l *Locker) renew(batch []*Lease, why lossReason) bool {
+// is lost for the reason given. It reports whether the statement ran; a
+// failure is logged (WARN) if warn is set.
+func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	// A renew must not outlast its beat (a hung connection would delay the
 	// next one); Close cancels it too.
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.heartbeat)
@@ -115,9 +167,20 @@ func (l *Locker) renew(batch []*Lease, why lossReason) bool {
 		})
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
+	if sqlState(err) == "25006" { // read_only_sql_transaction
+		// A standby answered: after a failover, the old primary rejoins as
+		// one, and a pool still connected to it can never renew there.
+		// The leases end now rather than at their deadline, while the new
+		// primary may already have given the keys to others.
+		for _, le := range batch {
+			le.lose(ctx, "renew refused: the server is read-only (a standby: after a failover the old primary rejoins as one; "+
+				"or default_transaction_read_only) and the lease cannot be renewed there", lossReadOnly)
+		}
+		return true
+	}
 	if err != nil {
-		if l.ctx.Err() == nil {
-			l.log.WarnContext(ctx, "pglease: renew failed, will retry at the next beat",
+		if warn && l.ctx.Err() == nil {
+			l.log.WarnContext(ctx, "pglease: renew failed, retrying until the local deadline",
 				withTrace(ctx, "holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))...)
 		}
 		return false
@@ -158,6 +221,6 @@ func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
 // ending it if not. Used when there is a reason to think it is gone.
 func (l *Locker) renewNow(le *Lease, why lossReason) {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		l.renew([]*Lease{le}, why)
+		l.renew([]*Lease{le}, why, true)
 	}
 }
