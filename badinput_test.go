@@ -10,11 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestNewRejectsBadOptions(t *testing.T) {
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	for _, tc := range []struct {
 		name string
 		opts []Option
@@ -116,8 +116,8 @@ func TestLockRejectsBadInputAndChangesNothing(t *testing.T) {
 
 func TestNotMigratedAndReadOnly(t *testing.T) {
 	c := ctx(t)
-	table := pgtest.Table(t)
-	l, err := New(pgtest.SQL(t, 1), WithTable(table))
+	table := unmigrated(t)
+	l, err := New(pgleasetest.DB(t, 1), WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestNotMigratedAndReadOnly(t *testing.T) {
 
 	f := newFixture(t)
 	// A read-only server (as a hot standby is): every write is refused.
-	ro, err := sql.Open("pgx", pgtest.URL()+"&options=-c%20default_transaction_read_only%3Don")
+	ro, err := sql.Open("pgx", pgleasetest.URL()+"&options=-c%20default_transaction_read_only%3Don")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // Issue 9, defect 1: a Locker that still holds an evicted lease on a key and
@@ -62,7 +61,7 @@ func renewsSeen(t *testing.T, f *fixture, key string) time.Time {
 // lease ends locally at once, not at the next beat.
 func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithLeaseDuration(time.Minute)) // beat: 20 s, far beyond the test
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -101,15 +100,15 @@ func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 // that, so B's undo reaches the server while the claim is still queued.
 func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	f := newFixture(t)
-	dbA := pgtest.SQL(t, 3)
+	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Minute))
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	// A ghost would block the key for a minute.
-	b := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
+	b := f.locker(proxy.DB(t, 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {
@@ -126,14 +125,14 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	lockErr := make(chan error, 1)
 	go func() { _, err := b.Lock(c, "job"); lockErr <- err }()
 	waitForLockWaiter(t, f.admin, f.table) // B's claim is queued behind A's transaction
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	if err := <-lockErr; err == nil || errors.Is(err, ErrAlreadyLocked) {
 		t.Fatalf("B's claim with its connection dropped: %v", err)
 	}
 	// pgx sends a cancel request when a connection breaks mid-query; let it
 	// meet the dropping proxy too, as it would a partition.
 	time.Sleep(300 * time.Millisecond)
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	// Let B's undo reach the server before the fenced transaction ends: it
 	// must queue behind B's claim (a backend waiting on the claim's
 	// advisory lock). Proceed when that waiter is seen, or after 3 s (an
@@ -212,7 +211,7 @@ func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
 // server before the stranded renew runs.
 func TestDeadlineLossFreesRow(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +219,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	// Beats every 2.5 s, the first between 1.25 s and 2.5 s; server expiry
 	// at 6 s, local deadline ~5.9 s: the second renew (3.75 s to 5 s),
 	// stranded, would extend the row to 9.75 s or later.
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 3), WithLeaseDuration(6*time.Second),
+	l := f.locker(proxy.DB(t, 3), WithLeaseDuration(6*time.Second),
 		WithHeartbeat(2500*time.Millisecond), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -240,7 +239,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2.5 seconds' FROM "`+f.table+`" WHERE key = 'job')
 			AND query LIKE '%jsonb_object_keys%'`) > 0
 	})
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	<-le.Done()
 	if !errors.Is(le.Err(), ErrLeaseLost) {
 		t.Fatalf("want a loss, got %v", le.Err())
@@ -252,7 +251,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 		}
 		return expired
 	})
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	// Let the background release reach the server: it queues behind the
 	// row lock (seen as a second waiter), or, if it ignored the expired
 	// row, has run within 2 s (its backoff is at most 1 s here).
@@ -281,20 +280,20 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 // marks the row released.
 func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
+	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
 	le, err := l.Lock(ctx(t), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	<-le.Done()
 	time.Sleep(1600 * time.Millisecond)
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +326,7 @@ func noBackendWaits(t *testing.T, f *fixture) bool {
 // row with the same holder and fence but another claim is not ours.
 func TestWritesScopedByClaimToken(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithHolder("pod-0"), WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -357,7 +356,7 @@ func TestWritesScopedByClaimToken(t *testing.T) {
 // while a fenced transaction holds the row says so and changes nothing.
 func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db)
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -454,7 +453,7 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 		Scan(&outcome, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "acquired" {
 		t.Fatalf("first claim: %q %v", outcome, err)
 	}
-	other := pgtest.SQL(t, 1)
+	other := pgleasetest.DB(t, 1)
 	t2, err := other.BeginTx(c, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +475,7 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 // Guard counts the rows its statement locks: with lib/pq too.
 func TestGuardWithLibPQ(t *testing.T) {
 	f := newFixture(t)
-	pq, err := sql.Open("postgres", pgtest.URL())
+	pq, err := sql.Open("postgres", pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pglease/pglease/internal/pgcluster"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestLockUnlockAndFenceSurvivesRelease(t *testing.T) {
@@ -198,7 +198,7 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 // a thousand leases, and renews them.
 func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	l := f.locker(db, WithLeaseDuration(3*time.Second))
 	other := f.replica(1)
 	c := ctx(t)
@@ -242,12 +242,12 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 func TestDrivers(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
-	pq, err := sqlOpen("postgres", pgtest.URL())
+	pq, err := sqlOpen("postgres", pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pq.Close()
-	pool := pgtest.Pgx(t, 2)
+	pool := pgleasetest.Pool(t, 2)
 	if err := Migrate(c, pq, WithTable(f.table)); err != nil {
 		t.Fatalf("Migrate over lib/pq: %v", err)
 	}

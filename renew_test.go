@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // countingBackend counts the statements a Locker sends, by kind.
@@ -187,17 +186,12 @@ func rowLine(dump, key string) string {
 // events, not on durations.
 func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	f := newFixture(t)
-	cl := pgtest.Cluster()
-	if cl == nil {
-		t.Log("PGLEASE_TEST_DATABASE_URL set: proxying to it")
-	}
-	target := pgtest.Addr(t)
-	proxy, err := tcpproxy.New(target)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	dbA := pgtest.SQLVia(t, proxy.Addr(), 2)
+	dbA := proxy.DB(t, 2)
 	logs := &logs{}
 	const dur = 800 * time.Millisecond
 	// A margin that a late timer on a loaded machine cannot eat up.
@@ -213,7 +207,7 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	before := la.ExpiresAt()
 	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
 	// ...then the network between A and the database goes dark.
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 
 	// The order of events is what matters: when B's claim succeeds, A's
 	// Done must already be closed. (Comparing timestamps taken by two
@@ -243,8 +237,8 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	if _, ok := logs.find(levelError, "lease lost"); !ok {
 		t.Fatal("no ERROR log for the deadline loss")
 	}
-	proxy.SetMode(tcpproxy.Pass)
-	proxy.DropAll()
+	proxy.Restore()
+	proxy.CloseConns()
 }
 
 // The renew statement reaches the rows through the primary key even on a
@@ -299,7 +293,7 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
 	f := newFixture(t)
 	const n, beat, dur = 30, time.Second, 3 * time.Second
-	db := pgtest.SQL(t, 10)
+	db := pgleasetest.DB(t, 10)
 	lockers := make([]*Locker, n)
 	for i := range lockers {
 		lockers[i] = f.locker(db, WithLeaseDuration(dur), WithHeartbeat(beat), WithListen(ListenNever))
