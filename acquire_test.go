@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // A waiter in another Locker and pool is handed the key when the holder
@@ -27,7 +27,7 @@ func TestAcquireWokenByRelease(t *testing.T) {
 			var waiterL *Locker
 			opts := []Option{WithLeaseDuration(time.Minute), WithPollInterval(time.Minute)}
 			if tc.name == "pgxpool" {
-				l, err := New(pgtest.Pgx(t, 2), append([]Option{WithTable(f.table)}, opts...)...)
+				l, err := New(pgleasetest.Pool(t, 2), append([]Option{WithTable(f.table)}, opts...)...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -81,7 +81,7 @@ func TestAcquireWokenByRelease(t *testing.T) {
 // expiry, which the waiter learns from the server (not from its poll).
 func TestAcquireWakesAtExpiry(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 2)
+	db := pgleasetest.DB(t, 2)
 	gone := f.locker(db, WithLeaseDuration(time.Second), WithHeartbeat(200*time.Millisecond))
 	w := f.replica(2, WithLeaseDuration(time.Second), WithPollInterval(time.Minute), WithListen(ListenNever))
 	c, cancel := context.WithTimeout(ctx(t), 20*time.Second) // the poll would take a minute
@@ -104,7 +104,7 @@ func TestAcquireWakesAtExpiry(t *testing.T) {
 // works, by polling.
 func TestAcquirePollingFallback(t *testing.T) {
 	f := newFixture(t)
-	pq, err := sql.Open("postgres", pgtest.URL())
+	pq, err := sql.Open("postgres", pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

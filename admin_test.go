@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestListAndForceRelease(t *testing.T) {
@@ -90,7 +90,7 @@ func TestMissingSchemaIsReportedClearly(t *testing.T) {
 // while a fenced transaction holds the row says so and changes nothing.
 func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db)
 	c := ctx(t)
 	le, err := l.Lock(c, "job")

@@ -14,8 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pglease/internal/pgcluster"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestLockRejectsBadInputAndChangesNothing(t *testing.T) {
@@ -77,15 +76,15 @@ func TestLockRejectsBadInputAndChangesNothing(t *testing.T) {
 // that, so B's undo reaches the server while the claim is still queued.
 func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	f := newFixture(t)
-	dbA := pgtest.SQL(t, 3)
+	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Minute))
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	// A ghost would block the key for a minute.
-	b := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
+	b := f.locker(proxy.DB(t, 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {
@@ -102,14 +101,14 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	lockErr := make(chan error, 1)
 	go func() { _, err := b.Lock(c, "job"); lockErr <- err }()
 	waitForLockWaiter(t, f.admin, f.table) // B's claim is queued behind A's transaction
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	if err := <-lockErr; err == nil || errors.Is(err, ErrAlreadyLocked) {
 		t.Fatalf("B's claim with its connection dropped: %v", err)
 	}
 	// pgx sends a cancel request when a connection breaks mid-query; let it
 	// meet the dropping proxy too, as it would a partition.
 	time.Sleep(300 * time.Millisecond)
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	// Let B's undo reach the server before the fenced transaction ends: it
 	// must queue behind B's claim (a backend waiting on the claim's
 	// advisory lock). Proceed when that waiter is seen, or after 3 s (an
@@ -162,7 +161,7 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 		Scan(&outcome, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "acquired" {
 		t.Fatalf("first claim: %q %v", outcome, err)
 	}
-	other := pgtest.SQL(t, 1)
+	other := pgleasetest.DB(t, 1)
 	t2, err := other.BeginTx(c, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -499,13 +498,13 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 		t.Cleanup(p.Close)
 		return p
 	}
-	viaProxy := func(t *testing.T) (string, *tcpproxy.Proxy) {
-		proxy, err := tcpproxy.New(pgtest.Addr(t))
+	viaProxy := func(t *testing.T) (string, *pgleasetest.Proxy) {
+		proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { proxy.Close() })
-		return fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=2", proxy.Addr()), proxy
+		return proxy.URL() + "&connect_timeout=2", proxy
 	}
 	for _, driver := range []string{"stdlib", "pgxpool"} {
 		// newLocker opens a pool of max connections to url, in this
@@ -561,7 +560,7 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 			url, proxy := viaProxy(t)
 			l, _ := newLocker(t, f, url, 2)
 			undos := countUndos(l)
-			proxy.SetMode(tcpproxy.Drop)
+			proxy.Cut()
 			_, err := l.Lock(ctx(t), "job")
 			if err == nil || errors.Is(err, ErrAlreadyLocked) {
 				t.Fatalf("Lock with every connection reset: %v", err)
@@ -575,7 +574,7 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 		})
 		t.Run(driver+"/no-free-connection", func(t *testing.T) {
 			f := newFixture(t)
-			l, hold := newLocker(t, f, pgtest.URL(), 1)
+			l, hold := newLocker(t, f, pgleasetest.URL(), 1)
 			undos := countUndos(l)
 			hold() // the pool's only connection is busy
 			short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
@@ -599,7 +598,7 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 		// error; it is undone.
 		t.Run(driver+"/sent", func(t *testing.T) {
 			f := newFixture(t)
-			dbA := pgtest.SQL(t, 2)
+			dbA := pgleasetest.DB(t, 2)
 			a := f.locker(dbA, WithLeaseDuration(time.Minute))
 			c := ctx(t)
 			la, err := a.Lock(c, "job")
@@ -615,7 +614,7 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.expire("job")
-			l, _ := newLocker(t, f, pgtest.URL(), 2)
+			l, _ := newLocker(t, f, pgleasetest.URL(), 2)
 			undos := countUndos(l)
 			lockErr := make(chan error, 1)
 			short, cancel := context.WithCancel(c)

@@ -5,8 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // Issue 9, defect 5: a lease lost at its local deadline frees its row, even
@@ -21,7 +20,7 @@ import (
 // server before the stranded renew runs.
 func TestDeadlineLossFreesRow(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +28,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	// Beats every 2.5 s, the first between 1.25 s and 2.5 s; server expiry
 	// at 6 s, local deadline ~5.9 s: the second renew (3.75 s to 5 s),
 	// stranded, would extend the row to 9.75 s or later.
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 3), WithLeaseDuration(6*time.Second),
+	l := f.locker(proxy.DB(t, 3), WithLeaseDuration(6*time.Second),
 		WithHeartbeat(2500*time.Millisecond), WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -49,7 +48,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2.5 seconds' FROM "`+f.table+`" WHERE key = 'job')
 			AND query LIKE '%jsonb_object_keys%'`) > 0
 	})
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	<-le.Done()
 	if !errors.Is(le.Err(), ErrLeaseLost) {
 		t.Fatalf("want a loss, got %v", le.Err())
@@ -61,7 +60,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 		}
 		return expired
 	})
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	// Let the background release reach the server: it queues behind the
 	// row lock (seen as a second waiter), or, if it ignored the expired
 	// row, has run within 2 s (its backoff is at most 1 s here).
@@ -90,20 +89,20 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 // marks the row released.
 func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
+	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
 	le, err := l.Lock(ctx(t), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	<-le.Done()
 	time.Sleep(1600 * time.Millisecond)
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // New and Migrate work with pgx's stdlib driver, lib/pq and pgxpool.
 func TestDrivers(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
-	pq, err := sqlOpen("postgres", pgtest.URL())
+	pq, err := sqlOpen("postgres", pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pq.Close()
-	pool := pgtest.Pgx(t, 2)
+	pool := pgleasetest.Pool(t, 2)
 	if err := Migrate(c, pq, WithTable(f.table)); err != nil {
 		t.Fatalf("Migrate over lib/pq: %v", err)
 	}

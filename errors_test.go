@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestNotMigratedAndReadOnly(t *testing.T) {
 	c := ctx(t)
-	table := pgtest.Table(t)
-	l, err := New(pgtest.SQL(t, 1), WithTable(table))
+	table := unmigrated(t)
+	l, err := New(pgleasetest.DB(t, 1), WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestNotMigratedAndReadOnly(t *testing.T) {
 
 	f := newFixture(t)
 	// A read-only server (as a hot standby is): every write is refused.
-	ro, err := sql.Open("pgx", pgtest.URL()+"&options=-c%20default_transaction_read_only%3Don")
+	ro, err := sql.Open("pgx", pgleasetest.URL()+"&options=-c%20default_transaction_read_only%3Don")
 	if err != nil {
 		t.Fatal(err)
 	}

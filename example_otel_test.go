@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // Wiring metrics: hand New the MeterProvider of your OpenTelemetry SDK (with
@@ -23,7 +23,7 @@ func ExampleWithMeterProvider() {
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer provider.Shutdown(ctx)
 
-	db, _ := sql.Open("pgx", pgtest.URL()) // your DATABASE_URL
+	db, _ := sql.Open("pgx", pgleasetest.URL()) // your DATABASE_URL
 	defer db.Close()
 	table := pglease.WithTable("example_otel_leases")
 	if err := pglease.Migrate(ctx, db, table); err != nil {

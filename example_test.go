@@ -10,14 +10,14 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // A scheduled job guarded by a lease: every replica runs this on every
 // tick; one runs the job, the others skip.
 func Example() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL()) // your DATABASE_URL
+	db, _ := sql.Open("pgx", pgleasetest.URL()) // your DATABASE_URL
 	defer db.Close()
 	table := pglease.WithTable("example_leases")
 	if err := pglease.Migrate(ctx, db, table); err != nil {
@@ -64,7 +64,7 @@ func runJob(ctx context.Context, fence int64) {
 // Reacting to a lost lease: Done closes, Err says why.
 func ExampleLease_Done() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_done")
 	_ = pglease.Migrate(ctx, db, table)
@@ -90,7 +90,7 @@ func ExampleLease_Done() {
 // its lease.
 func ExampleLease_Guard() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_guard")
 	_ = pglease.Migrate(ctx, db, table)
@@ -127,7 +127,7 @@ func ExampleLease_Guard() {
 // ones never.
 func ExampleFenceTable() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_fg")
 	_ = pglease.Migrate(ctx, db, table) // creates example_fg_fences too
@@ -159,7 +159,7 @@ func ExampleFenceTable() {
 // ends — a clean shutdown, after resigning.
 func ExampleElection_Run() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_election")
 	_ = pglease.Migrate(ctx, db, table)
@@ -192,7 +192,7 @@ func ExampleElection_Run() {
 // ErrAlreadyLocked and skip.
 func ExampleLocker_Do() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_do")
 	_ = pglease.Migrate(ctx, db, table)
@@ -221,7 +221,7 @@ func ExampleLocker_Do() {
 // when the holder unlocks, woken by the release's notification.
 func ExampleLocker_Acquire() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_acquire")
 	_ = pglease.Migrate(ctx, db, table)
@@ -254,7 +254,7 @@ func ExampleLocker_Acquire() {
 // shutdown.
 func ExampleElection_Campaign() {
 	ctx := context.Background()
-	db, _ := sql.Open("pgx", pgtest.URL())
+	db, _ := sql.Open("pgx", pgleasetest.URL())
 	defer db.Close()
 	table := pglease.WithTable("example_campaign")
 	_ = pglease.Migrate(ctx, db, table)

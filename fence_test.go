@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func (f *fixture) fenceTable() *FenceTable {
@@ -43,7 +43,7 @@ func guardedWrite(c context.Context, db *sql.DB, g *FenceTable, resource string,
 // B's succeed.
 func TestStaleHolderIsFencedOut(t *testing.T) {
 	f := newFixture(t)
-	dbA, dbB := pgtest.SQL(t, 3), pgtest.SQL(t, 3)
+	dbA, dbB := pgleasetest.DB(t, 3), pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(2*time.Second))
 	b := f.locker(dbB, WithLeaseDuration(2*time.Second))
 	g := f.fenceTable()
@@ -89,7 +89,7 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 		t.Fatalf("A's guarded write: %v", err)
 	}
 	// B's fenced transaction works, with pgx too.
-	pool := pgtest.Pgx(t, 2)
+	pool := pgleasetest.Pool(t, 2)
 	ptx, err := pool.Begin(c)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ func waitForLockWaiter(t *testing.T, admin *sql.DB, table string) {
 // not blocked by A's transaction.
 func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
 	f := newFixture(t)
-	dbA := pgtest.SQL(t, 3)
+	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
 	b := f.replica(2, WithLeaseDuration(time.Second))
 	c := ctx(t)
@@ -232,7 +232,7 @@ func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
 // blocked (no self-deadlock).
 func TestUnlockDuringFencedTransaction(t *testing.T) {
 	f := newFixture(t)
-	dbA := pgtest.SQL(t, 3)
+	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA)
 	b := f.replica(2)
 	c := ctx(t)
@@ -322,7 +322,7 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 	var wg sync.WaitGroup
 	var lostSeen atomic.Bool
 	for r := 0; r < replicas; r++ {
-		db := pgtest.SQL(t, 4)
+		db := pgleasetest.DB(t, 4)
 		l := f.locker(db, WithLeaseDuration(lease), WithHeartbeat(50*time.Millisecond))
 		// A pause stops the whole "process": its renewer too.
 		pb := &pausableBackend{backend: l.db, renewSQL: l.sql.renew}
@@ -464,7 +464,7 @@ func (p *pausableBackend) query(ctx context.Context, q string, args []any, each 
 // lease ends locally at once, not at the next beat.
 func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithLeaseDuration(time.Minute)) // beat: 20 s, far beyond the test
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -495,7 +495,7 @@ func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 // Guard counts the rows its statement locks: with lib/pq too.
 func TestGuardWithLibPQ(t *testing.T) {
 	f := newFixture(t)
-	pq, err := sql.Open("postgres", pgtest.URL())
+	pq, err := sql.Open("postgres", pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

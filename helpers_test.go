@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/lib/pq" // the "postgres" driver: the tests cover lib/pq too
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
 
 // fixture: a fresh migrated table and an admin pool to inspect it.
 type fixture struct {
@@ -26,11 +26,24 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{t: t, table: pgtest.Table(t), admin: pgtest.SQL(t, 4)}
+	f := &fixture{t: t, table: pgleasetest.Table(t), admin: pgleasetest.DB(t, 4)}
 	if err := Migrate(ctx(t), f.admin, WithTable(f.table)); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	return f
+}
+
+// unmigrated returns a table name of this test with no table behind it yet
+// (pgleasetest.Table's name, its tables dropped), for the tests of Migrate
+// and of a table never migrated. The name's tables are dropped at cleanup.
+func unmigrated(t *testing.T) string {
+	t.Helper()
+	name := pgleasetest.Table(t)
+	db := pgleasetest.DB(t, 1)
+	if _, err := db.ExecContext(ctx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences"`); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }
 
 func ctx(t testing.TB) context.Context {
@@ -42,7 +55,7 @@ func ctx(t testing.TB) context.Context {
 // replica returns a Locker over its own small pool, closed at cleanup.
 func (f *fixture) replica(poolSize int, opts ...Option) *Locker {
 	f.t.Helper()
-	db := pgtest.SQL(f.t, poolSize)
+	db := pgleasetest.DB(f.t, poolSize)
 	return f.locker(db, opts...)
 }
 
@@ -158,7 +171,7 @@ const levelError = slog.LevelError
 
 func slogLogger(h slog.Handler) *slog.Logger { return slog.New(h) }
 
-func pgxPool(t *testing.T) *pgxpool.Pool { return pgtest.Pgx(t, 2) }
+func pgxPool(t *testing.T) *pgxpool.Pool { return pgleasetest.Pool(t, 2) }
 
 func listAny(c context.Context, db any, table string) ([]LeaseInfo, error) {
 	switch d := db.(type) {

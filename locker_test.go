@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // runningIn reports whether some goroutine is inside one of fns now.
@@ -36,13 +35,13 @@ func runningIn(fns ...string) string {
 // flight; once Close has returned, no goroutine of the Locker is left.
 func TestCloseKeepsItsBound(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	const release = 400 * time.Millisecond
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 4), WithLeaseDuration(5*time.Second),
+	l := f.locker(proxy.DB(t, 4), WithLeaseDuration(5*time.Second),
 		WithReleaseTimeout(release), WithListen(ListenNever), WithPollInterval(20*time.Millisecond))
 	el, err := NewElection(l, "leader")
 	if err != nil {
@@ -61,7 +60,7 @@ func TestCloseKeepsItsBound(t *testing.T) {
 		t.Fatalf("observer saw %+v, want this Locker leading", li)
 	}
 
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 	// The observer polls every 20ms: within a few polls it is blocked in a
 	// read that the silent server never answers (if it is still asleep when
 	// Close starts, the test is only weaker, never wrong).

@@ -8,17 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
-	table := pgtest.Table(t)
+	table := unmigrated(t)
 	c := ctx(t)
 	// Ten replicas start at once, each with its own pool.
 	var wg sync.WaitGroup
 	errs := make(chan error, 10)
 	for i := 0; i < 10; i++ {
-		db := pgtest.SQL(t, 1)
+		db := pgleasetest.DB(t, 1)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -32,7 +32,7 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 			t.Fatalf("concurrent Migrate: %v", err)
 		}
 	}
-	admin := pgtest.SQL(t, 1)
+	admin := pgleasetest.DB(t, 1)
 	if err := Migrate(c, admin, WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 
 func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 	c := ctx(t)
-	admin := pgtest.SQL(t, 1)
+	admin := pgleasetest.DB(t, 1)
 	schema := "pglt_schema_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
 	if _, err := admin.ExecContext(c, `CREATE SCHEMA IF NOT EXISTS "`+schema+`"`); err != nil {
 		t.Fatal(err)
@@ -107,8 +107,8 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 // it) upgrades in place: the columns of version 3 are added, the leases and
 // their fences are kept, and claims go on from there.
 func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
-	tbl := pgtest.Table(t)
-	admin := pgtest.SQL(t, 2)
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
 	tb, err := parseTable(tbl)
 	if err != nil {

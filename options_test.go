@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
@@ -68,7 +68,7 @@ func TestNilOption(t *testing.T) {
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	for _, tc := range []struct {
 		name string
 		opts []Option

@@ -18,8 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // meters is an SDK MeterProvider read on demand.
@@ -336,12 +335,12 @@ func TestMetricsLosses(t *testing.T) {
 	// Through a proxy that goes dark: a lease whose Unlock fails (it is
 	// abandoned: no longer held, no loss, no release) and a lease that
 	// passes its local deadline.
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	b := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithMeterProvider(m.mp), WithKeyAttribute(true),
+	b := f.locker(proxy.DB(t, 2), WithMeterProvider(m.mp), WithKeyAttribute(true),
 		WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
 	lb, err := b.Lock(c, "deadline")
 	if err != nil {
@@ -352,7 +351,7 @@ func TestMetricsLosses(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.waitSum("pglease.lease.held", tbl, 2)
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 	if err := ab.Unlock(c); err == nil || errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Unlock through a dark network: %v", err)
 	}
@@ -376,8 +375,8 @@ func TestMetricsLosses(t *testing.T) {
 	if got := m.sum("pglease.lease.losses", tbl); got != 2 {
 		t.Errorf("losses: %d, want 2", got)
 	}
-	proxy.SetMode(tcpproxy.Pass)
-	proxy.DropAll()
+	proxy.Restore()
+	proxy.CloseConns()
 }
 
 // Rejections: a fenced transaction of an evicted holder (Guard), and a
@@ -624,19 +623,19 @@ func TestNoTelemetryWhenNotConfigured(t *testing.T) {
 func TestRenewWarnCarriesTraceIDs(t *testing.T) {
 	f := newFixture(t)
 	rec, tp := newSpans(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	logs := &logs{}
-	a := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithTracerProvider(tp), WithLogger(slog.New(logs)),
+	a := f.locker(proxy.DB(t, 2), WithTracerProvider(tp), WithLogger(slog.New(logs)),
 		WithLeaseDuration(800*time.Millisecond), WithHeartbeat(100*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
 	le, err := a.Lock(ctx(t), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 	waitDone(t, le, 10*time.Second)
 	attrs, ok := logs.find(slog.LevelWarn, "renew failed")
 	if !ok {
@@ -652,8 +651,8 @@ func TestRenewWarnCarriesTraceIDs(t *testing.T) {
 	if !match || attrs["holder"] != a.Holder() {
 		t.Fatalf("WARN attributes %v match no failed renew span", attrs)
 	}
-	proxy.SetMode(tcpproxy.Pass)
-	proxy.DropAll()
+	proxy.Restore()
+	proxy.CloseConns()
 }
 
 // The no-op observer costs nothing: no allocation on the claim path's calls.
@@ -671,7 +670,7 @@ func TestNoObserverAllocatesNothing(t *testing.T) {
 }
 
 func benchmarkSkip(b *testing.B, opts ...Option) {
-	table, db := pgtest.Table(b), pgtest.SQL(b, 4)
+	table, db := pgleasetest.Table(b), pgleasetest.DB(b, 4)
 	if err := Migrate(context.Background(), db, WithTable(table)); err != nil {
 		b.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // The README's Go snippets are the files under examples/, verbatim: each
@@ -60,7 +60,7 @@ func TestQuickstartRuns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.URL())
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+pgleasetest.URL())
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "reconciling under fence") {
 		t.Fatalf("quickstart: %v\n%s", err, out)
@@ -73,7 +73,7 @@ func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 	bin := buildExample(t, "election")
 	start := func() (*exec.Cmd, *bufio.Scanner) {
 		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.URL())
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+pgleasetest.URL())
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)

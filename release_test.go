@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
@@ -82,7 +81,7 @@ func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
 
 func TestUnlockUnreachableServer(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQLVia(t, pgtest.Addr(t), 2)
+	db := pgleasetest.DB(t, 2)
 	l := f.locker(db, WithReleaseTimeout(time.Second))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -151,18 +150,18 @@ func TestCloseReleasesEverything(t *testing.T) {
 // context without a deadline.
 func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	db := pgtest.SQLVia(t, proxy.Addr(), 2)
+	db := proxy.DB(t, 2)
 	l := f.locker(db, WithLeaseDuration(500*time.Millisecond), WithReleaseTimeout(300*time.Millisecond))
 	le, err := l.Lock(context.Background(), "held")
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 	done := make(chan error, 2)
 	go func() {
 		_, err := l.Lock(context.Background(), "new")
@@ -179,8 +178,8 @@ func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 			t.Fatal("Lock or Unlock hung on a black-holed network")
 		}
 	}
-	proxy.SetMode(tcpproxy.Pass)
-	proxy.DropAll()
+	proxy.Restore()
+	proxy.CloseConns()
 }
 
 // An Unlock that cannot reach the server (here: its pool's only connection
@@ -188,7 +187,7 @@ func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 // still told before another replica can take the key over.
 func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
 	f := newFixture(t)
-	dbA := pgtest.SQL(t, 1)
+	dbA := pgleasetest.DB(t, 1)
 	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
 	b := f.replica(2, WithLeaseDuration(time.Second))
 	c := ctx(t)
@@ -273,7 +272,7 @@ func TestCloseRacingUnlock(t *testing.T) {
 // row with the same holder and fence but another claim is not ours.
 func TestWritesScopedByClaimToken(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 3)
+	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithHolder("pod-0"), WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
 	c := ctx(t)
 	le, err := l.Lock(c, "job")

@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jackc/pgx/v5"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // countingBackend counts the statements a Locker sends, by kind.
@@ -192,17 +191,12 @@ func rowLine(dump, key string) string {
 // events, not on durations.
 func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	f := newFixture(t)
-	cl := pgtest.Cluster()
-	if cl == nil {
-		t.Log("PGLEASE_TEST_DATABASE_URL set: proxying to it")
-	}
-	target := pgtest.Addr(t)
-	proxy, err := tcpproxy.New(target)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	dbA := pgtest.SQLVia(t, proxy.Addr(), 2)
+	dbA := proxy.DB(t, 2)
 	logs := &logs{}
 	const dur = 800 * time.Millisecond
 	// A margin that a late timer on a loaded machine cannot eat up.
@@ -218,7 +212,7 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	before := la.ExpiresAt()
 	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
 	// ...then the network between A and the database goes dark.
-	proxy.SetMode(tcpproxy.BlackHole)
+	proxy.Stall()
 
 	// The order of events is what matters: when B's claim succeeds, A's
 	// Done must already be closed. (Comparing timestamps taken by two
@@ -248,8 +242,8 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	if _, ok := logs.find(levelError, "lease lost"); !ok {
 		t.Fatal("no ERROR log for the deadline loss")
 	}
-	proxy.SetMode(tcpproxy.Pass)
-	proxy.DropAll()
+	proxy.Restore()
+	proxy.CloseConns()
 }
 
 // The renew statement reaches the rows through the primary key even on a
@@ -304,7 +298,7 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
 	f := newFixture(t)
 	const n, beat, dur = 30, time.Second, 3 * time.Second
-	db := pgtest.SQL(t, 10)
+	db := pgleasetest.DB(t, 10)
 	lockers := make([]*Locker, n)
 	for i := range lockers {
 		lockers[i] = f.locker(db, WithLeaseDuration(dur), WithHeartbeat(beat), WithListen(ListenNever))
@@ -384,7 +378,7 @@ func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
 // a thousand leases, and renews them.
 func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 	f := newFixture(t)
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	l := f.locker(db, WithLeaseDuration(3*time.Second))
 	other := f.replica(1)
 	c := ctx(t)
@@ -470,14 +464,14 @@ func (r *renewLog) since(i int) ([]error, int) {
 // with a bounded number of attempts during the outage.
 func TestFailedRenewIsRetriedBeforeTheDeadline(t *testing.T) {
 	f := newFixture(t)
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
 	const dur, beat = 6 * time.Second, 2 * time.Second
 	logs := &logs{}
-	l := f.locker(pgtest.SQLVia(t, proxy.Addr(), 2), WithLeaseDuration(dur), WithHeartbeat(beat), WithLogger(slogLogger(logs)))
+	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(dur), WithHeartbeat(beat), WithLogger(slogLogger(logs)))
 	renews := logRenews(l)
 	c := ctx(t)
 	le, err := l.Lock(c, "job")
@@ -487,11 +481,11 @@ func TestFailedRenewIsRetriedBeforeTheDeadline(t *testing.T) {
 	// A renew succeeds: the next beat is a whole beat away.
 	before := le.ExpiresAt()
 	waitFor(t, 20*time.Second, func() bool { return le.ExpiresAt().After(before) })
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 	deadline := le.Deadline()
 	_, start := renews.since(0)
 	time.Sleep(time.Until(deadline.Add(-1400 * time.Millisecond)))
-	proxy.SetMode(tcpproxy.Pass)
+	proxy.Restore()
 	during, end := renews.since(start)
 	for i, err := range during {
 		if err == nil {
@@ -580,7 +574,7 @@ func TestRenewOnReadOnlyServerEndsLeaseAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = f.admin.Exec(`DROP DATABASE IF EXISTS ` + dbName + ` WITH (FORCE)`) })
-	cfg, err := pgx.ParseConfig(pgtest.URL())
+	cfg, err := pgx.ParseConfig(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

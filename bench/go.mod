@@ -2,12 +2,10 @@ module github.com/pglease/pglease/bench
 
 go 1.26.8
 
-replace github.com/pglease/pglease => ../
-
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/pglease/pglease v0.0.0
+	github.com/pglease/pglease v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
 	go.uber.org/zap v1.27.0
@@ -33,6 +31,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // Environment variables through which the runner (cmd/benchrun) hands the
@@ -61,12 +61,12 @@ func run(m *testing.M) int {
 	}()
 	pgURL = os.Getenv(EnvPG)
 	if pgURL == "" {
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+		c, err := pgleasetest.Start(ctx, benchenv.Durable(nil))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cannot start a durable throw-away PostgreSQL: %v\n", err)
 			return 1
 		}
-		stops = append(stops, func() { _ = c.Remove() })
+		stops = append(stops, func() { _ = c.Stop() })
 		pgURL = c.URL()
 	}
 	if err := setupPG(ctx); err != nil {

@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	ctx := testCtx(t)
-	table := pgtest.Table(t)
-	db := pgtest.SQL(t, 2)
-	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	table := unmigrated(t)
+	db := pgleasetest.DB(t, 2)
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
 	// The first run says it created the table, the next ones that it is current.
 	for i, want := range []string{
 		fmt.Sprintf("created lease table %q at schema version %d\n", table, pglease.SchemaVersion()),
@@ -35,9 +35,9 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		t.Fatal("migrate did not create the table")
 	}
 	// The flag wins over the environment.
-	table2 := pgtest.Table(t)
+	table2 := unmigrated(t)
 	r := cli(t, ctx, map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x"},
-		"migrate", "--table", table2, "--database-url", pgtest.URL())
+		"migrate", "--table", table2, "--database-url", pgleasetest.URL())
 	if r.code != 0 || !tableExists(t, db, table2) {
 		t.Fatalf("migrate with --database-url: code %d stderr %q", r.code, r.stderr)
 	}
@@ -48,13 +48,13 @@ func TestMigrateIsIdempotent(t *testing.T) {
 // idempotent: forgetting the last version record makes Migrate re-apply it.)
 func TestMigrateReportsUpgrade(t *testing.T) {
 	ctx := testCtx(t)
-	table := pgtest.Table(t)
-	env := map[string]string{"DATABASE_URL": pgtest.URL()}
+	table := pgleasetest.Table(t)
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
 	if r := cli(t, ctx, env, "migrate", "--table", table); r.code != 0 {
 		t.Fatalf("migrate: %q", r.stderr)
 	}
 	latest := pglease.SchemaVersion()
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	if _, err := db.ExecContext(ctx, `DELETE FROM "`+table+`_version" WHERE version = $1`, latest); err != nil {
 		t.Fatal(err)
 	}
@@ -72,8 +72,8 @@ func TestMigrateReportsUpgrade(t *testing.T) {
 // "run pglease migrate" advice; nothing created.
 func TestMigrateMissingSchema(t *testing.T) {
 	ctx := testCtx(t)
-	env := map[string]string{"DATABASE_URL": pgtest.URL()}
-	schema := "s_" + pgtest.Table(t) // unique: the table name of this test
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
+	schema := "s_" + pgleasetest.Table(t) // unique: the table name of this test
 	table := schema + ".t"
 	r := cli(t, ctx, env, "migrate", "--table", table)
 	wantError(t, r, exitError,
@@ -82,7 +82,7 @@ func TestMigrateMissingSchema(t *testing.T) {
 		t.Errorf("migrate gave circular advice: %q", r.stderr)
 	}
 	// Once the schema exists, the advised command works.
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+schema+`"`); err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +104,8 @@ type leaseFixture struct {
 func newLeaseFixture(t *testing.T) *leaseFixture {
 	t.Helper()
 	ctx := testCtx(t)
-	f := &leaseFixture{table: pgtest.Table(t), env: map[string]string{"DATABASE_URL": pgtest.URL()}}
-	db := pgtest.SQL(t, 4)
+	f := &leaseFixture{table: pgleasetest.Table(t), env: map[string]string{"DATABASE_URL": pgleasetest.URL()}}
+	db := pgleasetest.DB(t, 4)
 	if err := pglease.Migrate(ctx, db, pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
@@ -216,9 +216,9 @@ func TestList(t *testing.T) {
 
 func TestListEmptyAndMissingTable(t *testing.T) {
 	ctx := testCtx(t)
-	env := map[string]string{"DATABASE_URL": pgtest.URL()}
-	table := pgtest.Table(t)
-	db := pgtest.SQL(t, 1)
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
+	table := unmigrated(t)
+	db := pgleasetest.DB(t, 1)
 
 	// Missing table: an error that suggests migrate, and nothing created.
 	for _, args := range [][]string{
@@ -349,9 +349,9 @@ func TestWatch(t *testing.T) {
 // column, last_tick in JSON).
 func TestListMinHoldAndTick(t *testing.T) {
 	ctx := testCtx(t)
-	table := pgtest.Table(t)
-	env := map[string]string{"DATABASE_URL": pgtest.URL()}
-	db := pgtest.SQL(t, 4)
+	table := pgleasetest.Table(t)
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
+	db := pgleasetest.DB(t, 4)
 	if err := pglease.Migrate(ctx, db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}

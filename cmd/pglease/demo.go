@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 type demoFlags struct {
@@ -119,7 +120,7 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	}
 	if url == "" {
 		fmt.Fprintln(e.stderr, "starting a throw-away PostgreSQL (no --database-url or DATABASE_URL given)...")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: false})
+		c, err := pgleasetest.Start(ctx, nil)
 		if err != nil {
 			if ctx.Err() != nil {
 				return errInterrupted
@@ -127,13 +128,15 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 			return err
 		}
 		defer func() {
-			if rerr := c.Remove(); rerr != nil && err == nil {
+			if rerr := c.Stop(); rerr != nil && err == nil {
 				err = fmt.Errorf("removing the throw-away PostgreSQL: %w", rerr)
 			}
 			fmt.Fprintln(e.stderr, "throw-away PostgreSQL removed")
 		}()
 		url = c.URL()
-		fmt.Fprintf(e.stderr, "PostgreSQL ready on 127.0.0.1:%d\n", c.Port())
+		if u, err := neturl.Parse(url); err == nil {
+			fmt.Fprintf(e.stderr, "PostgreSQL ready on %s\n", u.Host)
+		}
 	}
 
 	cfg := &demoConfig{

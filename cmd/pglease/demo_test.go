@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestDemo runs a short demo against the test server. It asserts the
@@ -20,7 +20,7 @@ import (
 // are likely but not asserted.)
 func TestDemo(t *testing.T) {
 	out := t.TempDir()
-	r := cli(t, testCtx(t), nil, "demo", "--database-url", pgtest.URL(),
+	r := cli(t, testCtx(t), nil, "demo", "--database-url", pgleasetest.URL(),
 		"--replicas", "3", "--jobs", "2", "--duration", "3s", "--tick", "200ms", "--conn-lifetime", "300ms",
 		"--json", "--out", out)
 	if r.code != 0 {
@@ -82,7 +82,7 @@ func TestDemo(t *testing.T) {
 	checkSVG(t, got.Timeline)
 
 	// The demo's tables are gone.
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	for _, k := range []string{"lease_table", "result_table"} {
 		name, _ := got.Settings[k].(string)
 		if name == "" || tableExists(t, db, name) {
@@ -127,7 +127,7 @@ func checkSVG(t *testing.T, path string) {
 // the loss (its renewals cannot reach the server). Which replica writes
 // first afterwards depends on timing, so the fence's verdict is only logged.
 func TestDemoStall(t *testing.T) {
-	r := cli(t, testCtx(t), nil, "demo", "--database-url", pgtest.URL(),
+	r := cli(t, testCtx(t), nil, "demo", "--database-url", pgleasetest.URL(),
 		"--replicas", "2", "--jobs", "1", "--duration", "3s", "--tick", "150ms",
 		"--lease-duration", "400ms", "--stall", "1200ms", "--json", "--out", t.TempDir())
 	if r.code != 0 {

@@ -10,10 +10,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
+
+// unmigrated returns a table name of this test with no table behind it yet
+// (pgleasetest.Table's name, its tables dropped), for the tests of migrate
+// and of a missing table. The name's tables are dropped at cleanup.
+func unmigrated(t *testing.T) string {
+	t.Helper()
+	name := pgleasetest.Table(t)
+	db := pgleasetest.DB(t, 1)
+	if _, err := db.ExecContext(testCtx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences"`); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
 
 // cliResult is what one in-process invocation of the tool produced.
 type cliResult struct {
@@ -105,7 +118,7 @@ func TestVersion(t *testing.T) {
 
 func TestUsageErrors(t *testing.T) {
 	ctx := testCtx(t)
-	url := map[string]string{"DATABASE_URL": pgtest.URL()}
+	url := map[string]string{"DATABASE_URL": pgleasetest.URL()}
 	cases := []struct {
 		name string
 		env  map[string]string
@@ -156,7 +169,7 @@ func TestUsageErrors(t *testing.T) {
 // TestConnectErrors: one line, the cause first and once, whatever pgx tried
 // (sslmode=prefer makes it try TLS, then plain text).
 func TestConnectErrors(t *testing.T) {
-	u, err := url.Parse(pgtest.URL())
+	u, err := url.Parse(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // fencedTx opens a transaction fenced by the fixture's live lease on "held"
 // (Lease.Guard): it holds the lease row until it ends.
 func fencedTx(t *testing.T, ctx context.Context, f *leaseFixture) *sql.Tx {
 	t.Helper()
-	db := pgtest.SQL(t, 1)
+	db := pgleasetest.DB(t, 1)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -7,18 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/ctxsleep"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // A scenario is one way of making sure a scheduled job runs on one replica
@@ -92,7 +86,7 @@ type scenarioRun struct {
 
 	// --stall: each replica's pool goes through its proxy; the first run
 	// started after a third of the scenario stalls.
-	proxies    []*tcpproxy.Proxy
+	proxies    []*pgleasetest.Proxy
 	stallArmed atomic.Bool
 	stalled    atomic.Bool
 }
@@ -143,7 +137,7 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 			}
 		}()
 		for range cfg.replicas {
-			p, err := newStallProxy(cfg.url)
+			p, err := pgleasetest.NewProxy(cfg.url)
 			if err != nil {
 				return result{}, err
 			}
@@ -253,7 +247,7 @@ func ptr(v int64) *int64 { return &v }
 // makes the scheduler skip ticks, as cron-like schedulers do.
 func (s *scenarioRun) schedule(runCtx, ctx context.Context, replica int, db *sql.DB, l *pglease.Locker, key string, lockID int64, rng *rand.Rand) {
 	phase := time.Duration(rng.Int64N(int64(s.cfg.tick)))
-	if !ctxsleep.For(runCtx, phase) {
+	if !sleepCtx(runCtx, phase) {
 		return
 	}
 	tick := time.NewTicker(s.cfg.tick)
@@ -398,7 +392,7 @@ func (s *scenarioRun) job(ctx context.Context, q querier, run int, key string, r
 			}
 			return ctx.Err() == nil
 		}
-		if !ctxsleep.For(ctx, work/steps) {
+		if !sleepCtx(ctx, work/steps) {
 			return false
 		}
 	}
@@ -439,9 +433,9 @@ func (s *scenarioRun) stallThenWrite(ctx context.Context, q querier, run int, ke
 	s.stalled.Store(true)
 	s.tr.markStalled(key, replica)
 	p := s.proxies[replica]
-	p.SetMode(tcpproxy.BlackHole)
+	p.Stall()
 	time.Sleep(s.cfg.stall) // a stalled process notices nothing, not even Ctrl-C
-	p.SetMode(tcpproxy.Pass)
+	p.Restore()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := s.write(wctx, q, run, key, replica, fence); err != nil {
@@ -450,26 +444,12 @@ func (s *scenarioRun) stallThenWrite(ctx context.Context, q querier, run int, ke
 	return ctx.Err() == nil
 }
 
-// newStallProxy starts a proxy to the server of url.
-func newStallProxy(url string) (*tcpproxy.Proxy, error) {
-	cc, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	return tcpproxy.New(net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-}
-
 // openReplica opens replica i's pool; with --stall, through its proxy.
 func (s *scenarioRun) openReplica(i int) (*sql.DB, error) {
 	if s.proxies == nil {
 		return sql.Open("pgx", s.cfg.url)
 	}
-	cc, err := pgx.ParseConfig(s.cfg.url)
-	if err != nil {
-		return nil, err
-	}
-	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(s.proxies[i].Port()), nil
-	return stdlib.OpenDB(*cc), nil
+	return sql.Open("pgx", s.proxies[i].URL())
 }
 
 // resetResults empties the result table and gives each job its row.
@@ -488,4 +468,17 @@ func resetResults(ctx context.Context, cfg *demoConfig) error {
 		}
 	}
 	return nil
+}
+
+// sleepCtx sleeps for d, or until ctx ends; it reports whether it slept the
+// whole time (false: ctx ended first).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
 )
 
 // serveTokenEnv names the variable that may carry the force-release token.

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestServeRefusesNonLoopback: a non-loopback --listen is a usage error that
@@ -58,7 +58,7 @@ func TestServeForceReleaseNeedsAToken(t *testing.T) {
 // TestServeMissingTableIsAnError: a table that is not there stops serve at
 // once with the migrate advice, instead of serving an error page.
 func TestServeMissingTableIsAnError(t *testing.T) {
-	r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": pgtest.URL()}, "serve", "--listen", "127.0.0.1:0", "--table", "nowhere_table")
+	r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": pgleasetest.URL()}, "serve", "--listen", "127.0.0.1:0", "--table", "nowhere_table")
 	wantError(t, r, exitError, "pglease migrate")
 }
 
@@ -85,8 +85,8 @@ func (w *serveLineWriter) Write(p []byte) (int, error) {
 // release (read-only), and exits 0 when its context ends, even with an
 // event stream open.
 func TestServeServesUntilInterrupted(t *testing.T) {
-	db := pgtest.SQL(t, 2)
-	table := pgtest.Table(t)
+	db := pgleasetest.DB(t, 2)
+	table := pgleasetest.Table(t)
 	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestServeServesUntilInterrupted(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
-			&env{stdout: out, stderr: &errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgtest.URL()}[k] }})
+			&env{stdout: out, stderr: &errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgleasetest.URL()}[k] }})
 	}()
 	var base string
 	select {

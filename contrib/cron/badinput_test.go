@@ -9,11 +9,11 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasecron "github.com/pglease/pglease/contrib/cron"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func TestOnceBadInput(t *testing.T) {
-	l := newLocker(t, pgtest.SQL(t, 1), "unused", "a", 5*time.Second)
+	l := newLocker(t, pgleasetest.DB(t, 1), "unused", "a", 5*time.Second)
 	defer l.Close()
 	cases := map[string]struct {
 		l     *pglease.Locker

@@ -13,8 +13,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasecron "github.com/pglease/pglease/contrib/cron"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestOnceSkewFarLargerThanPeriod: replica clocks seconds apart (+3 s, 0,
@@ -91,12 +90,12 @@ func TestOnceJobLongerThanPeriod(t *testing.T) {
 // and from then on every activation runs exactly once.
 func TestOnceReplicaKilledMidRun(t *testing.T) {
 	t.Parallel()
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	dbs := []*sql.DB{pgtest.SQLVia(t, proxy.Addr(), 4), pgtest.SQL(t, 4), pgtest.SQL(t, 4)}
+	dbs := []*sql.DB{proxy.DB(t, 4), pgleasetest.DB(t, 4), pgleasetest.DB(t, 4)}
 	var (
 		killTick atomic.Int64 // unix second of the run during which replica 0 dies
 		midRun   = make(chan struct{})
@@ -127,7 +126,7 @@ func TestOnceReplicaKilledMidRun(t *testing.T) {
 		if stopped != nil {
 			<-stopped.Done()
 		}
-		proxy.SetMode(tcpproxy.Pass)
+		proxy.Restore()
 		_ = f.lockers[0].Close()
 	})
 	select {
@@ -135,8 +134,8 @@ func TestOnceReplicaKilledMidRun(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("replica 0 never ran the job")
 	}
-	proxy.SetMode(tcpproxy.BlackHole) // its database vanishes mid-run...
-	stopped = f.crons[0].Stop()       // ...and its scheduler fires no more
+	proxy.Stall()               // its database vanishes mid-run...
+	stopped = f.crons[0].Stop() // ...and its scheduler fires no more
 	kill := time.Unix(killTick.Load(), 0)
 	time.Sleep(time.Until(kill.Add(10 * time.Second)))
 	f.crons[0] = nil
@@ -191,7 +190,7 @@ func TestOnceManyKeys(t *testing.T) {
 	log := newRunLog()
 	var jobs [][]cron.Job
 	for r := range replicas {
-		l := newLocker(t, pgtest.SQL(t, 8), table, fmt.Sprintf("r%d", r), 5*time.Second)
+		l := newLocker(t, pgleasetest.DB(t, 8), table, fmt.Sprintf("r%d", r), 5*time.Second)
 		t.Cleanup(func() { _ = l.Close() })
 		var js []cron.Job
 		for k := range keys {

@@ -2,7 +2,7 @@ module github.com/pglease/pglease/contrib/cron
 
 go 1.26.0
 
-require github.com/pglease/pglease v0.0.0
+require github.com/pglease/pglease v0.1.0
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -25,5 +25,3 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/pglease/pglease => ../..

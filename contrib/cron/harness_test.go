@@ -13,7 +13,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // skewed is a replica's schedule as seen on the real clock: the replica's
@@ -127,10 +127,10 @@ func ticks(from, to time.Time) (ts []time.Time) {
 
 func migrate(t *testing.T) string {
 	t.Helper()
-	table := pgtest.Table(t)
+	table := pgleasetest.Table(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := pglease.Migrate(ctx, pgtest.SQL(t, 1), pglease.WithTable(table)); err != nil {
+	if err := pglease.Migrate(ctx, pgleasetest.DB(t, 1), pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	return table
@@ -172,7 +172,7 @@ func startFleet(t *testing.T, offsets []time.Duration, dbs []*sql.DB, lease time
 		if dbs != nil {
 			db = dbs[i]
 		} else {
-			db = pgtest.SQL(t, 4)
+			db = pgleasetest.DB(t, 4)
 		}
 		l := newLocker(t, db, table, fmt.Sprintf("replica-%d", i), lease)
 		clock := func() time.Time { return time.Now().Add(off) }

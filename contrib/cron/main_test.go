@@ -3,7 +3,7 @@ package pgleasecron_test
 import (
 	"testing"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }

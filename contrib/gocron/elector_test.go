@@ -12,8 +12,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // events is an ordered, shared log of what the replicas did.
@@ -55,7 +54,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 type electorReplica struct {
-	proxy   *tcpproxy.Proxy
+	proxy   *pgleasetest.Proxy
 	locker  *pglease.Locker
 	elector *pgleasegocron.Elector
 	sched   gocron.Scheduler
@@ -74,11 +73,11 @@ func TestElectorLeaderLosesDatabase(t *testing.T) {
 	ev := &events{}
 	var reps []*electorReplica
 	for i := range 3 {
-		proxy, err := tcpproxy.New(pgtest.Addr(t))
+		proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := pglease.New(pgtest.SQLVia(t, proxy.Addr(), 3), pglease.WithTable(table),
+		l, err := pglease.New(proxy.DB(t, 3), pglease.WithTable(table),
 			pglease.WithHolder(fmt.Sprintf("r%d", i)), pglease.WithLeaseDuration(2*time.Second),
 			pglease.WithSafetyMargin(400*time.Millisecond), pglease.WithReleaseTimeout(500*time.Millisecond))
 		if err != nil {
@@ -102,7 +101,7 @@ func TestElectorLeaderLosesDatabase(t *testing.T) {
 	}
 	defer func() {
 		for _, r := range reps {
-			r.proxy.SetMode(tcpproxy.Pass)
+			r.proxy.Restore()
 			if err := r.sched.Shutdown(); err != nil {
 				t.Errorf("shutdown: %v", err)
 			}
@@ -136,7 +135,7 @@ func TestElectorLeaderLosesDatabase(t *testing.T) {
 		t.Errorf("leader r%d reports fence 0", old)
 	}
 
-	reps[old].proxy.SetMode(tcpproxy.BlackHole)
+	reps[old].proxy.Stall()
 	var newLeader int
 	waitFor(t, 15*time.Second, "a new leader", func() bool {
 		ids := leaders()
@@ -184,7 +183,7 @@ func TestElectorCloseResigns(t *testing.T) {
 	table := migrate(t)
 	var es []*pgleasegocron.Elector
 	for i := range 2 {
-		l, err := pglease.New(pgtest.SQL(t, 2), pglease.WithTable(table), pglease.WithHolder(fmt.Sprintf("r%d", i)),
+		l, err := pglease.New(pgleasetest.DB(t, 2), pglease.WithTable(table), pglease.WithHolder(fmt.Sprintf("r%d", i)),
 			pglease.WithLeaseDuration(30*time.Second), pglease.WithHeartbeat(100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -225,7 +224,7 @@ func TestElectorCloseResigns(t *testing.T) {
 }
 
 func TestElectorBadInput(t *testing.T) {
-	l, err := pglease.New(pgtest.SQL(t, 1), pglease.WithTable("unused"))
+	l, err := pglease.New(pgleasetest.DB(t, 1), pglease.WithTable("unused"))
 	if err != nil {
 		t.Fatal(err)
 	}

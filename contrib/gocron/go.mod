@@ -7,7 +7,7 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jonboulle/clockwork v0.5.0
-	github.com/pglease/pglease v0.0.0
+	github.com/pglease/pglease v0.1.0
 )
 
 require (
@@ -27,5 +27,3 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/pglease/pglease => ../..

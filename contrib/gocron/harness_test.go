@@ -15,7 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // skewedClock is the real clock read off by a fixed offset: a replica whose
@@ -196,7 +196,7 @@ type replica struct {
 // startReplica builds and starts replica i of sc, logging into log.
 func startReplica(t *testing.T, sc scenario, table string, i int, log *runLog) *replica {
 	t.Helper()
-	pool := pgtest.SQL(t, 4)
+	pool := pgleasetest.DB(t, 4)
 	l, err := pglease.New(pool, pglease.WithTable(table), pglease.WithLeaseDuration(sc.lease),
 		pglease.WithHolder(fmt.Sprintf("replica-%d", i)), pglease.WithReleaseTimeout(2*time.Second))
 	if err != nil {
@@ -244,10 +244,10 @@ func (r *replica) stop(t *testing.T) {
 // migrate creates a lease table for the test.
 func migrate(t *testing.T) string {
 	t.Helper()
-	table := pgtest.Table(t)
+	table := pgleasetest.Table(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := pglease.Migrate(ctx, pgtest.SQL(t, 1), pglease.WithTable(table)); err != nil {
+	if err := pglease.Migrate(ctx, pgleasetest.DB(t, 1), pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	return table

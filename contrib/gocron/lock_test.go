@@ -8,12 +8,12 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func newLocker(t *testing.T, table, holder string) *pglease.Locker {
 	t.Helper()
-	l, err := pglease.New(pgtest.SQL(t, 2), pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(5*time.Second))
+	l, err := pglease.New(pgleasetest.DB(t, 2), pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

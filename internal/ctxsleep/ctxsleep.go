@@ -1,5 +1,5 @@
 // Package ctxsleep is the one sleep that a context can cut short, shared by
-// the library, the CLI and the fault suite.
+// the library and the fault suite.
 package ctxsleep
 
 import (

@@ -3,7 +3,7 @@
 // multi-host connection strings (pgx stdlib, pgxpool, lib/pq), a kill -9 of
 // the primary and a promotion, then assertions on the fences and on what
 // the holders were told. Downstream fence tables live on a third server
-// (internal/pgtest), which the failover does not touch. crash_test.go kills
+// (pgleasetest), which the failover does not touch. crash_test.go kills
 // a durable single server right after acknowledged releases and claims.
 package failovertest
 
@@ -23,10 +23,10 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgcluster"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
 
 const (
 	lease = 9 * time.Second // long enough that a promotion ends well before any local deadline
@@ -211,8 +211,8 @@ type downstream struct {
 }
 
 func newDownstream(t *testing.T) *downstream {
-	table := pgtest.Table(t)
-	db := pgtest.SQL(t, 2)
+	table := pgleasetest.Table(t)
+	db := pgleasetest.DB(t, 2)
 	if err := pglease.Migrate(context.Background(), db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}

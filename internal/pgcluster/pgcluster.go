@@ -1,6 +1,7 @@
 // Package pgcluster starts a throw-away PostgreSQL server from the local
 // server binaries (initdb and postgres), in a temporary directory, on a free
-// loopback port. The tests, the benchmarks and `pglease demo` use it.
+// loopback port. Package pgleasetest starts its servers with it (the tests,
+// the benchmarks and `pglease demo` use those).
 // standby.go adds streaming standbys (StartStandby), promotion, a standby
 // made to fall behind on purpose (StopReceiving) and the timeline, for the
 // failover tests; Crash and StartAgain give kill -9 and crash recovery.

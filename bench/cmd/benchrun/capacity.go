@@ -17,7 +17,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // capacityConfig are the capacity section's flags.
@@ -249,8 +249,12 @@ func takeSample(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCP
 	return s, err
 }
 
-func runCapacity(ctx context.Context, cl *pgcluster.Cluster, cpu *benchenv.ServerCPU, c capacityConfig) (*capacityReport, error) {
+func runCapacity(ctx context.Context, cl *pgleasetest.Server, cpu *benchenv.ServerCPU, c capacityConfig) (*capacityReport, error) {
 	url := cl.URL()
+	pgPort, err := benchenv.PortOf(url)
+	if err != nil {
+		return nil, err
+	}
 	admin, err := newPool(ctx, url, 2, nil)
 	if err != nil {
 		return nil, err
@@ -299,7 +303,7 @@ func runCapacity(ctx context.Context, cl *pgcluster.Cluster, cpu *benchenv.Serve
 		if r*c.pool > c.direct {
 			if bouncer == nil {
 				logf("capacity: starting PgBouncer (transaction pooling, %d server connections)", c.bouncerPool)
-				if bouncer, err = benchenv.StartBouncer(ctx, cl.Port(), maxR*c.pool+1000, c.bouncerPool); err != nil {
+				if bouncer, err = benchenv.StartBouncer(ctx, pgPort, maxR*c.pool+1000, c.bouncerPool); err != nil {
 					return nil, fmt.Errorf("PgBouncer: %w", err)
 				}
 			}

@@ -36,7 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 type config struct {
@@ -115,12 +115,11 @@ func run(c config, args []string) error {
 	// pg_stat_statements: the Capacity section reads the server-side time
 	// of the fleet's renew statements (loading it costs the other figures
 	// nothing measurable: it is only consulted there).
-	cl, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true,
-		Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
+	cl, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
 	if err != nil {
 		return err
 	}
-	defer cl.Remove()
+	defer cl.Stop()
 	pcfg, err := pgxpool.ParseConfig(cl.URL())
 	if err != nil {
 		return err

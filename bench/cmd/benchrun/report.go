@@ -382,7 +382,7 @@ func (r *report) markdown() string {
 	for _, s := range r.Settings {
 		w("| %s | %s |\n", s[0], s[1])
 	}
-	w("\nPools: pgxpool and database/sql (pgx stdlib), %d connections each, default statement caching. The PostgreSQL server is started by `internal/pgcluster` with `Durable: true`.\n\n", 4)
+	w("\nPools: pgxpool and database/sql (pgx stdlib), %d connections each, default statement caching. The PostgreSQL server is started by `pgleasetest.Start` with fsync, synchronous_commit and full_page_writes on.\n\n", 4)
 	if len(r.Peers) > 0 {
 		w("## Peers\n\n| peer | version | settings |\n|---|---|---|\n")
 		for _, p := range r.Peers {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestKindTracerClassifiesTheLibrarysStatements runs the library's real
@@ -21,11 +21,11 @@ import (
 func TestKindTracerClassifiesTheLibrarysStatements(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cl, err := pgleasetest.Start(ctx, nil)
 	if err != nil {
-		t.Fatalf("cannot start a throw-away PostgreSQL (%s): %v", pgcluster.InstallHint, err)
+		t.Fatalf("cannot start a throw-away PostgreSQL: %v", err)
 	}
-	defer cl.Remove()
+	defer cl.Stop()
 	tr := &KindTracer{Timed: map[string]bool{KindRenew: true}}
 	cfg, err := pgxpool.ParseConfig(cl.URL())
 	if err != nil {

@@ -291,3 +291,23 @@ func MachineCPU() (busy, total float64) {
 	}
 	return float64(sum-idle) / 100, float64(sum) / 100
 }
+
+// Durable returns the server settings of a durable PostgreSQL, as users run
+// it (fsync, synchronous_commit and full_page_writes on, where a test server
+// turns them off), with extra settings added.
+func Durable(extra map[string]string) map[string]string {
+	s := map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+	for k, v := range extra {
+		s[k] = v
+	}
+	return s
+}
+
+// PortOf returns the TCP port of the server of a connection string.
+func PortOf(url string) (int, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return 0, err
+	}
+	return int(cfg.Port), nil
+}

@@ -44,7 +44,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgcluster"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 type scheduleFlags struct {
@@ -95,12 +95,12 @@ func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (e
 	url := f.url
 	if url == "" {
 		fmt.Fprintln(stderr, "starting a throw-away PostgreSQL (no -database-url or DATABASE_URL given)...")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: false})
+		c, err := pgleasetest.Start(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer func() {
-			if rerr := c.Remove(); rerr != nil && err == nil {
+			if rerr := c.Stop(); rerr != nil && err == nil {
 				err = fmt.Errorf("removing the throw-away PostgreSQL: %w", rerr)
 			}
 		}()

@@ -6,18 +6,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestDemoSchedule runs a short schedule demo against the test server, 3
 // replicas with clocks ±200 ms apart: the tick ledger and the minimum hold
 // run every tick exactly once; the plain lock runs more than once per tick
 // on the whole (the gocron #841 failure the other two fix).
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
 
 func TestDemoSchedule(t *testing.T) {
 	var stdout, stderr strings.Builder
-	code := run(context.Background(), []string{"-database-url", pgtest.URL(),
+	code := run(context.Background(), []string{"-database-url", pgleasetest.URL(),
 		"-replicas", "3", "-ticks", "4", "-skew", "200ms", "-json"}, &stdout, &stderr)
 	r := struct{ stdout string }{stdout.String()}
 	if code != 0 {
@@ -67,7 +67,7 @@ func TestDemoScheduleBadFlags(t *testing.T) {
 	} {
 		var stdout, stderr strings.Builder
 		args[0] = args[0][1:] // -flag, not --flag
-		code := run(context.Background(), append([]string{"-database-url", pgtest.URL()}, args...), &stdout, &stderr)
+		code := run(context.Background(), append([]string{"-database-url", pgleasetest.URL()}, args...), &stdout, &stderr)
 		if code != 2 || !strings.Contains(stderr.String(), args[0]) {
 			t.Errorf("%v: code %d, stderr %q; want a usage error naming the flag", args, code, stderr.String())
 		}

@@ -16,13 +16,13 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
 
-var screenshot = flag.String("screenshot", "", "also save the status page's screenshot to this file (e.g. ../docs/status-page.png)")
+var screenshot = flag.String("screenshot", "", "also save the status page's screenshot to this file (e.g. ../../../docs/status-page.png)")
 
 // chromium finds Debian's chromium. A missing browser fails the test: it is
 // part of what CI installs (.ci/run), never a reason to skip.

@@ -22,8 +22,8 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgcluster"
-	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 const envReplica = "FAULTS_REPLICA"
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envReplica) != "" {
 		os.Exit(m.Run()) // a replica process: no cluster of its own
 	}
-	pgtest.Main(m)
+	pgleasetest.Main(m)
 }
 
 // TestHelperReplica is the body of a replica process (the test binary
@@ -99,7 +99,7 @@ type scenario struct {
 	what     string // what the fault does, for the report
 	process  bool   // replicas are OS processes
 	proxies  bool   // each replica talks through its own tcpproxy
-	server   string // "shared" (pgtest), "own" (a cluster of this test), "bouncer", "failover-async", "failover-sync" (a primary and standby per run)
+	server   string // "shared" (pgleasetest), "own" (a cluster of this test), "bouncer", "failover-async", "failover-sync" (a primary and standby per run)
 	variant  Variant
 	replicas int
 	keys     int
@@ -310,8 +310,8 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		e.url = e.fo.url()
 		e.admin = openDB(t, e.url+"&connect_timeout=2", 4)
 	default:
-		e.url = pgtest.URL()
-		e.admin = pgtest.SQL(t, 4)
+		e.url = pgleasetest.URL()
+		e.admin = pgleasetest.DB(t, 4)
 	}
 	if e.fo == nil {
 		e.target = hostPort(t, e.url)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
 )
 
 func post(t *testing.T, base, key string, hdr map[string]string) (int, string) {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
 )
 
 // hostileKey would run script or break out of an attribute if any part of

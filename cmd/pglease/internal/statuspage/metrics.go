@@ -40,7 +40,7 @@ func newMetrics(s *Server) (*metrics, error) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "pglease-serve"))))
 	m := &metrics{provider: mp, handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
-	if err := m.register(s, mp.Meter("github.com/pglease/pglease/internal/statuspage")); err != nil {
+	if err := m.register(s, mp.Meter("github.com/pglease/pglease/cmd/pglease/internal/statuspage")); err != nil {
 		_ = mp.Shutdown(context.Background())
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
 )
 
 // TestLeasesJSONFollowsLockAndUnlock: /api/leases shows a real lease with

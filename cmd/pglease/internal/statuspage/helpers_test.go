@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/statuspage"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
 
 const testToken = "s3cret-token-0123456789"
 
@@ -31,11 +31,11 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg statuspage.Config) *fixture {
 	t.Helper()
-	f := &fixture{db: pgtest.SQL(t, 4), table: pgtest.Table(t)}
+	f := &fixture{db: pgleasetest.DB(t, 4), table: pgleasetest.Table(t)}
 	if err := pglease.Migrate(ctx(t), f.db, pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
-	l, err := pglease.New(pgtest.SQL(t, 2), pglease.WithTable(f.table),
+	l, err := pglease.New(pgleasetest.DB(t, 2), pglease.WithTable(f.table),
 		pglease.WithLeaseDuration(5*time.Second), pglease.WithHolder("replica-1"))
 	if err != nil {
 		t.Fatal(err)
@@ -114,4 +114,4 @@ func find(s statuspage.Snapshot, key string) (statuspage.Lease, bool) {
 	return statuspage.Lease{}, false
 }
 
-func (*fixture) dbFor(t *testing.T) *sql.DB { return pgtest.SQL(t, 1) }
+func (*fixture) dbFor(t *testing.T) *sql.DB { return pgleasetest.DB(t, 1) }

@@ -14,13 +14,13 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgbouncer"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // startBouncer starts PgBouncer (transaction pooling) in front of the test
 // server. A missing binary fails the test, naming the package to install.
 func startBouncer(ctx context.Context, t *testing.T) (*pgbouncer.Bouncer, error) {
-	host, port, err := net.SplitHostPort(hostPort(t, pgtest.URL()))
+	host, port, err := net.SplitHostPort(hostPort(t, pgleasetest.URL()))
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +122,7 @@ type waitOutcome struct {
 func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pglease.ListenMode, poll, settle time.Duration, untilWarn bool) waitOutcome {
 	t.Helper()
 	table := fmt.Sprintf("flt_wait_%d_%s", os.Getpid(), strings.ReplaceAll(key, "-", "_"))
-	admin := pgtest.SQL(t, 2)
+	admin := pgleasetest.DB(t, 2)
 	if err := pglease.Migrate(ctx, admin, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestPgBouncerWaitersPoll(t *testing.T) {
 		// Waiting 3 s: longer than the probe's 2 s deadline. Poll interval
 		// 5 s (±20 %), heartbeat 6 s: a handoff well under 4 s was woken by
 		// the notification.
-		direct := WithAppName(pgtest.URL(), fmt.Sprintf("fltwait%d", os.Getpid()))
+		direct := WithAppName(pgleasetest.URL(), fmt.Sprintf("fltwait%d", os.Getpid()))
 		o := waitThrough(ctx, t, direct, "direct-default", pglease.ListenWhenWaiting, 5*time.Second, 3*time.Second, false)
 		t.Logf("directly on PostgreSQL, ListenWhenWaiting: listener WARNs %d; handoff after Unlock %v", len(o.listenWarns), o.handoff.Round(time.Millisecond))
 		if len(o.listenWarns) != 0 {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // dumpTable renders the lease table (and the fence-guard table), to check
@@ -46,8 +46,8 @@ func dumpTable(t *testing.T, db *sql.DB, table string) string {
 func TestBadInput(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	table := pgtest.Table(t)
-	db := pgtest.SQL(t, 4)
+	table := pgleasetest.Table(t)
+	db := pgleasetest.DB(t, 4)
 	if err := pglease.Migrate(ctx, db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +63,9 @@ func TestBadInput(t *testing.T) {
 	}
 	defer held.Unlock(ctx)
 
-	closedDB := pgtest.SQL(t, 1)
+	closedDB := pgleasetest.DB(t, 1)
 	closedDB.Close()
-	closedPool := pgtest.Pgx(t, 1)
+	closedPool := pgleasetest.Pool(t, 1)
 	closedPool.Close()
 	cancelled, cancelNow := context.WithCancel(context.Background())
 	cancelNow()

@@ -13,9 +13,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/statuspage"
-	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -27,8 +26,8 @@ func testCtx(t *testing.T) context.Context {
 // setup migrates a fresh table and returns a locker on it.
 func setup(t *testing.T, holder string, d time.Duration, opts ...pglease.Option) (string, *pglease.Locker) {
 	t.Helper()
-	db := pgtest.SQL(t, 4)
-	table := pgtest.Table(t)
+	db := pgleasetest.DB(t, 4)
+	table := pgleasetest.Table(t)
 	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
@@ -77,17 +76,17 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	}
 	// A second replica, reached through a proxy, is cut off: its lease
 	// stays in the table until it expires.
-	proxy, err := tcpproxy.New(pgtest.Addr(t))
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	cut := pgtest.SQLVia(t, proxy.Addr(), 2)
+	cut := proxy.DB(t, 2)
 	b2 := locker(t, cut, table, "worker-b@host-2", 2*time.Second, pglease.WithReleaseTimeout(200*time.Millisecond))
 	lock(t, b2, "reindex-search")
-	proxy.SetMode(tcpproxy.Drop)
+	proxy.Cut()
 
-	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table})
 	br := newBrowser(t)
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
 	br.waitFor(t, "the held lease", stateOf("nightly-report")+` === 'held'`)
@@ -152,7 +151,7 @@ func TestStatusPageRendersHostileKeyAsText(t *testing.T) {
 	table, l := setup(t, `<b onmouseover="window.__pwned=4">holder</b>`, 30*time.Second)
 	lock(t, l, imgKey)
 	lock(t, l, scriptKey)
-	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table})
 	br := newBrowser(t)
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
 	br.waitFor(t, "the first paint", `document.querySelectorAll('#leases .lease').length === 2`)
@@ -186,7 +185,7 @@ func TestStatusPageForceRelease(t *testing.T) {
 	const token = "e2e-token-0123456789abcdef"
 	table, l := setup(t, "worker-a@host-1", 30*time.Second)
 	le := lock(t, l, "stuck-job")
-	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table, AllowForceRelease: true, Token: token})
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table, AllowForceRelease: true, Token: token})
 	br := newBrowser(t)
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
 	// The live view (not the server-rendered first paint) has the buttons.
@@ -257,7 +256,7 @@ const skewedClock = `(function () {
 func TestStatusPageIgnoresBrowserClock(t *testing.T) {
 	table, l := setup(t, "worker-a@host-1", 30*time.Second)
 	lock(t, l, "skew-check")
-	url := serve(t, statuspage.Config{DB: pgtest.SQL(t, 4), Table: table})
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table})
 	br := newBrowser(t, skewedClock)
 	br.do(t, "open the page", chromedp.Navigate(url+"/"))
 	if d := eval[float64](t, br, `Date.now() - performance.timeOrigin - performance.now()`); d < 3500e3 {

@@ -1,0 +1,220 @@
+// Package pgleasetest gives Go tests of code that uses pglease a real,
+// throw-away PostgreSQL and a fresh lease table per test.
+//
+// Call Main from the test binary's TestMain. It uses the server named by the
+// PGLEASE_TEST_DATABASE_URL environment variable when that is set, and
+// otherwise starts a private server once per test binary from the
+// PostgreSQL server binaries on the machine (initdb and postgres, found on
+// PATH or in /usr/lib/postgresql/<version>/bin), on a free loopback port and
+// in a temporary directory, and removes it when the tests are done. When
+// running as root, that server runs as the "postgres" system user. Tests are
+// never skipped for want of a server: when none can be had, Main fails the
+// test binary and says what to install.
+//
+//	func TestMain(m *testing.M) { pgleasetest.Main(m) }
+//
+//	func TestNightlyJob(t *testing.T) {
+//		db := pgleasetest.DB(t, 4)
+//		locker, err := pglease.New(db, pglease.WithTable(pgleasetest.Table(t)))
+//		...
+//	}
+//
+// Table hands each test its own migrated lease table, so tests can run in
+// parallel and on a shared server. A Proxy stalls or cuts one replica's
+// connections to the server, to test what the code does when it loses a
+// lease. Start starts a server outside of tests, for demonstrations and
+// benchmarks.
+package pgleasetest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"go.uber.org/goleak"
+
+	"github.com/pglease/pglease/internal/testhook"
+)
+
+// envURL names the variable that points the tests at an existing server.
+const envURL = "PGLEASE_TEST_DATABASE_URL"
+
+var (
+	url string
+	seq atomic.Int64
+)
+
+// Main runs the tests of a test binary against a PostgreSQL server and exits;
+// call it from TestMain.
+//
+// The server is the one named by PGLEASE_TEST_DATABASE_URL, or else a
+// throw-away server that Main starts before the tests and removes after them.
+// Main exits with a failure, running no test, when it cannot start or reach
+// the server. It also fails a run whose tests passed but left goroutines
+// running that were not running before (a Locker that was never closed
+// leaves its renewer behind, for instance).
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	before := goleak.IgnoreCurrent()
+	if u := os.Getenv(envURL); u != "" {
+		if err := ping(u); err != nil {
+			fmt.Fprintf(os.Stderr, "pgleasetest: cannot reach the server of %s: %v\n", envURL, err)
+			return 1
+		}
+		url = u
+		return checkLeaks(m.Run(), before)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := Start(ctx, nil)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pgleasetest: no PostgreSQL for the tests: %v\n", err)
+		return 1
+	}
+	url = s.URL()
+	code := checkLeaks(m.Run(), before)
+	if err := s.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgleasetest: removing the throw-away PostgreSQL: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+func ping(u string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := sql.Open("pgx", u)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.PingContext(ctx)
+}
+
+// checkLeaks fails a passing run that left goroutines behind (the server's
+// process waiter excepted).
+func checkLeaks(code int, before goleak.Option) int {
+	if code != 0 {
+		return code
+	}
+	if err := goleak.Find(before, goleak.IgnoreAnyFunction(serverWaiter)); err != nil {
+		fmt.Fprintf(os.Stderr, "pgleasetest: goroutines leaked by the tests: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// URL returns the connection string of the tests' server. It panics when
+// Main is not running the tests.
+func URL() string {
+	if url == "" {
+		panic("pgleasetest: no server: call pgleasetest.Main from TestMain")
+	}
+	return url
+}
+
+func mustURL(t testing.TB) string {
+	t.Helper()
+	if url == "" {
+		t.Fatal("pgleasetest: no server: call pgleasetest.Main from TestMain")
+	}
+	return url
+}
+
+// Table returns the name of a new lease table, migrated and used by no other
+// test, and drops the table and its companion tables when the test ends.
+// Pass it to pglease with pglease.WithTable.
+func Table(t testing.TB) string {
+	t.Helper()
+	u := mustURL(t)
+	if testhook.Migrate == nil {
+		t.Fatal("pgleasetest: Table needs package github.com/pglease/pglease in the test binary; import it")
+	}
+	name := fmt.Sprintf("pglt_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("pgx", u)
+		if err != nil {
+			t.Errorf("pgleasetest: %v", err)
+			return
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range []string{name, name + "_version", name + "_fences"} {
+			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+n+`"`); err != nil {
+				t.Errorf("pgleasetest: drop %s: %v", n, err)
+			}
+		}
+	})
+	db, err := sql.Open("pgx", u)
+	if err != nil {
+		t.Fatalf("pgleasetest: %v", err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := testhook.Migrate(ctx, db, name); err != nil {
+		t.Fatalf("pgleasetest: migrate %s: %v", name, err)
+	}
+	return name
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// DB opens a *sql.DB on the tests' server, with pgx's database/sql driver,
+// and closes it when the test ends. It keeps at most maxConns connections
+// open (0: no limit), as the pool of one replica of a service would.
+func DB(t testing.TB, maxConns int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", mustURL(t))
+	if err != nil {
+		t.Fatalf("pgleasetest: %v", err)
+	}
+	db.SetMaxOpenConns(maxConns)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Pool opens a *pgxpool.Pool on the tests' server and closes it when the test
+// ends. It keeps at most maxConns connections open (0: pgxpool's default).
+func Pool(t testing.TB, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(mustURL(t))
+	if err != nil {
+		t.Fatalf("pgleasetest: %v", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = int32(maxConns)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgleasetest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
