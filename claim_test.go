@@ -472,10 +472,6 @@ func refusedURL(t *testing.T) string {
 // ends while every pooled connection is busy. A claim cut short while the
 // server runs it (the control) is still undone.
 func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
-	type pools struct {
-		sql func(t *testing.T, url string, max int) *sql.DB
-		pgx func(t *testing.T, url string, max int) *pgxpool.Pool
-	}
 	openSQL := func(t *testing.T, url string, max int) *sql.DB {
 		db, err := sql.Open("pgx", url)
 		if err != nil {
