@@ -1,6 +1,7 @@
 package pgleasegocron_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // TestPlainLockRunsEveryTickSeveralTimes is the gocron #841 reproduction: 4
@@ -96,4 +98,120 @@ func TestTicksSkewFarLargerThanPeriod(t *testing.T) {
 	}
 	log, ticks, counts := sc.run(t)
 	assertOncePerTick(t, "ticks, skew of seconds", log, ticks, counts)
+}
+
+func newLocker(t *testing.T, table, holder string) *pglease.Locker {
+	t.Helper()
+	l, err := pglease.New(pgleasetest.DB(t, 2), pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func TestLockerBadInput(t *testing.T) {
+	l := newLocker(t, "unused", "a")
+	for name, opts := range map[string][]pgleasegocron.Option{
+		"nil option":        {nil},
+		"negative hold":     {pgleasegocron.WithMinHold(-time.Millisecond)},
+		"absurd hold":       {pgleasegocron.WithMinHold(25 * time.Hour)},
+		"zero interval":     {pgleasegocron.WithTicks(0)},
+		"negative interval": {pgleasegocron.WithTicks(-time.Second)},
+		"absurd interval":   {pgleasegocron.WithTicks(2 * time.Hour)},
+		"nil clock":         {pgleasegocron.WithClock(nil)},
+	} {
+		if k, err := pgleasegocron.NewLocker(l, opts...); !errors.Is(err, pglease.ErrInvalidOption) || k != nil {
+			t.Errorf("%s: NewLocker = %v, %v; want nil, ErrInvalidOption", name, k, err)
+		}
+	}
+	if _, err := pgleasegocron.NewLocker(nil); !errors.Is(err, pglease.ErrInvalidOption) {
+		t.Errorf("nil locker: %v", err)
+	}
+}
+
+// TestLockErrorGivesNilLock: gocron tests the Lock for nil only through the
+// error, but a typed nil inside the interface would be a trap: the Lock
+// returned with an error must be a nil interface. The default minimum hold
+// keeps the key blocked after an Unlock made with an already-cancelled
+// context (gocron at shutdown), and the refusal says so.
+func TestLockErrorGivesNilLock(t *testing.T) {
+	table := migrate(t)
+	a, err := pgleasegocron.NewLocker(newLocker(t, table, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pgleasegocron.NewLocker(newLocker(t, table, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lk, err := a.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.Lock(ctx, "job")
+	if !errors.Is(err, pglease.ErrAlreadyLocked) || lb != nil {
+		t.Fatalf("second Lock = %#v, %v; want a nil interface and ErrAlreadyLocked", lb, err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := lk.Unlock(cancelled); err != nil {
+		t.Fatalf("Unlock with a cancelled context: %v", err)
+	}
+	_, err = b.Lock(ctx, "job")
+	var held *pglease.AlreadyLockedError
+	if !errors.As(err, &held) || !held.MinHold {
+		t.Fatalf("Lock right after Unlock = %v; want a AlreadyLockedError from the default minimum hold", err)
+	}
+	waitFor(t, 5*time.Second, "the default minimum hold to end", func() bool {
+		lb, err = b.Lock(ctx, "job")
+		return err == nil
+	})
+	if err := lb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTickModeOncePerTick: with a fixed clock, the tick of a run is the
+// clock rounded to the interval; the same tick (or an earlier one) is
+// refused as ErrAlreadyRun even though the key is free, a later one is
+// claimed.
+func TestTickModeOncePerTick(t *testing.T) {
+	table := migrate(t)
+	now := time.Now().Truncate(time.Second).Add(10 * time.Millisecond)
+	clock := func() time.Time { return now }
+	a, err := pgleasegocron.NewLocker(newLocker(t, table, "a"), pgleasegocron.WithTicks(time.Second), pgleasegocron.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := a.TickAt(now), now.Truncate(time.Second); !got.Equal(want) {
+		t.Fatalf("TickAt(%v) = %v, want %v", now, got, want)
+	}
+	ctx := context.Background()
+	claim := func() error {
+		lk, err := a.Lock(ctx, "job")
+		if err != nil {
+			if lk != nil {
+				t.Fatalf("Lock returned a Lock with error %v", err)
+			}
+			return err
+		}
+		return lk.Unlock(ctx)
+	}
+	if err := claim(); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(300 * time.Millisecond) // same tick, later in it
+	if err := claim(); !errors.Is(err, pglease.ErrAlreadyRun) {
+		t.Fatalf("same tick again: %v, want ErrAlreadyRun", err)
+	}
+	now = now.Add(-2 * time.Second) // an earlier tick
+	if err := claim(); !errors.Is(err, pglease.ErrAlreadyRun) {
+		t.Fatalf("earlier tick: %v, want ErrAlreadyRun", err)
+	}
+	now = now.Add(3 * time.Second) // the next tick
+	if err := claim(); err != nil {
+		t.Fatalf("next tick: %v", err)
+	}
 }
