@@ -340,14 +340,14 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			lostWhat("a write", w, f.n[w.Key])
 		}
 	}
-	// acrossAsync: l was live when a primary was killed, and n was granted
-	// after that failover's promotion.
+	// acrossAsync: l was granted on an earlier timeline than n — fences
+	// carry the timeline, (timeline-1)<<40 — so n came from a server
+	// promoted after l's grant, which had not seen l, or not its renewals.
+	// The fences decide, not the replicas' clocks: a grant whose reply
+	// arrives just after the kill committed before it, and the backends of
+	// a primary stopping or killed can still commit for an instant.
 	acrossAsync := func(l, n *leaseRec) bool {
-		if cfg.SyncStandby {
-			return false
-		}
-		f := nextFailover(l.grant.T)
-		return f != nil && l.stopT() > f.t0 && n.grant.T > f.t0
+		return !cfg.SyncStandby && (n.id.fence-1)>>40 > (l.id.fence-1)>>40
 	}
 
 	// (3) and (4), lease by lease.

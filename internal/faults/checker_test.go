@@ -226,6 +226,24 @@ func TestCheckerFailover(t *testing.T) {
 		t.Fatalf("fence 4 issued twice across the failover not found: %v", vs)
 	}
 	t.Logf("repeated fence, found: %v", vs)
+
+	// A grant of the old primary whose reply arrives after the kill (it
+	// committed just before, or its backend outlived the postmaster for an
+	// instant) overlaps a grant of the promoted server like any lease live
+	// at the failover: an asynchronous overlap, not invariant 4.
+	late := []Event{
+		g("a", "k", 3, 490, 505),
+		{T0: 500 * ms, T: 520 * ms, Proc: "controller", Kind: EvSnapshot, Key: "k", Fence: 2, N: 0},
+		{T0: 500 * ms, T: 600 * ms, Proc: "controller", Kind: EvFailover},
+		g("c", "k", big, 605, 610), lost("a", "k", 3, 668), unlock("c", "k", big, 800),
+	}
+	if st, vs := Check(Merge(late), cfg); st.ViolationsByInvariant[4] != 0 || st.AsyncOverlaps != 1 {
+		t.Fatalf("old primary's grant acknowledged after the kill: %+v %v", st, vs)
+	}
+	cfg.SyncStandby = true
+	if st, vs := Check(Merge(late), cfg); st.ViolationsByInvariant[4] != 1 {
+		t.Fatalf("the same overlap with a synchronous standby must violate 4: %+v %v", st.ViolationsByInvariant, vs)
+	}
 }
 
 // Waiters' grants (Acquire: T0 is the call, long before the grant) are

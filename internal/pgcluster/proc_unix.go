@@ -21,9 +21,18 @@ func childAttr(c *credential) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: c}
 }
 
-// killGroup SIGKILLs the postmaster's process group, so that no backend
-// outlives it (the server runs with Setpgid).
-func killGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGKILL) }
+// killGroup SIGKILLs the postmaster and every process it started, as a
+// crash of the machine would. Its process group is not enough: PostgreSQL
+// makes each child the leader of a session of its own, and a backend whose
+// postmaster died can still commit for an instant. The postmaster is
+// stopped first, so that it starts no child meanwhile.
+func killGroup(p *os.Process) {
+	_ = syscall.Kill(p.Pid, syscall.SIGSTOP)
+	for _, c := range childrenOf(p.Pid) {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
+	_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+}
 
 // fastShutdown asks the postmaster for a fast shutdown (SIGINT).
 func fastShutdown(p *os.Process) { _ = p.Signal(syscall.SIGINT) }
