@@ -149,7 +149,7 @@ type interView struct {
 
 type allocView struct{ P, PB, S, SB string }
 
-type opRow struct{ Label, Time, VsSel, VsUps, VsPglease, Xids, WAL, CPU, Allocs string }
+type opRow struct{ Label, Time, VsSel, VsUps, VsPglease, Xids, WAL, CPU, ClientCPU, Allocs string }
 
 type renewRow struct {
 	N                                                        int
@@ -400,13 +400,14 @@ func (r *report) opRows() []opRow {
 		xid, xok := res.Median["xids/op"]
 		wal, wok := res.Median["WAL-B/op"]
 		cpu, cok := res.Median["dbcpu-us/op"]
+		ccpu, ccok := res.Median["clientcpu-us/op"]
 		al, aok := res.Median["allocs/op"]
 		label := x.label
 		if m, ok := res.Median["unlock-miss/op"]; ok && m > 0 {
 			label += fmt.Sprintf(" (unlock on the wrong session: %.1f%% of ops)", m*100)
 		}
 		out = append(out, opRow{label, fmt.Sprintf("%s [%s–%s]", fmtDur(v), fmtDur(res.Min["ns/op"]), fmtDur(res.Max["ns/op"])),
-			ratio(v, fv, true, fok), ratio(v, uv, true, uok), vsP, num(xid, xok, 3), num(wal, wok, 0), num(cpu, cok, 0), num(al, aok, 0)})
+			ratio(v, fv, true, fok), ratio(v, uv, true, uok), vsP, num(xid, xok, 3), num(wal, wok, 0), num(cpu, cok, 0), num(ccpu, ccok, 0), num(al, aok, 0)})
 	}
 	return out
 }
