@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -205,6 +206,7 @@ type reportView struct {
 	Count                          int
 	GoTest, GoTestInterleaved      string
 	Rounds, RoundN                 int
+	LoadedAt                       string // the 1-minute load before the interleaved rounds, when above 2
 	Load                           []loadAt
 	Inter                          *interView
 	Allocs                         *allocView
@@ -281,6 +283,11 @@ func (r *report) view() reportView {
 		}
 	}
 	v.Inter = r.interleaved()
+	if f := strings.Fields(strings.ReplaceAll(r.LoadBefore["interleaved"], ",", " ")); len(f) > 0 {
+		if l, err := strconv.ParseFloat(f[0], 64); err == nil && l > 2 {
+			v.LoadedAt = f[0]
+		}
+	}
 	if a, ok := r.get(skipP, "allocs/op"); ok {
 		ab, _ := r.get(skipP, "B/op")
 		sa, sok := r.get(skipS, "allocs/op")

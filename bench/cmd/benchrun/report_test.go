@@ -16,7 +16,7 @@ func TestReportRenders(t *testing.T) {
 		t.Skip(err)
 	}
 	r := &report{Config: config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt"}, Started: time.Now(),
-		Results: parseBench(string(raw)), LoadBefore: map[string]string{"start": "0.10, 0.20, 0.30"},
+		Results: parseBench(string(raw)), LoadBefore: map[string]string{"start": "0.10, 0.20, 0.30", "interleaved": "3.50, 2.00, 1.00"},
 		Counters: []counterPhase{{Name: "SELECT 1", N: 10}, {Name: "skip", N: 10}}}
 	md, err := r.markdown()
 	if err != nil {
@@ -27,7 +27,7 @@ func TestReportRenders(t *testing.T) {
 			t.Errorf("report contains %q: …%s…", bad, md[max(0, i-200):min(len(md), i+100)])
 		}
 	}
-	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds", "## Lock operations, side by side", "## Machine"} {
+	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds", "This run was not quiet", "## Lock operations, side by side", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
