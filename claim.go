@@ -87,6 +87,8 @@ type claimReply struct {
 	holder   string
 	lastTick sql.NullTime
 	freeIn   time.Duration
+	expires  time.Time // expires_at: the new lease's, or the holder's
+	freeInUS int64     // freeIn as the server sends it
 }
 
 // err turns a reply (nil: a concurrent claim in flight) into the error Lock
@@ -111,14 +113,10 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	var (
-		rep     claimReply
-		freeIn  int64
-		expires time.Time
-	)
+	var rep claimReply // one allocation for every destination
 	err := l.db.queryRow(ctx, l.sql.claim,
-		[]any{key, l.holder, token, l.cfg.duration.Microseconds(), lc.tickArg()},
-		&rep.outcome, &rep.fence, &expires, &rep.holder, &rep.lastTick, &freeIn)
+		[]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg()},
+		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS)
 	end(err)
 	switch {
 	case errors.Is(err, errNoRows):
@@ -137,10 +135,10 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		}
 		return nil, nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
 	case rep.outcome != "acquired":
-		rep.freeIn = time.Duration(freeIn) * time.Microsecond
+		rep.freeIn = time.Duration(rep.freeInUS) * time.Microsecond
 		return nil, &rep, nil
 	}
-	le := newLease(l, parent, key, rep.fence, token, lc, expires, sentAt)
+	le := newLease(l, parent, key, rep.fence, token, lc, rep.expires, sentAt)
 	if !time.Now().Before(le.Deadline()) {
 		l.releaseInBackground(le)
 		// The reply came too late to trust.

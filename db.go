@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,7 +19,10 @@ import (
 // *pgxpool.Pool (github.com/jackc/pgx/v5/pgxpool). New, Migrate, List,
 // ForceRelease and SchemaVersionOf are generic over it, so either can be
 // passed directly. With lib/pq, waiters cannot be woken by notifications
-// (the driver's connection is out of reach) and poll instead.
+// (the driver's connection is out of reach) and poll instead. With pgx's
+// driver, pglease runs its statements on pgx's own connection (reached with
+// (*sql.Conn).Raw for the one statement), so a *sql.DB costs what a
+// *pgxpool.Pool does.
 //
 //	pglease.New(sqlDB)    // *sql.DB
 //	pglease.New(pgxPool)  // *pgxpool.Pool
@@ -77,7 +81,7 @@ func newBackend[D DB](db D) (backend, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
-	return sqlBackend{d}, nil
+	return &sqlDBBackend{sqlBackend: sqlBackend{d}, db: d}, nil
 }
 
 // sqlQuerier is what *sql.DB, *sql.Conn and *sql.Tx share.
@@ -174,6 +178,102 @@ func (b sqlBackend) listenConfig(ctx context.Context) (*pgx.ConnConfig, error) {
 		return nil
 	})
 	return cfg, err
+}
+
+// sqlDBBackend runs the statements sent on a *sql.DB outside a transaction
+// (claim, release, renew: the hot ones) on pgx's own connection when the
+// driver is pgx's (stdlib): the *sql.Conn is taken for one statement, the
+// *pgx.Conn reached with Raw runs it the way a pgxpool would (the same
+// statement cache, binary results, no database/sql argument conversion, no
+// Rows wrapper and its context goroutine), and the connection goes back at
+// once. Any other driver (lib/pq) takes the plain database/sql path; the
+// first statement finds out which.
+type sqlDBBackend struct {
+	sqlBackend
+	db *sql.DB
+
+	mode           atomic.Int32 // sqlModeUnknown, sqlModePgx or sqlModePlain
+	viaPgx, viaSQL atomic.Int64 // statements run each way (tests)
+}
+
+const (
+	sqlModeUnknown = iota
+	sqlModePgx
+	sqlModePlain
+)
+
+// maxBadConnTries bounds the tries of a statement that failed before it
+// reached the server (a stale pooled connection), as database/sql does
+// (database/sql retries twice on a bad connection, then opens a new one).
+const maxBadConnTries = 3
+
+// onPgx runs fn on the pgx connection under one pooled connection. It
+// returns false if the driver is not pgx's: the caller then takes the plain
+// path. A statement that failed without leaving (pgconn.SafeToRetry: a
+// stale connection) is tried again on another connection; a dead one is not
+// put back (stdlib's connection reports itself invalid).
+func (b *sqlDBBackend) onPgx(ctx context.Context, fn func(c *pgx.Conn) error) (bool, error) {
+	if b.mode.Load() == sqlModePlain {
+		return false, nil
+	}
+	for try := 1; ; try++ {
+		conn, err := b.db.Conn(ctx)
+		if err != nil {
+			return true, &notSentError{err} // a claim that never left needs no undo
+		}
+		isPgx := false
+		err = conn.Raw(func(dc any) error {
+			c, ok := dc.(interface{ Conn() *pgx.Conn })
+			if !ok {
+				return nil
+			}
+			isPgx = true
+			return fn(c.Conn())
+		})
+		_ = conn.Close() // back to the pool
+		if !isPgx {
+			b.mode.Store(sqlModePlain)
+			return false, nil
+		}
+		b.mode.Store(sqlModePgx)
+		if err != nil && try < maxBadConnTries && pgconn.SafeToRetry(err) && ctx.Err() == nil {
+			continue
+		}
+		b.viaPgx.Add(1)
+		return true, err
+	}
+}
+
+func (b *sqlDBBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	if ok, err := b.onPgx(ctx, func(c *pgx.Conn) error {
+		return pgxBackend{c}.queryRow(ctx, q, args, dest...)
+	}); ok {
+		return err
+	}
+	b.viaSQL.Add(1)
+	return b.sqlBackend.queryRow(ctx, q, args, dest...)
+}
+
+func (b *sqlDBBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	if ok, err := b.onPgx(ctx, func(c *pgx.Conn) error {
+		return pgxBackend{c}.query(ctx, q, args, each)
+	}); ok {
+		return err
+	}
+	b.viaSQL.Add(1)
+	return b.sqlBackend.query(ctx, q, args, each)
+}
+
+func (b *sqlDBBackend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	var n int64
+	if ok, err := b.onPgx(ctx, func(c *pgx.Conn) (err error) {
+		n, err = pgxBackend{c}.exec(ctx, q, args...)
+		return err
+	}); ok {
+		return n, err
+	}
+	b.viaSQL.Add(1)
+	return b.sqlBackend.exec(ctx, q, args...)
 }
 
 // pgxLike is what *pgxpool.Pool and pgx.Tx share.

@@ -21,6 +21,9 @@ type Locker struct {
 	log    *slog.Logger
 	obs    observer
 	lis    *listener
+	// claimArgs are the claim's $2 (holder) and $4 (lease duration in µs),
+	// boxed once rather than at every claim.
+	claimArgs [2]any
 
 	mu      sync.Mutex
 	leases  map[*Lease]struct{}
@@ -57,6 +60,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		byKey:  make(map[string]*Lease),
 		obs:    newObserver(cfg),
 	}
+	l.claimArgs = [2]any{l.holder, cfg.duration.Microseconds()}
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil

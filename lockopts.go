@@ -72,6 +72,9 @@ func checkMinHold(d time.Duration) error {
 }
 
 func (l *Locker) lockConfig(opts []LockOption) (lockConfig, error) {
+	if len(opts) == 0 { // c below escapes to the options
+		return lockConfig{minHold: l.cfg.minHold}, nil
+	}
 	c := lockConfig{minHold: l.cfg.minHold}
 	for _, o := range opts {
 		if o == nil {

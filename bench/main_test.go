@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -212,11 +213,11 @@ func measure(b *testing.B, loop func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cpu0 := cpuSeconds()
+	cpu0, own0 := cpuSeconds(), ownCPUSeconds()
 	b.ResetTimer()
 	loop()
 	b.StopTimer()
-	cpu1 := cpuSeconds()
+	cpu1, own1 := cpuSeconds(), ownCPUSeconds()
 	after, err := benchenv.ReadCounters(ctx, pool)
 	if err != nil {
 		b.Fatal(err)
@@ -229,6 +230,17 @@ func measure(b *testing.B, loop func()) {
 	if serverCPU != nil {
 		b.ReportMetric((cpu1-cpu0)*1e6/n, "dbcpu-us/op")
 	}
+	b.ReportMetric((own1-own0)*1e6/n, "clientcpu-us/op")
+}
+
+// ownCPUSeconds is this process's CPU time (user + system): the client's
+// side of a benchmark, driver and runtime included.
+func ownCPUSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 func cpuSeconds() float64 {

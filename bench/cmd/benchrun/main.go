@@ -43,6 +43,8 @@ type config struct {
 	bench        string
 	benchtime    string
 	count        int
+	rounds       int // rounds of BenchmarkInterleaved
+	roundN       int // its iterations per round
 	health       time.Duration
 	healthLeases int
 	healthBeat   time.Duration
@@ -74,6 +76,8 @@ func main() {
 	flag.StringVar(&c.bench, "bench", ".", "regexp of the testing.B benchmarks to run (go test -bench)")
 	flag.StringVar(&c.benchtime, "benchtime", "1s", "go test -benchtime")
 	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
+	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios (median and min–max across rounds)")
+	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
 	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
 	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
@@ -173,15 +177,35 @@ func run(c config, args []string) error {
 
 	// 1. The testing.B benchmarks, in a child go test, against these servers.
 	if c.has("bench") {
-		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-benchtime", c.benchtime,
-			"-count", fmt.Sprint(c.count), "-timeout", "60m", "."}
-		rep.GoTest = "go " + strings.Join(goArgs, " ")
-		logf("running %s", rep.GoTest)
-		raw, err := goTest(goArgs, env, c.raw)
+		if err := os.MkdirAll(filepath.Dir(c.raw), 0o755); err != nil {
+			return err
+		}
+		raw, err := os.Create(c.raw)
 		if err != nil {
 			return err
 		}
-		rep.Results = parseBench(raw)
+		defer raw.Close()
+		// BenchmarkInterleaved, the source of the target ratios, runs
+		// on its own: a fixed number of iterations per round, more
+		// rounds than the other benchmarks' runs.
+		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", "^BenchmarkInterleaved$", "-benchtime", c.benchtime,
+			"-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."}
+		rep.GoTest = "go " + strings.Join(goArgs, " ")
+		logf("running %s", rep.GoTest)
+		out, err := goTest(goArgs, env, raw)
+		if err != nil {
+			return err
+		}
+		rep.LoadBefore["interleaved"] = loadAvg()
+		interArgs := []string{"test", "-run", "^$", "-bench", "^BenchmarkInterleaved$", "-benchtime", fmt.Sprintf("%dx", c.roundN),
+			"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
+		rep.GoTestInterleaved = "go " + strings.Join(interArgs, " ")
+		logf("running %s", rep.GoTestInterleaved)
+		inter, err := goTest(interArgs, env, raw)
+		if err != nil {
+			return err
+		}
+		rep.Results = parseBench(out + inter)
 		if len(rep.Results) == 0 {
 			return errors.New("go test printed no benchmark result")
 		}
@@ -266,7 +290,11 @@ func run(c config, args []string) error {
 		}
 	}
 	rep.SVGLink = filepath.ToSlash(rel)
-	if err := os.WriteFile(c.out, []byte(rep.markdown()), 0o644); err != nil {
+	md, err := rep.markdown()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.out, []byte(md), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s and %s in %v", c.out, c.svg, rep.Took.Round(time.Second))
@@ -275,16 +303,8 @@ func run(c config, args []string) error {
 
 var stops []func()
 
-// goTest runs go test, echoing its output and keeping it in rawPath.
-func goTest(args, env []string, rawPath string) (string, error) {
-	if err := os.MkdirAll(filepath.Dir(rawPath), 0o755); err != nil {
-		return "", err
-	}
-	f, err := os.Create(rawPath)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
+// goTest runs go test, echoing its output and appending it to raw.
+func goTest(args, env []string, raw *os.File) (string, error) {
 	cmd := exec.Command("go", args...)
 	cmd.Env = env
 	cmd.Stderr = os.Stderr
@@ -296,7 +316,7 @@ func goTest(args, env []string, rawPath string) (string, error) {
 		return "", err
 	}
 	var all strings.Builder
-	sc := bufio.NewScanner(io.TeeReader(out, f))
+	sc := bufio.NewScanner(io.TeeReader(out, raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -304,7 +324,7 @@ func goTest(args, env []string, rawPath string) (string, error) {
 		all.WriteString(line + "\n")
 	}
 	if err := cmd.Wait(); err != nil {
-		return all.String(), fmt.Errorf("go test: %w (output in %s)", err, rawPath)
+		return all.String(), fmt.Errorf("go test: %w (output in %s)", err, raw.Name())
 	}
 	return all.String(), nil
 }

@@ -64,7 +64,14 @@ func knee(s []satStep) (int, bool) {
 	return best, best < len(s)-1
 }
 
-func (r *report) capacityMarkdown(w func(string, ...any)) {
+// capacityMarkdown is the Capacity section of BENCHMARKS.md ("" if it did not run).
+func (r *report) capacityMarkdown() string {
+	var b strings.Builder
+	r.writeCapacity(func(format string, args ...any) { fmt.Fprintf(&b, format, args...) })
+	return b.String()
+}
+
+func (r *report) writeCapacity(w func(string, ...any)) {
 	c := r.Capacity
 	if c == nil {
 		return

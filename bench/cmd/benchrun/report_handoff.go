@@ -43,7 +43,14 @@ func handoffSVG(h *handoffReport) string {
 	return svgDoc(1, 760, 330, a, b)
 }
 
-func (r *report) handoffMarkdown(w func(string, ...any)) {
+// handoffMarkdown is the Handoff section of BENCHMARKS.md ("" if it did not run).
+func (r *report) handoffMarkdown() string {
+	var b strings.Builder
+	r.writeHandoff(func(format string, args ...any) { fmt.Fprintf(&b, format, args...) })
+	return b.String()
+}
+
+func (r *report) writeHandoff(w func(string, ...any)) {
 	h := r.Handoff
 	if h == nil {
 		return
