@@ -44,11 +44,19 @@ func NewElection(l *Locker, key string) (*Election, error) {
 // stop acting as leader when the lease's Done closes, and may Campaign
 // again.
 func (e *Election) Campaign(ctx context.Context) (*Lease, error) {
+	return e.campaign(ctx, true)
+}
+
+// campaign waits for leadership; tie makes it end with ctx (Campaign). Run
+// does not tie: it resigns itself once OnStartedLeading has returned.
+func (e *Election) campaign(ctx context.Context, tie bool) (*Lease, error) {
 	le, err := e.l.Acquire(ctx, e.key)
 	if err != nil {
 		return nil, err
 	}
-	le.endWith(ctx)
+	if tie {
+		le.endWith(ctx)
+	}
 	e.mu.Lock()
 	e.lead = le
 	e.mu.Unlock()
@@ -198,14 +206,14 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 		}()
 	}
 	for {
-		lead, err := e.Campaign(ctx)
+		lead, err := e.campaign(ctx, false)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		err = cb.OnStartedLeading(lead.Context(), lead)
+		err = e.lead1(ctx, lead, cb.OnStartedLeading)
 		_ = e.Resign(context.WithoutCancel(ctx))
 		if cb.OnStoppedLeading != nil {
 			cb.OnStoppedLeading()
@@ -217,4 +225,16 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 			return nil
 		}
 	}
+}
+
+// lead1 runs one term: fn gets a context that ends when the lease ends or
+// ctx does. The lease is released only after fn has returned, so that the
+// next leader is never granted while this one's OnStartedLeading still runs
+// (unless the lease is lost: then its context has ended first).
+func (e *Election) lead1(ctx context.Context, lead *Lease, fn func(context.Context, *Lease) error) error {
+	lctx, cancel := context.WithCancelCause(lead.Context())
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stop()
+	return fn(lctx, lead)
 }

@@ -380,10 +380,11 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		saveHistory(t, filepath.Join(p, fmt.Sprintf("%s-%d.jsonl", sc.name, run)), merged)
 	}
 	st, vs := Check(merged, CheckConfig{Lease: e.lease(), Slack: max(time.Second, e.lease()), SyncStandby: sc.server == "failover-sync"})
-	if len(vs) > 0 && os.Getenv("FAULTS_KEEP_HISTORY") == "" {
-		// Keep the history of a failing run where the next look can find
-		// it (the test's own temporary directory is removed): the verdict
-		// alone rarely tells a harness artefact from a defect.
+	if len(vs) > 0 && sc.expect == 0 && os.Getenv("FAULTS_KEEP_HISTORY") == "" {
+		// Keep the history of a failing run (not of a broken variant, which
+		// must fail) where the next look can find it (the test's own
+		// temporary directory is removed): the verdict alone rarely tells a
+		// harness artefact from a defect.
 		path := filepath.Join(os.TempDir(), "pglease-faults-failed", fmt.Sprintf("%s-%d-%d.jsonl", sc.name, run, time.Now().Unix()))
 		saveHistory(t, path, merged)
 		t.Logf("history of this run kept in %s", path)
