@@ -22,6 +22,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,6 +54,8 @@ type config struct {
 	plannerN     string
 	out, svg     string
 	raw          string
+	json         string // the report's data, for -render
+	render       string // render BENCHMARKS.md from this JSON instead of measuring
 	sections     string
 	handoffN     int
 	vanishN      int
@@ -87,6 +90,8 @@ func main() {
 	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
 	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
+	flag.StringVar(&c.json, "json", "results/latest.json", "where to keep the report's data (JSON: -render input)")
+	flag.StringVar(&c.render, "render", "", "write the report from this JSON file of an earlier run (-json), measuring nothing")
 	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity; or all")
 	flag.IntVar(&c.handoffN, "handoff-n", 200, "handoffs after Unlock measured per waiting mode")
 	flag.IntVar(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder measured per waiting mode")
@@ -111,6 +116,9 @@ func run(c config, args []string) error {
 	}
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
+	}
+	if c.render != "" {
+		return render(c)
 	}
 	ctx := context.Background()
 	rep := &report{Args: args, Config: c, Started: start.UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
@@ -290,14 +298,57 @@ func run(c config, args []string) error {
 		}
 	}
 	rep.SVGLink = filepath.ToSlash(rel)
+	if err := writeJSON(c.json, rep); err != nil {
+		return err
+	}
+	if err := writeMarkdown(c.out, rep); err != nil {
+		return err
+	}
+	logf("wrote %s, %s and %s in %v", c.out, c.svg, c.json, rep.Took.Round(time.Second))
+	return nil
+}
+
+func writeMarkdown(path string, rep *report) error {
 	md, err := rep.markdown()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(c.out, []byte(md), 0o644); err != nil {
+	return os.WriteFile(path, []byte(md), 0o644)
+}
+
+func writeJSON(path string, rep *report) error {
+	b, err := json.MarshalIndent(rep, "", "\t")
+	if err != nil {
 		return err
 	}
-	logf("wrote %s and %s in %v", c.out, c.svg, rep.Took.Round(time.Second))
+	return os.WriteFile(path, b, 0o644)
+}
+
+// readJSON reads a report written by writeJSON.
+func readJSON(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return rep, nil
+}
+
+// render rewrites the report from an earlier run's data (-render), with
+// this run's flags for what the data does not hold (-count, -rounds, …).
+func render(c config) error {
+	rep, err := readJSON(c.render)
+	if err != nil {
+		return err
+	}
+	rep.Config = c
+	if err := writeMarkdown(c.out, rep); err != nil {
+		return err
+	}
+	logf("wrote %s from %s", c.out, c.render)
 	return nil
 }
 

@@ -1,7 +1,7 @@
 package main
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 	"math"
 	"sort"
@@ -11,9 +11,11 @@ import (
 	"time"
 )
 
+// report is everything a run measured; benchrun also writes it as JSON
+// (-json), from which -render rewrites BENCHMARKS.md without measuring.
 type report struct {
 	Args    []string
-	Config  config
+	Config  config `json:"-"`
 	Started time.Time
 	Took    time.Duration
 	GoTest  string
@@ -84,8 +86,11 @@ func bytesH(b int64) string {
 	}
 }
 
-//go:embed report.md.tmpl
-var reportTemplate string
+// The report's prose: report.md.tmpl, which includes the Handoff and
+// Capacity sections (report_handoff.md.tmpl, report_capacity.md.tmpl).
+//
+//go:embed report*.md.tmpl
+var reportTemplates embed.FS
 
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"dur":    fmtDur,
@@ -101,12 +106,18 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 		}
 		return "**missed**"
 	},
-}).Parse(reportTemplate))
+	"pct":       func(v float64) float64 { return v * 100 },
+	"half":      func(v float64) float64 { return v / 2 },
+	"mul":       func(a, b float64) float64 { return a * b },
+	"durOrDash": durOrDash,
+	"noTicks":   func(s string) string { return strings.ReplaceAll(s, "`", "'") },
+	"contains":  strings.Contains,
+}).ParseFS(reportTemplates, "report*.md.tmpl"))
 
 // markdown is BENCHMARKS.md: report.md.tmpl filled with the run's figures.
 func (r *report) markdown() (string, error) {
 	var b strings.Builder
-	err := reportTmpl.Execute(&b, r.view())
+	err := reportTmpl.ExecuteTemplate(&b, "report.md.tmpl", r.view())
 	return b.String(), err
 }
 
@@ -197,8 +208,6 @@ type notesView struct {
 
 type lookupNote struct{ VsSel, CPU, SkipVsLookup float64 }
 
-type peerRow struct{ Name, Version, Settings string }
-
 type loadAt struct{ Where, Value string }
 
 type reportView struct {
@@ -221,11 +230,12 @@ type reportView struct {
 	Naptime                        string
 	Contended                      []contRow
 	Health                         *healthView
-	Handoff, Capacity              string
+	Handoff                        *handoffView
+	Capacity                       *capacityView
 	Notes                          *notesView
 	Settings                       [][2]string
 	PoolSize                       int
-	Peers                          []peerRow
+	Peers                          [][2]string // name, version
 	Machine                        [][2]string
 }
 
@@ -273,8 +283,8 @@ func (r *report) view() reportView {
 		Args: argString(r.Args), Date: r.Started.Format("2006-01-02 15:04 UTC"), Took: r.Took.Round(time.Second).String(),
 		SVGLink: r.SVGLink, Raw: r.Config.raw, Count: r.Config.count, GoTest: r.GoTest, GoTestInterleaved: r.GoTestInterleaved,
 		Rounds: r.Config.rounds, RoundN: r.Config.roundN, Counters: r.Counters, Skipped: r.Skipped,
-		Naptime: r.setting("autovacuum_naptime"), Handoff: r.handoffMarkdown(), Capacity: r.capacityMarkdown(),
-		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, MaxInUse: -1,
+		Naptime: r.setting("autovacuum_naptime"), Handoff: r.handoffView(), Capacity: r.capacityView(),
+		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, Peers: r.Peers, MaxInUse: -1,
 	}
 	v.Load = append(v.Load, loadAt{"when the run started", r.LoadBefore["start"]})
 	for _, sec := range []string{"interleaved", "handoff", "capacity"} {
@@ -323,18 +333,6 @@ func (r *report) view() reportView {
 		v.Health = healthSummary(r.Health)
 	}
 	v.Notes = r.notes()
-	for _, p := range r.Peers {
-		set := "defaults"
-		switch {
-		case strings.Contains(p[0], "appendfsync"):
-			set = "`--appendonly yes --appendfsync always`"
-		case strings.Contains(p[0], "Redis"):
-			set = "defaults (RDB snapshots, no AOF: a write is acknowledged before it reaches the disk)"
-		case strings.Contains(p[0], "etcd"):
-			set = "single member, defaults (each write fsynced to the WAL before the reply)"
-		}
-		v.Peers = append(v.Peers, peerRow{p[0], p[1], set})
-	}
 	return v
 }
 
