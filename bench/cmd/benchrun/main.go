@@ -44,8 +44,9 @@ type config struct {
 	bench        string
 	benchtime    string
 	count        int
-	rounds       int // rounds of BenchmarkInterleaved
-	roundN       int // its iterations per round
+	rounds       int    // rounds of BenchmarkInterleaved
+	variants     string // its Locker variants (names in bench's lockerVariants; empty: all)
+	roundN       int    // its iterations per round
 	health       time.Duration
 	healthLeases int
 	healthBeat   time.Duration
@@ -81,6 +82,7 @@ func main() {
 	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
 	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios (median and min–max across rounds)")
 	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
+	flag.StringVar(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants in interleaved_test.go; empty: all)")
 	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
 	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
@@ -209,7 +211,7 @@ func run(c config, args []string) error {
 			"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
 		rep.GoTestInterleaved = "go " + strings.Join(interArgs, " ")
 		logf("running %s", rep.GoTestInterleaved)
-		inter, err := goTest(interArgs, env, raw)
+		inter, err := goTest(interArgs, append(env, "PGLEASE_BENCH_VARIANTS="+c.variants), raw)
 		if err != nil {
 			return err
 		}

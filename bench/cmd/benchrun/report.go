@@ -3,7 +3,9 @@ package main
 import (
 	"embed"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -154,9 +156,22 @@ type interPool struct {
 type interView struct {
 	P, S                     interPool // pgxpool, database/sql
 	Pools                    []interPool
+	Variants                 []variantView // other Locker configurations than the default
 	SkipVerdict, LUVerdict   string
 	SkipSQLvsPgx, LUSQLvsPgx string
 	SQLVerdict               string
+}
+
+// variantView is a Locker variant's BenchmarkInterleaved figures, next to
+// the default configuration's.
+type variantView struct {
+	Name  string
+	Pools []variantPool
+}
+
+type variantPool struct {
+	interPool
+	SkipVsDefault, LUVsDefault string // the variant's median ratio ÷ the default's
 }
 
 type allocView struct{ P, PB, S, SB string }
@@ -338,17 +353,11 @@ func (r *report) view() reportView {
 
 // interleaved reads BenchmarkInterleaved's rounds; nil if it did not run.
 func (r *report) interleaved() *interView {
-	pool := func(name, label string) interPool {
-		n := "Interleaved/driver=" + name
-		med := func(unit string) float64 { v, _ := r.get(n, unit); return v }
-		return interPool{Name: label, Skip: r.stat(n, "skip/select1"), LU: r.stat(n, "lockunlock/upsert"), Floor: r.stat(n, "floor/upsert"),
-			Sel: med("select1-ns"), SkipT: med("skip-ns"), Ups: med("upsert-ns"), LUT: med("lockunlock-ns")}
-	}
-	p, s := pool("pgxpool", "pgxpool"), pool("sqldb", "database/sql (pgx stdlib)")
+	p, s := r.interPool("Interleaved/", "pgxpool"), r.interPool("Interleaved/", "sqldb")
 	if !p.Skip.OK && !s.Skip.OK {
 		return nil
 	}
-	v := &interView{P: p, S: s, Pools: []interPool{p, s}}
+	v := &interView{P: p, S: s, Pools: []interPool{p, s}, Variants: r.variants(p, s)}
 	verdict := func(limit float64, a, b stat) string {
 		var parts []string
 		for _, x := range []struct {
@@ -378,6 +387,45 @@ func (r *report) interleaved() *interView {
 		}
 	}
 	return v
+}
+
+var poolLabels = map[string]string{"pgxpool": "pgxpool", "sqldb": "database/sql (pgx stdlib)"}
+
+// interPool reads one pool's BenchmarkInterleaved figures under prefix
+// ("Interleaved/", or "Interleaved/variant=NAME/").
+func (r *report) interPool(prefix, driver string) interPool {
+	n := prefix + "driver=" + driver
+	med := func(unit string) float64 { v, _ := r.get(n, unit); return v }
+	return interPool{Name: poolLabels[driver], Skip: r.stat(n, "skip/select1"), LU: r.stat(n, "lockunlock/upsert"), Floor: r.stat(n, "floor/upsert"),
+		Sel: med("select1-ns"), SkipT: med("skip-ns"), Ups: med("upsert-ns"), LUT: med("lockunlock-ns")}
+}
+
+// variants are the Locker variants BenchmarkInterleaved ran besides the
+// default (whose pools are p and s), by name.
+func (r *report) variants(p, s interPool) []variantView {
+	names := map[string]bool{}
+	for name := range r.Results {
+		if rest, ok := strings.CutPrefix(name, "Interleaved/variant="); ok {
+			names[strings.Split(rest, "/")[0]] = true
+		}
+	}
+	var out []variantView
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		v := variantView{Name: name}
+		for _, def := range []interPool{p, s} {
+			driver := "pgxpool"
+			if def.Name != poolLabels[driver] {
+				driver = "sqldb"
+			}
+			x := r.interPool("Interleaved/variant="+name+"/", driver)
+			if !x.Skip.OK {
+				continue
+			}
+			v.Pools = append(v.Pools, variantPool{x, ratio(x.Skip.Med, def.Skip.Med, true, def.Skip.OK), ratio(x.LU.Med, def.LU.Med, true, def.LU.OK)})
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 func (r *report) opRows() []opRow {

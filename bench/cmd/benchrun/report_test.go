@@ -10,11 +10,17 @@ import (
 )
 
 // sampleReport is a real run's data: the go test output of the last full
-// run (results/latest.txt) and the Handoff and Capacity sections of a short
-// run (testdata/sample.json, written by benchrun -json with small flags).
+// run (results/latest.txt), the Handoff and Capacity sections of a short
+// run (testdata/sample.json, written by benchrun -json with small flags),
+// and a short BenchmarkInterleaved run with two Locker variants
+// (testdata/interleaved-variants.txt) in place of the full run's.
 func sampleReport(t *testing.T) *report {
 	t.Helper()
 	raw, err := os.ReadFile("../../results/latest.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	variants, err := os.ReadFile("testdata/interleaved-variants.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,6 +30,9 @@ func sampleReport(t *testing.T) *report {
 	}
 	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt"}
 	r.Results = parseBench(string(raw))
+	for name, res := range parseBench(string(variants)) {
+		r.Results[name] = res
+	}
 	r.LoadBefore["interleaved"] = "3.50, 2.00, 1.00"
 	r.Counters = []counterPhase{{Name: "SELECT 1", N: 10}, {Name: "skip", N: 10}}
 	return r
@@ -73,6 +82,11 @@ func TestReportRenders(t *testing.T) {
 	}
 	for _, p := range r.Capacity.Peers {
 		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", p.Peer, p.R, p.J, p.How))
+	}
+	for _, v := range []string{"aa-control"} {
+		for _, pool := range []string{"pgxpool", "database/sql (pgx stdlib)"} {
+			rows = append(rows, fmt.Sprintf("| %s | %s | ", v, pool))
+		}
 	}
 	if s := r.Capacity.Sched; s != nil {
 		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %d | %d |", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs))
