@@ -111,6 +111,8 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"pct":       func(v float64) float64 { return v * 100 },
 	"half":      func(v float64) float64 { return v / 2 },
 	"mul":       func(a, b float64) float64 { return a * b },
+	"sub":       func(a, b float64) float64 { return a - b },
+	"div":       func(a, b float64) float64 { return a / b },
 	"durOrDash": durOrDash,
 	"noTicks":   func(s string) string { return strings.ReplaceAll(s, "`", "'") },
 	"contains":  strings.Contains,
@@ -174,6 +176,20 @@ type variantPool struct {
 	SkipVsDefault, LUVsDefault string // the variant's median ratio ÷ the default's
 }
 
+// partsView is BenchmarkParts: the hot paths taken apart.
+type partsView struct {
+	Skip, LU []partRow
+	M        map[string]float64 // the metrics of both runs, "skip:NAME" and "lu:NAME"
+}
+
+type partRow struct {
+	Label           string
+	Time            float64 // ns, median
+	VsSel, VsUps    float64 // 0 when not reported
+	Exec            float64 // µs of server execution (pg_stat_statements); 0 when not measured
+	HasExec, HasUps bool
+}
+
 type allocView struct{ P, PB, S, SB string }
 
 type opRow struct{ Label, Time, VsSel, VsUps, VsPglease, Xids, WAL, CPU, ClientCPU, Allocs string }
@@ -233,6 +249,7 @@ type reportView struct {
 	LoadedAt                       string // the 1-minute load before the interleaved rounds, when above 2
 	Load                           []loadAt
 	Inter                          *interView
+	Parts                          *partsView
 	Allocs                         *allocView
 	Counters                       []counterPhase
 	Renew10k                       *renew10k
@@ -308,6 +325,7 @@ func (r *report) view() reportView {
 		}
 	}
 	v.Inter = r.interleaved()
+	v.Parts = r.parts()
 	if f := strings.Fields(strings.ReplaceAll(r.LoadBefore["interleaved"], ",", " ")); len(f) > 0 {
 		if l, err := strconv.ParseFloat(f[0], 64); err == nil && l > 2 {
 			v.LoadedAt = f[0]
@@ -426,6 +444,50 @@ func (r *report) variants(p, s interPool) []variantView {
 		out = append(out, v)
 	}
 	return out
+}
+
+// parts reads BenchmarkParts; nil if it did not run.
+func (r *report) parts() *partsView {
+	skip, okS := r.Results["Parts/op=Skip"]
+	lu, okL := r.Results["Parts/op=LockUnlock"]
+	if !okS || !okL {
+		return nil
+	}
+	v := &partsView{M: map[string]float64{}}
+	for prefix, res := range map[string]*result{"skip:": skip, "lu:": lu} {
+		for unit, x := range res.Median {
+			v.M[prefix+unit] = x
+		}
+	}
+	row := func(res *result, label, name string, ups bool) partRow {
+		m := res.Median
+		p := partRow{Label: label, Time: m[name+"-ns"], VsSel: m[name+"-ns"] / m["select1-ns"], HasUps: ups}
+		if ups {
+			p.VsUps = m[name+"-ns"] / m["upsert-ns"]
+		}
+		p.Exec, p.HasExec = m[name+"-exec-us"]
+		return p
+	}
+	for _, x := range []struct{ label, name string }{
+		{"`SELECT 1`", "select1"},
+		{"a statement of the claim's shape: its five arguments and six reply columns, constants only", "shaped"},
+		{"the plain indexed read of the held row", "lookup"},
+		{"the claim's read alone: its `cur` CTE and reply, without the INSERT", "claimread"},
+		{"the claim statement, as the library sends it", "claimstmt"},
+		{"pglease `Lock` on the held key", "skip"},
+	} {
+		v.Skip = append(v.Skip, row(skip, x.label, x.name, false))
+	}
+	for _, x := range []struct{ label, name string }{
+		{"`SELECT 1`", "select1"},
+		{"one-row upsert, one durable commit (the floor)", "upsert"},
+		{"one-row `UPDATE` whose commit is not durable (what any release writes)", "update"},
+		{"pglease `Lock` of a free key (the claim: one durable commit)", "lock"},
+		{"its `Unlock` (the release: not durable)", "unlock"},
+	} {
+		v.LU = append(v.LU, row(lu, x.label, x.name, true))
+	}
+	return v
 }
 
 func (r *report) opRows() []opRow {

@@ -12,15 +12,15 @@ import (
 // sampleReport is a real run's data: the go test output of the last full
 // run (results/latest.txt), the Handoff and Capacity sections of a short
 // run (testdata/sample.json, written by benchrun -json with small flags),
-// and a short BenchmarkInterleaved run with two Locker variants
-// (testdata/interleaved-variants.txt) in place of the full run's.
+// and short runs of BenchmarkInterleaved with two Locker variants and of
+// BenchmarkParts (testdata/bench-sample.txt), in place of the full run's.
 func sampleReport(t *testing.T) *report {
 	t.Helper()
 	raw, err := os.ReadFile("../../results/latest.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	variants, err := os.ReadFile("testdata/interleaved-variants.txt")
+	variants, err := os.ReadFile("testdata/bench-sample.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestReportRenders(t *testing.T) {
 	r := sampleReport(t)
 	md := renderOK(t, r)
 	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds",
-		"This run was not quiet", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
+		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
