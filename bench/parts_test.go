@@ -20,7 +20,9 @@ import (
 // and six reply columns, constants only: the driver's and the protocol's
 // share); the plain indexed read of the held row; the claim's read alone
 // (its `cur` CTE and reply, without the INSERT); the claim statement itself,
-// sent as the library sends it; and Lock on the held key.
+// sent as the library sends it, under context.Background and under a
+// context with a deadline as the library's (pgx watches a context that can
+// end, and skips that for one that cannot); and Lock on the held key.
 //
 // op=LockUnlock: a SELECT 1; the floor upsert (one durable commit); a
 // one-row UPDATE whose commit is not durable (what any release must write);
@@ -62,6 +64,11 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 		{"lookup", "WHERE key = $1 AND released_at IS NULL", func() { must(b, pool.QueryRow(ctx, lookup, key).Scan(&r.holder, &r.fence, &r.expires)) }},
 		{"claimread", "$4::bigint <", func() { must(b, r.scan(pool.QueryRow(ctx, claimRead(claim), args...))) }},
 		{"claimstmt", "ON CONFLICT (key) DO UPDATE", func() { must(b, r.scan(pool.QueryRow(ctx, claim, args...))) }},
+		{"claimdeadline", "", func() {
+			c, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			must(b, r.scan(pool.QueryRow(c, claim, args...)))
+		}},
 		{"skip", "", func() {
 			if _, err := l.Lock(ctx, key); !isHeld(err) {
 				b.Fatalf("Lock on a held key: %v", err)
@@ -69,7 +76,7 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 		}},
 	}
 	med := runParts(b, parts)
-	for _, n := range []string{"shaped", "lookup", "claimread", "claimstmt", "skip"} {
+	for _, n := range []string{"shaped", "lookup", "claimread", "claimstmt", "claimdeadline", "skip"} {
 		b.ReportMetric(med[n]/med["select1"], n+"/select1")
 	}
 }

@@ -474,6 +474,7 @@ func (r *report) parts() *partsView {
 		{"the plain indexed read of the held row", "lookup"},
 		{"the claim's read alone: its `cur` CTE and reply, without the INSERT", "claimread"},
 		{"the claim statement, as the library sends it", "claimstmt"},
+		{"the same under a context with a deadline, as the library's claim (pgx watches a context that can end)", "claimdeadline"},
 		{"pglease `Lock` on the held key", "skip"},
 	} {
 		v.Skip = append(v.Skip, row(skip, x.label, x.name, false))
