@@ -251,7 +251,9 @@ func TestCheckerFailover(t *testing.T) {
 // failover, one of k after the second, make 3 keys delayed.
 func TestCheckerDelayedKeys(t *testing.T) {
 	const ms = int64(time.Millisecond)
-	d := func(p, k string, t int64) Event { return Event{T0: t * ms, T: t * ms, Proc: p, Kind: EvDelayed, Key: k} }
+	d := func(p, k string, t int64) Event {
+		return Event{T0: t * ms, T: t * ms, Proc: p, Kind: EvDelayed, Key: k}
+	}
 	h := []Event{
 		{T0: 100 * ms, T: 200 * ms, Proc: "controller", Kind: EvFailover},
 		d("a", "k", 210), d("b", "k", 220), d("b", "j", 230),
