@@ -225,10 +225,10 @@ func TestFailoverDelayKeepsOldHolderAlone(t *testing.T) {
 }
 
 // WithFailoverDelay(0) keeps the behaviour without a delay: the promoted
-// server grants a free key at once (fences alone protect the data). The
-// timeline is still recorded, so a Locker of the same table that has a
-// delay counts it from that first claim. A table Migrate creates on the new
-// timeline has no delay; the old table, migrated again there, keeps it.
+// server grants a free key at once (fences alone protect the data), and
+// nothing is recorded; a Locker of the same table that has a delay counts
+// it from its own first claim. A table Migrate creates on the new timeline
+// has no delay; the old table, migrated again there, keeps it.
 func TestFailoverDelayZeroAndMigrate(t *testing.T) {
 	x := newPromotedPair(t)
 	x.stopReceiving()
@@ -255,12 +255,15 @@ func TestFailoverDelayZeroAndMigrate(t *testing.T) {
 	if la.Err() != nil {
 		t.Fatalf("a's lease already ended (%v): the test needs b's grant inside a's lease", la.Err())
 	}
-	if got := x.timelines(x.table); got != "2:set" {
-		t.Fatalf("timeline rows after a claim without delay: %q; want 2:set", got)
+	if got := x.timelines(x.table); got != "" {
+		t.Fatalf("timeline rows after a claim without delay: %q; want none", got)
 	}
 	c := x.locker(x.sdb, "c")
 	if _, err := c.Lock(x.c, "other"); !errors.Is(err, ErrFailoverDelay) {
 		t.Fatalf("a Locker with a delay, after a claim without one on the new timeline: %v; want ErrFailoverDelay", err)
+	}
+	if got := x.timelines(x.table); got != "2:set" {
+		t.Fatalf("timeline rows after a claim with a delay: %q; want 2:set", got)
 	}
 
 	// A table created on timeline 2 has no holder to wait for.

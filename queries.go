@@ -76,10 +76,10 @@ const (
 // then. Timeline 1 has no predecessor: no delay, nothing recorded. A claim
 // whose snapshot misses a row that a concurrent claim has just recorded
 // (ON CONFLICT then does nothing) counts the delay from its own clock:
-// later than the recorded one, never earlier. A claim with $6 = 0 records
-// the timeline too (for the Lockers that have a delay) and is not held
-// back. Keys that look held are not concerned: their leases are waited for
-// as usual.
+// later than the recorded one, never earlier. A claim with $6 = 0 neither
+// looks at the timeline nor records it: the Lockers of the table that have
+// a delay count it from their own first claim, later, never earlier. Keys
+// that look held are not concerned: their leases are waited for as usual.
 //
 // Why racing claims do not all write. A claim that can succeed first takes
 // {LOCK} with pg_try_advisory_xact_lock: of several claims racing for a key
@@ -119,7 +119,7 @@ cur AS (
 	  AND ({HELD:l:now.ts} OR coalesce(l.last_tick >= $5::timestamptz, false))
 ),
 tl AS (
-	SELECT {TLID} AS id, now.ts FROM now WHERE NOT EXISTS (SELECT FROM cur)
+	SELECT {TLID} AS id, now.ts FROM now WHERE $6::bigint > 0 AND NOT EXISTS (SELECT FROM cur)
 ),
 seen AS (
 	SELECT z.first_claim_at AS at FROM {Z} AS z, tl WHERE z.timeline = tl.id AND tl.id > 1
@@ -132,7 +132,7 @@ marked AS (
 gate AS (
 	SELECT tl.id, coalesce((SELECT at FROM seen), tl.ts) + $6::bigint * interval '1 microsecond' AS until, tl.ts
 	FROM tl
-	WHERE tl.id > 1 AND $6::bigint > 0
+	WHERE tl.id > 1
 	  AND coalesce((SELECT at FROM seen), tl.ts) + $6::bigint * interval '1 microsecond' > tl.ts
 ),
 claimed AS (
