@@ -17,9 +17,10 @@ import (
 //
 // After an asynchronous failover the promoted server may show a key free
 // while the holder the old primary granted it to is still working: it only
-// stops at its local deadline, at most one lease duration after its last
-// successful renew, which was before the failover. The first claim on the
-// new server's timeline records the moment, on the new primary's clock;
+// stops at its local deadline, less than one lease duration after it sent
+// its last successful claim or renew, which was before the failover. The
+// first claim of a free key on the new server's timeline (by a Locker with
+// a delay) records the moment, on the new primary's clock;
 // until d after it, claims of keys that look free grant nothing and fail
 // with an *AlreadyLockedError whose FailoverDelay is true (errors.Is
 // ErrAlreadyLocked and ErrFailoverDelay); Acquire and Campaign wait for the

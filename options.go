@@ -134,8 +134,8 @@ func WithHolder(id string) Option {
 	})
 }
 
-// WithLogger sets where lease losses (ERROR) and failed renewals (WARN) are
-// logged (default slog.Default()).
+// WithLogger sets where lease losses (ERROR), failed renewals and the start
+// of a failover delay (WARN) are logged (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }
