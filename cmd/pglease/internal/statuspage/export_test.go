@@ -1,0 +1,4 @@
+package statuspage
+
+// QuoteTable is quoteTable, for tests that write to the table.
+var QuoteTable = quoteTable
