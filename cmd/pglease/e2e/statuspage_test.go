@@ -93,8 +93,8 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	br.waitFor(t, "the released lease", stateOf("cleanup-tmp")+` === 'released'`)
 	br.waitFor(t, "the lease in its minimum hold", stateOf("hourly-sync")+` === 'min-hold'`)
 	br.waitFor(t, "the cut-off replica's lease to expire", stateOf("reindex-search")+` === 'expired'`)
-	if holder := eval[string](t, br, `document.querySelector('#leases .lease dd:nth-of-type(2)').textContent`); holder != "worker-a@host-1" {
-		t.Errorf("first card's holder %q", holder)
+	if holder := eval[string](t, br, `document.querySelector('#leases .lease .holder').textContent`); holder != "worker-a@host-1" {
+		t.Errorf("first row's holder %q", holder)
 	}
 
 	// No reload: a marker set on this document survives the update.
@@ -264,7 +264,7 @@ func TestStatusPageIgnoresBrowserClock(t *testing.T) {
 	}
 	br.waitFor(t, "the live view", `document.getElementById('status').className === 'live' && `+stateOf("skew-check")+` === 'held'`)
 	time.Sleep(600 * time.Millisecond) // a few ticks of the page's countdown
-	left := eval[string](t, br, `document.querySelector('#leases .lease dd').textContent`)
+	left := eval[string](t, br, `document.querySelector('#leases .lease .lefttext').textContent`)
 	var secs float64
 	if _, err := fmt.Sscanf(left, "%g s", &secs); err != nil || secs <= 0 || secs > 30 {
 		t.Errorf("time left %q with the browser clock an hour ahead: want 0 < t ≤ 30 s", left)

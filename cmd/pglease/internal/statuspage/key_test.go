@@ -89,4 +89,3 @@ func TestKeyPageTimeline(t *testing.T) {
 		}
 	}
 }
-

