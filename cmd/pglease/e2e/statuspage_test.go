@@ -274,3 +274,34 @@ func TestStatusPageIgnoresBrowserClock(t *testing.T) {
 	}
 	br.checkClean(t)
 }
+
+// TestStatusPageBarScaledByLeaseDuration: a leader that has held its lease
+// for a day (renewed every heartbeat) shows a bar scaled by the lease's
+// duration — most of it full — not by the day since acquisition, which
+// would leave it empty.
+func TestStatusPageBarScaledByLeaseDuration(t *testing.T) {
+	table, l := setup(t, "leader-a", 6*time.Second)
+	le := lock(t, l, "leader")
+	db := pgleasetest.DB(t, 1)
+	// A day-long tenure: the Locker keeps renewing it (renewals do not look
+	// at acquired_at).
+	if _, err := db.ExecContext(testCtx(t), `UPDATE `+statuspage.QuoteTable(table)+` SET acquired_at = acquired_at - interval '1 day' WHERE key = 'leader'`); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table})
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	br.waitFor(t, "three live refreshes", stateOf("leader")+` === 'held' && (window.__pgleaseLog || []).length >= 3`)
+	if le.Err() != nil {
+		t.Fatalf("the lease was lost: %v", le.Err())
+	}
+	// Time left stays within one heartbeat (2 s) and a refresh of the
+	// duration: about 60–100 % of the bar. A day-long scale would give
+	// 0.007 %; anything above 20 % tells the two apart.
+	w := eval[string](t, br, `document.querySelector('#leases .lease .fill').style.width`)
+	var pct float64
+	if _, err := fmt.Sscanf(w, "%g%%", &pct); err != nil || pct < 20 {
+		t.Errorf("bar width %q: want the time left as a share of the 6 s lease (over 20 %%)", w)
+	}
+	br.checkClean(t)
+}

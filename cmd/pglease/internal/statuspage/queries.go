@@ -55,7 +55,8 @@ const columnsFrag = `l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.re
 	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - ` + nowRef + `) * 1000)::bigint AS left_ms`
 
 // summarySQL counts the whole table in one pass: by state, and by holder
-// for the holders with the most unreleased (held or expired) leases.
+// for the holders with the most unreleased (held or expired) leases (ties
+// in the natural order of their names).
 //
 //	$1 how many holders to return
 //
@@ -82,7 +83,9 @@ t AS (
 )
 SELECT t.all_total::bigint, t.all_held::bigint, t.all_expired::bigint, t.all_min_hold::bigint, t.holders,
 	t.holder, t.held, t.expired
-FROM t ORDER BY t.held + t.expired DESC, t.holder COLLATE "C" LIMIT $1`
+FROM t ORDER BY t.held + t.expired DESC,
+	rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"
+LIMIT $1`
 
 // pageSQL reads one page of a view, and how many rows match its filters,
 // in one statement (one snapshot). {ORDER} is one of orders.

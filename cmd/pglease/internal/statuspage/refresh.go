@@ -91,7 +91,9 @@ func (s *Server) snapshot(v View, r refresh) Snapshot {
 	snap := Snapshot{
 		Table:        s.cfg.Table,
 		ReadAt:       at.UTC().Round(0),
-		ReadMS:       float64((r.sum.took + r.page.took).Microseconds()) / 1000,
+		ReadMS:       ms(r.sum.took + r.page.took),
+		SummaryMS:    ms(r.sum.took),
+		PageMS:       ms(r.page.took),
 		IntervalMS:   s.cfg.Interval.Milliseconds(),
 		ForceRelease: s.cfg.AllowForceRelease,
 		Summary:      r.sum.v,
@@ -110,3 +112,6 @@ func (s *Server) snapshot(v View, r refresh) Snapshot {
 	}
 	return snap
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -64,7 +64,9 @@ const TopHolders = 12
 type Snapshot struct {
 	Table        string    `json:"table"`
 	ReadAt       time.Time `json:"read_at"`       // this server's clock, for reference only
-	ReadMS       float64   `json:"read_ms"`       // database time of this refresh (summary + page)
+	ReadMS       float64   `json:"read_ms"`       // database time of this refresh: summary_ms + page_ms
+	SummaryMS    float64   `json:"summary_ms"`    // the summary's read (counts of the whole table)
+	PageMS       float64   `json:"page_ms"`       // the page's read
 	IntervalMS   int64     `json:"interval_ms"`   // the page's refresh interval
 	ForceRelease bool      `json:"force_release"` // whether POST …/release is enabled
 	Summary      Summary   `json:"summary"`
