@@ -9,9 +9,9 @@ import (
 )
 
 // handleLeases serves GET /api/leases: one page of a view (query string:
-// see parseView) as a Snapshot, read after the request arrived and shared
-// with concurrent requests; 400 with {"error": …} for an invalid view, 503
-// when the table cannot be read.
+// see parseView) as a Snapshot, read after the request arrived (requests
+// that arrive during a read share the next one); 400 with {"error": …} for
+// an invalid view, 503 when the table cannot be read.
 func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request) {
 	v, err := parseView(r.URL.Query())
 	if err != nil {

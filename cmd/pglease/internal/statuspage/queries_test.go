@@ -66,7 +66,9 @@ func TestNaturalIndexIsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	norm := func(s string) string { return strings.Join(strings.Fields(strings.NewReplacer("(", " ( ", ")", " ) ").Replace(s)), " ") }
+	norm := func(s string) string {
+		return strings.Join(strings.Fields(strings.NewReplacer("(", " ( ", ")", " ) ").Replace(s)), " ")
+	}
 	if want := norm(NaturalIndexSQL(pglease.DefaultTable)); !strings.Contains(norm(string(b)), want) {
 		t.Errorf("docs/status-page.md lacks\n%s", NaturalIndexSQL(pglease.DefaultTable))
 	}

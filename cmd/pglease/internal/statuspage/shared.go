@@ -17,8 +17,11 @@ type result[T any] struct {
 
 // shared is one memoized read. A caller asks for a read that started at or
 // after notBefore: it gets the last completed read if that one qualifies,
-// joins a read in flight that does, or starts one. Callers that accept the
-// same notBefore therefore share one read, however many they are.
+// joins a read in flight that does, or starts one. At most one read is in
+// flight: a caller that finds an older read in flight waits for it to end
+// and then starts the next one, which every caller that arrived meanwhile
+// joins. Callers that accept the same notBefore therefore share one read,
+// however many they are.
 type shared[T any] struct {
 	mu     sync.Mutex
 	last   result[T]
@@ -37,28 +40,33 @@ type flight[T any] struct {
 // timeout; ctx only bounds this caller's wait.
 func (s *shared[T]) get(ctx context.Context, notBefore time.Time, timeout time.Duration,
 	read func(context.Context) (T, error)) result[T] {
-	s.mu.Lock()
-	now := time.Now()
-	s.used = now
-	if !s.last.at.IsZero() && !s.last.at.Before(notBefore) {
-		r := s.last
+	for {
+		s.mu.Lock()
+		now := time.Now()
+		s.used = now
+		if !s.last.at.IsZero() && !s.last.at.Before(notBefore) {
+			r := s.last
+			s.mu.Unlock()
+			return r
+		}
+		f := s.flight
+		if f == nil {
+			f = &flight[T]{at: now, done: make(chan struct{})}
+			s.flight = f
+			s.mu.Unlock()
+			s.run(ctx, f, timeout, read)
+			return f.res
+		}
 		s.mu.Unlock()
-		return r
-	}
-	f := s.flight
-	if f == nil || f.at.Before(notBefore) {
-		f = &flight[T]{at: now, done: make(chan struct{})}
-		s.flight = f
-		s.mu.Unlock()
-		s.run(ctx, f, timeout, read)
-	} else {
-		s.mu.Unlock()
-	}
-	select {
-	case <-f.done:
-		return f.res
-	case <-ctx.Done():
-		return result[T]{err: ctx.Err(), at: now}
+		select {
+		case <-f.done:
+			if !f.at.Before(notBefore) {
+				return f.res
+			}
+			// An older read ended: look again (the next one may be ours).
+		case <-ctx.Done():
+			return result[T]{err: ctx.Err(), at: now}
+		}
 	}
 }
 
