@@ -111,7 +111,7 @@ func TestMinHoldAndLastTick(t *testing.T) {
 		t.Errorf("expires_in_ms %v, span_ms %d: want the hold's", l.ExpiresInMS, l.SpanMS)
 	}
 	_, page := get(t, f.http.URL, "/")
-	for _, want := range []string{"min-hold", "(minimum hold)", "last tick", tick.UTC().Format("2006-01-02 15:04:05.000Z")} {
+	for _, want := range []string{"min-hold", "blocked ", "last tick", tick.UTC().Format("2006-01-02 15:04:05.000Z")} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)
 		}

@@ -81,7 +81,7 @@ func timeLeft(l Lease) string {
 	case "released":
 		return "released"
 	case "min-hold":
-		return "blocked " + human(l.left()) + " more (minimum hold)"
+		return "blocked " + human(l.left()) + " more"
 	case "expired":
 		return "expired " + human(-l.left()) + " ago"
 	}
