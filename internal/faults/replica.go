@@ -53,9 +53,11 @@ type ReplicaConfig struct {
 	Wait    bool          `json:"wait,omitempty"`
 	WaitFor time.Duration `json:"wait_for,omitempty"` // Acquire's context; default 5 leases
 	// ListenNever: WithListen(ListenNever), waiters poll.
-	ListenNever bool   `json:"listen_never,omitempty"`
-	Seed        uint64 `json:"seed"`
-	History     string `json:"history,omitempty"` // process mode: history file
+	ListenNever bool `json:"listen_never,omitempty"`
+	// FailoverDelay: the Locker's failover delay (see DelaySetting).
+	FailoverDelay DelaySetting `json:"failover_delay,omitempty"`
+	Seed          uint64       `json:"seed"`
+	History       string       `json:"history,omitempty"` // process mode: history file
 }
 
 // ResourceTable is the table fenced writes go to.
@@ -120,6 +122,12 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 	if cfg.ListenNever {
 		opts = append(opts, pglease.WithListen(pglease.ListenNever))
 	}
+	delay, err := failoverDelayOptions(cfg.FailoverDelay, cfg.Lease)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	opts = append(opts, delay...)
 	if cfg.Wait && cfg.WaitFor == 0 {
 		cfg.WaitFor = 5 * cfg.Lease
 	}

@@ -675,6 +675,39 @@ func (c *Cluster) KillPostgres(name string) error {
 	return syscall.Kill(pm, syscall.SIGKILL)
 }
 
+// PauseWALSenders stops (SIGSTOP) the node's WAL sender processes, so
+// that its replicas stop receiving while it goes on committing: on an
+// asynchronous cluster, what it commits from then on is lost if it fails
+// now. It returns the number of senders stopped; ResumeWALSenders (or a
+// kill, or Close) ends the pause.
+func (c *Cluster) PauseWALSenders(name string) (int, error) {
+	return c.signalWALSenders(name, syscall.SIGSTOP)
+}
+
+// ResumeWALSenders continues the WAL senders PauseWALSenders stopped.
+func (c *Cluster) ResumeWALSenders(name string) error {
+	_, err := c.signalWALSenders(name, syscall.SIGCONT)
+	return err
+}
+
+func (c *Cluster) signalWALSenders(name string, sig syscall.Signal) (int, error) {
+	_, children := c.node(name).postgresProcs()
+	n := 0
+	for _, pid := range children {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err != nil || !strings.Contains(string(b), "walsender") {
+			continue
+		}
+		if err := syscall.Kill(pid, sig); err == nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("patroni: %s: no WAL sender running", name)
+	}
+	return n, nil
+}
+
 // Freeze stops the whole node — Patroni, the postmaster and every backend
 // — with SIGSTOP, as a stalled VM looks; Thaw resumes it with SIGCONT.
 func (c *Cluster) Freeze(name string) error { return c.signalNode(name, syscall.SIGSTOP) }
@@ -770,6 +803,7 @@ func (c *Cluster) Close() {
 			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		}
 		killMatching(func(cmdline string) bool { return strings.Contains(cmdline, c.dir) })
+		c.http.CloseIdleConnections()
 		_ = os.RemoveAll(c.dir)
 	})
 }
