@@ -208,10 +208,10 @@ func scenarios() []scenario {
 			server: "failover-async", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
 		{name: "failover-sync", what: "synchronous standby: primary killed (-9) or stopped (fast) while leases are held, standby promoted, a new synchronous standby on the old port; replicas on a multi-host URL; long profile",
 			server: "failover-sync", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
-		{name: "patroni-async", what: "Patroni (etcd, 3 nodes, ttl 10 s, asynchronous) behind HAProxy (REST check); replicas through HAProxy and through a multi-host URL (target_session_attrs=read-write); lease 4 s; in turn: the leader's PostgreSQL killed (-9), the leader node frozen (SIGSTOP of Patroni and PostgreSQL until a new leader takes writes, then thawed: demoted, rewound), a patronictl switchover; before a kill or freeze the leader's WAL senders are stopped for 1–2 leases; at least 2 failovers per run; long profile",
-			server: "patroni-async", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 2},
+		{name: "patroni-async", what: "Patroni (etcd, 3 nodes, ttl 10 s, asynchronous) behind HAProxy (REST check); replicas through HAProxy and through a multi-host URL (target_session_attrs=read-write); lease 4 s; in turn: the leader's PostgreSQL killed (-9), the leader node frozen (SIGSTOP of Patroni and PostgreSQL until a new leader takes writes, then thawed: demoted, rewound), killed again, a patronictl switchover; before a kill or freeze the leader's WAL senders are stopped for 1–2 leases; at least 3 failovers per run; long profile",
+			server: "patroni-async", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
 		{name: "patroni-sync", what: "the same with synchronous_mode: true, no replication lag injected",
-			server: "patroni-sync", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 2},
+			server: "patroni-sync", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; one replica Locks and retries, two wait in the default mode (ListenWhenWaiting: the probe must fail, they poll), one waits with WithListen(ListenNever)",
 			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
@@ -508,5 +508,8 @@ func spread(ds []time.Duration) string {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	r := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
+	if len(s) == 1 {
+		return r(s[0])
+	}
 	return fmt.Sprintf("%s–%s (median %s)", r(s[0]), r(s[len(s)-1]), r(s[len(s)/2]))
 }

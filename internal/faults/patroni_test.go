@@ -23,7 +23,9 @@ type patEnv struct {
 }
 
 // patFaults are the Patroni kinds' faults, in rotation.
-var patFaults = []string{"kill", "freeze", "switchover"}
+// Kills come twice as often: they are the failovers a lease can overlap
+// (a freeze outlasts the leases; a switchover loses nothing).
+var patFaults = []string{"kill", "freeze", "kill", "switchover"}
 
 func newPatEnv(t *testing.T, sync bool) *patEnv {
 	if err := patroni.Check(); err != nil {
@@ -123,8 +125,10 @@ func patroniFault(e *env, _ *handle) string {
 	if err := p.c.WaitHealthy(e.ctx); err != nil {
 		e.t.Fatalf("cluster not healthy after the %s of %s: %v", how, leader, err)
 	}
-	return fmt.Sprintf("%s of leader %s (%s): %s leads (timeline %d, from %s), writable through HAProxy %v after; %s; healthy again %v later",
+	detail := fmt.Sprintf("%s of leader %s (%s): %s leads (timeline %d, from %s), writable through HAProxy %v after; %s; healthy again %v later",
 		how, leader, lag, next, tl, lsnString(sp), time.Duration(tw-t0).Round(time.Millisecond), snap, time.Since(th).Round(time.Millisecond))
+	e.t.Logf("failover %d: %s", p.n, detail)
+	return detail
 }
 
 // waitStreaming waits until every other node streams from the leader.
