@@ -122,6 +122,9 @@ func New(t testing.TB, opts Options) *Cluster {
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("PGLEASE_PATRONI_LOGS") != "" {
 			t.Log(c.Logs(20000))
+			if dir, err := c.KeepLogs(); err == nil {
+				t.Logf("the cluster's logs are kept in %s", dir)
+			}
 		}
 		c.Close()
 	})
@@ -757,6 +760,26 @@ func (c *Cluster) Logs(max int) string {
 		fmt.Fprintf(&b, "==== %s (last %d bytes)\n%s\n", filepath.Base(f), max, data)
 	}
 	return b.String()
+}
+
+// KeepLogs copies every process's whole log to a directory of its own under
+// the temporary directory (one that outlives Close) and returns it.
+func (c *Cluster) KeepLogs() (string, error) {
+	dir := filepath.Join(os.TempDir(), "pglease-patroni-logs", fmt.Sprintf("%s-%d", c.scope, time.Now().Unix()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	files, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 // LogLines returns the lines of a node's Patroni log that contain s.
