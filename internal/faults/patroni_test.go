@@ -31,7 +31,7 @@ func newPatEnv(t *testing.T, sync bool) *patEnv {
 	if err := patroni.Check(); err != nil {
 		t.Fatal(err)
 	}
-	return &patEnv{c: patroni.New(t, patroni.Options{SynchronousMode: sync, Logf: t.Logf}), sync: sync}
+	return &patEnv{c: patroni.New(t, patroni.Options{SynchronousMode: sync, EtcdV2: true, Logf: t.Logf}), sync: sync}
 }
 
 // replicaURL: replicas 1 and 4 (mod 4) go through HAProxy, 2 and 3
@@ -124,6 +124,11 @@ func patroniFault(e *env, _ *handle) string {
 	th := time.Now()
 	if err := p.c.WaitHealthy(e.ctx); err != nil {
 		e.t.Fatalf("cluster not healthy after the %s of %s: %v", how, leader, err)
+	}
+	// Patroni's view can show a thawed node as a running replica before it
+	// has even been demoted: the replication itself is the proof.
+	if err := e.waitStreaming(next); err != nil {
+		e.t.Fatalf("replicas of %s after the %s of %s: %v", next, how, leader, err)
 	}
 	detail := fmt.Sprintf("%s of leader %s (%s): %s leads (timeline %d, from %s), writable through HAProxy %v after; %s; healthy again %v later",
 		how, leader, lag, next, tl, lsnString(sp), time.Duration(tw-t0).Round(time.Millisecond), snap, time.Since(th).Round(time.Millisecond))

@@ -46,6 +46,15 @@ type Options struct {
 	// TTL, LoopWait and RetryTimeout are Patroni's (defaults 10 s, 1 s,
 	// 3 s; Patroni needs loop_wait + 2 × retry_timeout <= ttl).
 	TTL, LoopWait, RetryTimeout time.Duration
+	// EtcdV2 makes Patroni use etcd's v2 API (Patroni's "etcd" DCS, etcd
+	// started with --enable-v2) instead of v3 ("etcd3"). Patroni 3.0.2's
+	// etcd3 client can take the leader key back unconditionally when a
+	// leader stalled past its ttl resumes (its session expired, it makes a
+	// new one and overwrites the key the new leader holds; fixed in Patroni
+	// 3.0.3, patroni/patroni#2689): the stalled node becomes the leader
+	// again on its old timeline, and the promoted node is demoted. Its v2
+	// client updates the key only if it still holds it.
+	EtcdV2 bool
 	// Logf receives progress lines (t.Logf); nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -257,6 +266,10 @@ func freePorts(n int) ([]int, error) {
 func secs(d time.Duration) int { return max(1, int(d.Round(time.Second)/time.Second)) }
 
 func (c *Cluster) patroniConfig(n *Node, bin string) string {
+	dcs, hostsKey := "etcd3", "hosts"
+	if c.opts.EtcdV2 {
+		dcs, hostsKey = "etcd", "host"
+	}
 	return fmt.Sprintf(`scope: %[1]s
 namespace: /pglease/
 name: %[2]s
@@ -266,8 +279,8 @@ log:
 restapi:
   listen: 127.0.0.1:%[3]d
   connect_address: 127.0.0.1:%[3]d
-etcd3:
-  hosts: 127.0.0.1:%[4]d
+%[12]s:
+  %[13]s: 127.0.0.1:%[4]d
 watchdog:
   mode: "off"
 bootstrap:
@@ -315,7 +328,7 @@ postgresql:
     logging_collector: "off"
     log_min_messages: warning
 `, c.scope, n.Name, n.APIPort, c.etcdPort, secs(c.opts.TTL), secs(c.opts.LoopWait), secs(c.opts.RetryTimeout),
-		c.opts.SynchronousMode, n.PGPort, n.dir, bin)
+		c.opts.SynchronousMode, n.PGPort, n.dir, bin, dcs, hostsKey)
 }
 
 // spawn starts a long-running process in a process group of its own, with
@@ -349,12 +362,15 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer[0])
-	cmd, _, err := c.spawn("etcd.log", nil, nil, "etcd",
-		"--name", "etcd0", "--data-dir", filepath.Join(c.dir, "etcd"),
+	args := []string{"--name", "etcd0", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "etcd0="+peerURL, "--initial-cluster-state", "new",
-		"--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn")
+		"--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"}
+	if c.opts.EtcdV2 {
+		args = append(args, "--enable-v2=true")
+	}
+	cmd, _, err := c.spawn("etcd.log", nil, nil, "etcd", args...)
 	if err != nil {
 		return err
 	}
@@ -765,7 +781,7 @@ func (c *Cluster) Logs(max int) string {
 // KeepLogs copies every process's whole log to a directory of its own under
 // the temporary directory (one that outlives Close) and returns it.
 func (c *Cluster) KeepLogs() (string, error) {
-	dir := filepath.Join(os.TempDir(), "pglease-patroni-logs", fmt.Sprintf("%s-%d", c.scope, time.Now().Unix()))
+	dir := filepath.Join(os.TempDir(), "pglease-failed-patroni", fmt.Sprintf("%s-%d", c.scope, time.Now().Unix()))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
