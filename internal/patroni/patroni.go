@@ -365,7 +365,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	args := []string{"--name", "etcd0", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "etcd0="+peerURL, "--initial-cluster-state", "new",
+		"--initial-cluster", "etcd0=" + peerURL, "--initial-cluster-state", "new",
 		"--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"}
 	if c.opts.EtcdV2 {
 		args = append(args, "--enable-v2=true")
