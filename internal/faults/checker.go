@@ -55,6 +55,9 @@ type Stats struct {
 	// their lost grants and writes are not counted, and invariant 8 is not
 	// checked across them.
 	FailoversNoSnapshot int
+	// MaxOverlap is the longest AsyncOverlaps window: from the promoted
+	// server's grant to the first holder's stop.
+	MaxOverlap time.Duration
 	// FailoverTimes has one entry per failover, in order.
 	FailoverTimes         []FailoverTime
 	ViolationsByInvariant [9]int
@@ -412,6 +415,7 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		if l.stopT() >= n.grant.T && acrossAsync(l, n) {
 			st.AsyncOverlaps++
+			st.MaxOverlap = max(st.MaxOverlap, time.Duration(l.stopT()-n.grant.T))
 			continue
 		}
 		if l.stopT() >= n.grant.T && !paused(id.proc, l.grant.T0, n.grant.T) && !forced[id] {

@@ -209,7 +209,7 @@ func TestCheckerFailover(t *testing.T) {
 	}
 	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
 	st, vs := Check(Merge(h), cfg)
-	if len(vs) != 0 || st.Failovers != 1 || st.LostGrants != 1 || st.LostWrites != 1 || st.AsyncOverlaps != 1 {
+	if len(vs) != 0 || st.Failovers != 1 || st.LostGrants != 1 || st.LostWrites != 1 || st.AsyncOverlaps != 1 || st.MaxOverlap != 90*time.Millisecond {
 		t.Fatalf("async: %+v %v", st, vs)
 	}
 	cfg.SyncStandby = true

@@ -408,6 +408,7 @@ func addStats(a *Stats, b Stats) {
 	a.LostWrites += b.LostWrites
 	a.AsyncOverlaps += b.AsyncOverlaps
 	a.FailoversNoSnapshot += b.FailoversNoSnapshot
+	a.MaxOverlap = max(a.MaxOverlap, b.MaxOverlap)
 	a.FailoverTimes = append(a.FailoverTimes, b.FailoverTimes...)
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
@@ -492,8 +493,12 @@ func writeFailoverTimes(b *strings.Builder, rows []*row) {
 		if r.st.FailoversNoSnapshot > 0 {
 			lost += fmt.Sprintf(" (%d failovers without a snapshot, not counted)", r.st.FailoversNoSnapshot)
 		}
-		lines = append(lines, fmt.Sprintf("- **%s**: %d failovers; %s; overlaps %d; %s",
-			r.sc.name, r.st.Failovers, strings.Join(parts, "; "), r.st.AsyncOverlaps, lost))
+		overlaps := fmt.Sprint(r.st.AsyncOverlaps)
+		if r.st.AsyncOverlaps > 0 {
+			overlaps += fmt.Sprintf(" (longest %v)", r.st.MaxOverlap.Round(time.Millisecond))
+		}
+		lines = append(lines, fmt.Sprintf("- **%s**: %d failovers; %s; overlaps %s; %s",
+			r.sc.name, r.st.Failovers, strings.Join(parts, "; "), overlaps, lost))
 	}
 	if len(lines) > 0 {
 		b.WriteString("\nFailovers (from the fault to the new primary taking writes, and to the first grant on it: min–max, median):\n\n" + strings.Join(lines, "\n") + "\n")
