@@ -417,7 +417,13 @@ func addStats(a *Stats, b Stats) {
 
 func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelaySetting) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run; failover delay: %v), %v in all\n\n", prof.name, prof.lease, prof.phase, delay, elapsed.Round(time.Second))
+	lease := prof.lease.String()
+	for _, r := range rows {
+		if r.sc.lease > 0 {
+			lease += fmt.Sprintf(", %s %v", r.sc.name, r.sc.lease)
+		}
+	}
+	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %s, %v of faults per run; failover delay: %v), %v in all\n\n", prof.name, lease, prof.phase, delay, elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
