@@ -269,6 +269,9 @@ func TestFaults(t *testing.T) {
 		}
 	}()
 	delay, err := FailoverDelayFromEnv()
+	if err == nil {
+		_, err = failoverDelayOptions(delay, prof.lease) // refused at once, not in every replica
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
