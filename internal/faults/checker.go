@@ -55,7 +55,29 @@ type Stats struct {
 	// failover, the keys that had at least one claim refused by it, summed
 	// over the failovers (what the delay cost: grants it postponed).
 	DelayedClaims, DelayedKeys int
-	ViolationsByInvariant      [9]int
+	// FailoversNoSnapshot counts failovers with no snapshot of the
+	// promoted server's rows (it was promoted before one could be taken):
+	// their lost grants and writes are not counted, and invariant 8 is not
+	// checked across them.
+	FailoversNoSnapshot int
+	// MaxOverlap is the longest AsyncOverlaps window: from the promoted
+	// server's grant to the first holder's stop.
+	MaxOverlap time.Duration
+	// FailoverTimes has one entry per failover, in order.
+	FailoverTimes         []FailoverTime
+	ViolationsByInvariant [9]int
+}
+
+// FailoverTime is how long one failover took, from the fault (the kill,
+// the freeze, the switchover's start) to the failover event's end (the new
+// primary accepting writes, as the controller saw it) and to the first
+// grant a replica received from the new primary (a fence on a later
+// timeline than every fence granted before the fault); FirstGrant is 0 if
+// no such grant came before the next fault or the end of the run.
+type FailoverTime struct {
+	How        string // the failover event's Detail: kill, freeze, switchover…
+	Writable   time.Duration
+	FirstGrant time.Duration
 }
 
 // CheckConfig tunes the checker.
@@ -71,9 +93,11 @@ type CheckConfig struct {
 // failover is one kill of the primary (t0) and promotion (t), with the
 // promoted standby's rows read before it took any write.
 type failover struct {
-	t0, t int64
-	fence map[string]int64 // lease row fence per key (0: no row)
-	n     map[string]int64 // resource write counter per key
+	t0, t   int64
+	how     string
+	snapped bool             // a snapshot was recorded
+	fence   map[string]int64 // lease row fence per key (0: no row)
+	n       map[string]int64 // resource write counter per key
 }
 
 type leaseID struct {
@@ -239,11 +263,12 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			forced[id] = true
 		case EvSnapshot:
 			f := foAt(e.T0)
+			f.snapped = true
 			f.fence[e.Key], f.n[e.Key] = e.Fence, e.N
 		case EvFailover:
 			st.Failovers++
 			f := foAt(e.T0)
-			f.t = e.T
+			f.t, f.how = e.T, e.Detail
 			fos = append(fos, f)
 		case EvDelayed:
 			st.DelayedClaims++
@@ -353,14 +378,20 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			st.DelayedKeys++
 		}
 	}
+	for _, f := range fos {
+		if !f.snapped {
+			st.FailoversNoSnapshot++
+		}
+	}
+	st.FailoverTimes = failoverTimes(fos, events)
 	for _, l := range leases {
-		if f := nextFailover(l.grant.T); f != nil && l.grant.Fence > f.fence[l.id.key] {
+		if f := nextFailover(l.grant.T); f != nil && f.snapped && l.grant.Fence > f.fence[l.id.key] {
 			st.LostGrants++
 			lostWhat("the grant", l.grant, f.fence[l.id.key])
 		}
 	}
 	for _, w := range writes {
-		if f := nextFailover(w.T); f != nil && w.N > f.n[w.Key] {
+		if f := nextFailover(w.T); f != nil && f.snapped && w.N > f.n[w.Key] {
 			st.LostWrites++
 			lostWhat("a write", w, f.n[w.Key])
 		}
@@ -409,6 +440,7 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		if l.stopT() >= n.grant.T && acrossAsync(l, n) {
 			st.AsyncOverlaps++
+			st.MaxOverlap = max(st.MaxOverlap, time.Duration(l.stopT()-n.grant.T))
 			continue
 		}
 		if l.stopT() >= n.grant.T && !paused(id.proc, l.grant.T0, n.grant.T) && !forced[id] {
@@ -430,6 +462,47 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 	}
 	return st, vs
+}
+
+// timeline is the timeline a fence was granted on: the claim composes it
+// as max(previous + 1, ((timeline − 1) << 40) + 1).
+func timeline(fence int64) int64 { return (fence-1)>>40 + 1 }
+
+// failoverTimes measures each failover (fos sorted by kill time): to the
+// failover event's end, and to the first grant on a later timeline than
+// every grant before the kill, if it came before the next failover.
+func failoverTimes(fos []*failover, events []Event) []FailoverTime {
+	var grants []Event // by reply time
+	for _, e := range events {
+		if e.Kind == EvGranted {
+			grants = append(grants, e)
+		}
+	}
+	sort.SliceStable(grants, func(i, j int) bool { return grants[i].T < grants[j].T })
+	var out []FailoverTime
+	for i, f := range fos {
+		ft := FailoverTime{How: f.how, Writable: time.Duration(f.t - f.t0)}
+		end := int64(1<<63 - 1)
+		if i+1 < len(fos) {
+			end = fos[i+1].t0
+		}
+		var before int64
+		for _, g := range grants {
+			if g.T <= f.t0 {
+				before = max(before, timeline(g.Fence))
+				continue
+			}
+			if g.T >= end {
+				break
+			}
+			if timeline(g.Fence) > before {
+				ft.FirstGrant = time.Duration(g.T - f.t0)
+				break
+			}
+		}
+		out = append(out, ft)
+	}
+	return out
 }
 
 // ts formats a Mono() time for messages (seconds since boot).

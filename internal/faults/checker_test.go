@@ -209,7 +209,7 @@ func TestCheckerFailover(t *testing.T) {
 	}
 	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
 	st, vs := Check(Merge(h), cfg)
-	if len(vs) != 0 || st.Failovers != 1 || st.LostGrants != 1 || st.LostWrites != 1 || st.AsyncOverlaps != 1 {
+	if len(vs) != 0 || st.Failovers != 1 || st.LostGrants != 1 || st.LostWrites != 1 || st.AsyncOverlaps != 1 || st.MaxOverlap != 90*time.Millisecond {
 		t.Fatalf("async: %+v %v", st, vs)
 	}
 	cfg.SyncStandby = true
@@ -308,5 +308,48 @@ func TestCheckerWaiters(t *testing.T) {
 	}
 	if want := []string{EvListenWarn, EvRenewFailed, EvWarn}; !slices.Equal(kinds, want) {
 		t.Errorf("WARN kinds: %v, want %v", kinds, want)
+	}
+}
+
+// Failover timings: from the fault to the new primary taking writes, and
+// to the first grant on a later timeline than every grant before the fault
+// (a late grant of the old primary does not count, nor does a grant after
+// the next fault). A failover without a snapshot counts no lost grant or
+// write, and is counted apart.
+func TestCheckerFailoverTimes(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	const tl2, tl3 = 1<<40 + 1, 2<<40 + 1
+	g := func(p string, f, t int64) Event {
+		return Event{T0: (t - 5) * ms, T: t * ms, Proc: p, Kind: EvGranted, Key: "k", Fence: f}
+	}
+	u := func(p string, f, t int64) Event {
+		return Event{T0: t * ms, T: (t + 1) * ms, Proc: p, Kind: EvUnlockOK, Key: "k", Fence: f}
+	}
+	h := []Event{
+		g("a", 1, 10), u("a", 1, 20),
+		g("b", 2, 30), u("b", 2, 40), // acknowledged, then lost by the first failover
+		{T0: 100 * ms, T: 2100 * ms, Proc: "controller", Kind: EvFailover, Detail: "kill"},
+		{T0: 100 * ms, Proc: "controller", Kind: EvSnapshot, Key: "k", Fence: 1},
+		g("c", 3, 150), // the dying primary's last grant: not the new primary's
+		{T: 2500 * ms, Proc: "c", Kind: EvLost, Key: "k", Fence: 3, Via: "server", Srv: "taken"},
+		g("d", tl2, 2600), u("d", tl2, 2700),
+		g("e", tl2+1, 2800), // lost by the second failover, which has no snapshot
+		{T0: 3000 * ms, T: 13000 * ms, Proc: "controller", Kind: EvFailover, Detail: "freeze"},
+		{T: 13100 * ms, Proc: "e", Kind: EvLost, Key: "k", Fence: tl2 + 1, Via: "deadline"},
+		g("f", tl3, 13500), u("f", tl3, 13600),
+		{T0: 20000 * ms, T: 21000 * ms, Proc: "controller", Kind: EvFailover, Detail: "switchover"},
+	}
+	st, vs := Check(Merge(h), CheckConfig{Lease: time.Second, Slack: time.Second})
+	want := []FailoverTime{
+		{How: "kill", Writable: 2000 * time.Millisecond, FirstGrant: 2500 * time.Millisecond},
+		{How: "freeze", Writable: 10 * time.Second, FirstGrant: 10500 * time.Millisecond},
+		{How: "switchover", Writable: time.Second}, // no grant after it
+	}
+	if !slices.Equal(st.FailoverTimes, want) {
+		t.Errorf("failover times:\n got %+v\nwant %+v", st.FailoverTimes, want)
+	}
+	if st.Failovers != 3 || st.FailoversNoSnapshot != 2 || st.LostGrants != 1 || len(vs) != 0 {
+		t.Errorf("failovers %d (without a snapshot %d), lost grants %d; want 3 (2), 1 (b's fence 2 on the first; c's came after the kill, e's before a failover without a snapshot): %v",
+			st.Failovers, st.FailoversNoSnapshot, st.LostGrants, vs)
 	}
 }

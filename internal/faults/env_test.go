@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/patroni"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/tcpproxy"
 	"github.com/pglease/pglease/pgleasetest"
@@ -32,6 +33,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envReplica) != "" {
 		os.Exit(m.Run()) // a replica process: no cluster of its own
 	}
+	patroni.Sweep() // Patroni clusters a killed test binary left behind
 	pgleasetest.Main(m)
 }
 
@@ -78,11 +80,6 @@ type profile struct {
 	output string
 }
 
-// failoverDelayOff: FAULTS_FAILOVER_DELAY=off runs every replica (and the
-// probe) with WithFailoverDelay(0); by default they keep the library's
-// delay (one lease duration), which matters only in the failover kinds.
-func failoverDelayOff() bool { return os.Getenv("FAULTS_FAILOVER_DELAY") == "off" }
-
 func currentProfile(t *testing.T) profile {
 	if os.Getenv("FAULTS_PROFILE") == "long" {
 		out := os.Getenv("FAULTS_OUT")
@@ -104,7 +101,7 @@ type scenario struct {
 	what     string // what the fault does, for the report
 	process  bool   // replicas are OS processes
 	proxies  bool   // each replica talks through its own tcpproxy
-	server   string // "shared" (pgleasetest), "own" (a cluster of this test), "bouncer", "failover-async", "failover-sync" (a primary and standby per run)
+	server   string // "shared" (pgleasetest), "own" (a cluster of this test), "bouncer", "failover-async", "failover-sync" (a primary and standby per run), "patroni-async", "patroni-sync" (a Patroni cluster per kind)
 	variant  Variant
 	replicas int
 	keys     int
@@ -113,6 +110,12 @@ type scenario struct {
 	longOnly bool                           // runs in the long profile, or when named in FAULTS_ONLY
 	// listenNever: every second waiting replica uses WithListen(ListenNever).
 	listenNever bool
+	// lease overrides the profile's lease duration (the Patroni kinds: a
+	// failover takes seconds).
+	lease time.Duration
+	// minFaults: the fault phase goes on past its end until a run has
+	// injected this many faults.
+	minFaults int
 }
 
 // handle is one replica, goroutine or process.
@@ -148,6 +151,8 @@ type env struct {
 	recs    []*Recorder
 	cluster *pgcluster.Cluster
 	fo      *foPair // failover kinds
+	pat     *patEnv // Patroni kinds
+	delay   DelaySetting
 	mu      sync.Mutex
 	handles []*handle
 	byID    map[string]*handle
@@ -155,7 +160,12 @@ type env struct {
 	dir     string
 }
 
-func (e *env) lease() time.Duration { return e.prof.lease }
+func (e *env) lease() time.Duration {
+	if e.sc.lease > 0 {
+		return e.sc.lease
+	}
+	return e.prof.lease
+}
 
 // replicaURL is the URL through addr, with the suite's application_name.
 func (e *env) replicaURL(addr string) string {
@@ -189,7 +199,10 @@ func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
 		Wait: seq%2 == 0, WaitFor: 5 * e.lease(),
-		NoFailoverDelay: failoverDelayOff(),
+		FailoverDelay: e.delay,
+	}
+	if e.pat != nil {
+		c.URL = WithAppName(e.pat.replicaURL(seq), e.app)
 	}
 	if e.sc.listenNever {
 		c.Wait, c.ListenNever = seq%4 != 1, seq%4 == 0
@@ -297,13 +310,13 @@ type Result struct {
 
 // runScenario runs one scenario once: replicas, faults for the profile's
 // phase, quiesce, probe, leak check, checker.
-func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluster.Cluster, bouncerAddr string) Result {
+func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluster.Cluster, bouncerAddr string, pat *patEnv, delay DelaySetting) Result {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), prof.phase+3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), prof.phase+3*time.Minute+time.Duration(sc.minFaults)*2*time.Minute)
 	defer cancel()
 	e := &env{
 		t: t, sc: sc, prof: prof, ctx: ctx, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(run))),
-		ctl: NewRecorder(nil), byID: map[string]*handle{}, dir: t.TempDir(),
+		ctl: NewRecorder(nil), byID: map[string]*handle{}, dir: t.TempDir(), delay: delay,
 		app: fmt.Sprintf("flt%d%s%d", os.Getpid()%10000, strings.ReplaceAll(sc.name, "-", ""), run),
 	}
 	e.app = e.app[:min(len(e.app), 40)]
@@ -315,6 +328,10 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		e.fo = newFoPair(t, ctx, sc.server == "failover-sync")
 		e.url = e.fo.url()
 		e.admin = openDB(t, e.url+"&connect_timeout=2", 4)
+	case "patroni-async", "patroni-sync":
+		e.pat = pat
+		e.url = pat.c.ProxyURL() // the admin pool and the probe: through HAProxy
+		e.admin = openDB(t, e.url, 4)
 	default:
 		e.url = pgleasetest.URL()
 		e.admin = pgleasetest.DB(t, 4)
@@ -347,11 +364,12 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 
 	// The fault phase.
 	end := time.Now().Add(prof.phase)
-	for time.Now().Before(end) && ctx.Err() == nil {
+	for faults := 0; (time.Now().Before(end) || faults < sc.minFaults) && ctx.Err() == nil; {
 		h := e.holder()
 		if h == nil {
 			continue
 		}
+		faults++
 		t0 := Mono()
 		detail := sc.inject(e, h)
 		e.ctl.Add(Event{T0: t0, Proc: h.id, Kind: EvFault, Detail: detail})
@@ -385,7 +403,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	if p := os.Getenv("FAULTS_KEEP_HISTORY"); p != "" {
 		saveHistory(t, filepath.Join(p, fmt.Sprintf("%s-%d.jsonl", sc.name, run)), merged)
 	}
-	st, vs := Check(merged, CheckConfig{Lease: e.lease(), Slack: max(time.Second, e.lease()), SyncStandby: sc.server == "failover-sync"})
+	st, vs := Check(merged, CheckConfig{Lease: e.lease(), Slack: max(time.Second, e.lease()), SyncStandby: sc.server == "failover-sync" || sc.server == "patroni-sync"})
 	if len(vs) > 0 && sc.expect == 0 && os.Getenv("FAULTS_KEEP_HISTORY") == "" {
 		// Keep the history of a failing run (not of a broken variant, which
 		// must fail) where the next look can find it (the test's own
@@ -453,11 +471,12 @@ func (e *env) stopAll() {
 // probe: a fresh Locker must acquire every key within Lease + slack of
 // the faults stopping (invariant 5).
 func (e *env) probe(tq int64) {
-	opts := []pglease.Option{pglease.WithTable(e.table), pglease.WithLeaseDuration(e.lease()), pglease.WithHolder("probe-" + e.app)}
-	if failoverDelayOff() {
-		opts = append(opts, pglease.WithFailoverDelay(0))
+	delay, err := failoverDelayOptions(e.delay, e.lease())
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	l, err := pglease.New(e.admin, opts...)
+	l, err := pglease.New(e.admin, append([]pglease.Option{pglease.WithTable(e.table), pglease.WithLeaseDuration(e.lease()),
+		pglease.WithHolder("probe-" + e.app)}, delay...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,6 +208,10 @@ func scenarios() []scenario {
 			server: "failover-async", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
 		{name: "failover-sync", what: "synchronous standby: primary killed (-9) or stopped (fast) while leases are held, standby promoted, a new synchronous standby on the old port; replicas on a multi-host URL; long profile",
 			server: "failover-sync", replicas: 3, keys: 2, inject: failoverFault, longOnly: true},
+		{name: "patroni-async", what: "Patroni (etcd, 3 nodes, ttl 10 s, asynchronous) behind HAProxy (REST check); replicas through HAProxy and through a multi-host URL (target_session_attrs=read-write); lease 4 s; in turn: the leader's PostgreSQL killed (-9), the leader node frozen (SIGSTOP of Patroni and PostgreSQL until a new leader takes writes, then thawed: demoted, rewound), killed again, a patronictl switchover; before a kill or freeze the leader's WAL senders are stopped for 1–2 leases; at least 3 failovers per run; long profile",
+			server: "patroni-async", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
+		{name: "patroni-sync", what: "the same with synchronous_mode: true, no replication lag injected",
+			server: "patroni-sync", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; one replica Locks and retries, two wait in the default mode (ListenWhenWaiting: the probe must fail, they poll), one waits with WithListen(ListenNever)",
 			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
@@ -263,6 +268,13 @@ func TestFaults(t *testing.T) {
 			_ = bouncer.Stop()
 		}
 	}()
+	delay, err := FailoverDelayFromEnv()
+	if err == nil {
+		_, err = failoverDelayOptions(delay, prof.lease) // refused at once, not in every replica
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	only := os.Getenv("FAULTS_ONLY")
 	var rows []*row
 	for _, sc := range scenarios() {
@@ -275,17 +287,20 @@ func TestFaults(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			var ownC *pgcluster.Cluster
 			var bAddr string
+			var pat *patEnv
 			switch sc.server {
 			case "own":
 				ownC = needOwn()
 			case "bouncer":
 				bAddr = needBouncer(t)
+			case "patroni-async", "patroni-sync":
+				pat = newPatEnv(t, sc.server == "patroni-sync") // stopped when the kind's test ends
 			}
 			// A broken variant gets up to two extra runs to be caught: whether
 			// a takeover lands inside its window is a matter of timing.
 			caught := func() bool { return sc.expect == 0 || rw.st.ViolationsByInvariant[sc.expect] > 0 }
 			for run := 0; run < prof.runs || (!caught() && run < prof.runs+2); run++ {
-				res := runScenario(t, sc, prof, run, ownC, bAddr)
+				res := runScenario(t, sc, prof, run, ownC, bAddr, pat, delay)
 				if bAddr != "" {
 					// Does PgBouncer still take connections after the run?
 					pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -328,7 +343,7 @@ func TestFaults(t *testing.T) {
 			}
 		})
 	}
-	report := renderReport(prof, rows, time.Since(started))
+	report := renderReport(prof, rows, time.Since(started), delay)
 	t.Log("\n" + report)
 	fmt.Println(report)
 	if err := os.WriteFile(prof.output, []byte(report), 0o644); err != nil {
@@ -397,18 +412,23 @@ func addStats(a *Stats, b Stats) {
 	a.AsyncOverlaps += b.AsyncOverlaps
 	a.DelayedClaims += b.DelayedClaims
 	a.DelayedKeys += b.DelayedKeys
+	a.FailoversNoSnapshot += b.FailoversNoSnapshot
+	a.MaxOverlap = max(a.MaxOverlap, b.MaxOverlap)
+	a.FailoverTimes = append(a.FailoverTimes, b.FailoverTimes...)
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
 }
 
-func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
+func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelaySetting) string {
 	var b strings.Builder
-	delay := "failover delay on (one lease)"
-	if failoverDelayOff() {
-		delay = "failover delay off (FAULTS_FAILOVER_DELAY=off)"
+	lease := prof.lease.String()
+	for _, r := range rows {
+		if r.sc.lease > 0 {
+			lease += fmt.Sprintf(", %s %v", r.sc.name, r.sc.lease)
+		}
 	}
-	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run, %s), %v in all\n\n", prof.name, prof.lease, prof.phase, delay, elapsed.Round(time.Second))
+	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %s, %v of faults per run; failover delay: %v), %v in all\n\n", prof.name, lease, prof.phase, delay, elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps / keys delayed (claims refused) | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
@@ -432,6 +452,7 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.WaitGrants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d; %d)", r.st.RenewFailed, r.st.OtherWarns, r.st.ListenWarns),
 			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo, viol)
 	}
+	writeFailoverTimes(&b, rows)
 	b.WriteString("\nFaults:\n\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "- **%s**: %s\n", r.sc.name, r.sc.what)
@@ -449,4 +470,63 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 		b.WriteString("\nSample violations:\n\n" + strings.Join(first, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// writeFailoverTimes adds, for each kind with failovers, how long they
+// took by fault: from the fault to the new primary taking writes (as the
+// controller saw it), and to the first grant a replica got from it.
+func writeFailoverTimes(b *strings.Builder, rows []*row) {
+	var lines []string
+	for _, r := range rows {
+		if r.st.Failovers == 0 {
+			continue
+		}
+		byHow := map[string][]FailoverTime{}
+		var hows []string
+		for _, ft := range r.st.FailoverTimes {
+			how := cmp.Or(ft.How, "failover")
+			if byHow[how] == nil {
+				hows = append(hows, how)
+			}
+			byHow[how] = append(byHow[how], ft)
+		}
+		var parts []string
+		for _, how := range hows {
+			var w, g []time.Duration
+			for _, ft := range byHow[how] {
+				w = append(w, ft.Writable)
+				if ft.FirstGrant > 0 {
+					g = append(g, ft.FirstGrant)
+				}
+			}
+			parts = append(parts, fmt.Sprintf("%s ×%d: writable %s, first grant %s", how, len(byHow[how]), spread(w), spread(g)))
+		}
+		lost := fmt.Sprintf("lost grants %d, lost writes %d", r.st.LostGrants, r.st.LostWrites)
+		if r.st.FailoversNoSnapshot > 0 {
+			lost += fmt.Sprintf(" (%d failovers without a snapshot, not counted)", r.st.FailoversNoSnapshot)
+		}
+		overlaps := fmt.Sprint(r.st.AsyncOverlaps)
+		if r.st.AsyncOverlaps > 0 {
+			overlaps += fmt.Sprintf(" (longest %v)", r.st.MaxOverlap.Round(time.Millisecond))
+		}
+		lines = append(lines, fmt.Sprintf("- **%s**: %d failovers; %s; overlaps %s; %s",
+			r.sc.name, r.st.Failovers, strings.Join(parts, "; "), overlaps, lost))
+	}
+	if len(lines) > 0 {
+		b.WriteString("\nFailovers (from the fault to the new primary taking writes, and to the first grant on it: min–max, median):\n\n" + strings.Join(lines, "\n") + "\n")
+	}
+}
+
+// spread formats durations as "min–max (median m)", or "—" if none.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "—"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	r := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
+	if len(s) == 1 {
+		return r(s[0])
+	}
+	return fmt.Sprintf("%s–%s (median %s)", r(s[0]), r(s[len(s)-1]), r(s[len(s)/2]))
 }

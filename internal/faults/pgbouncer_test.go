@@ -92,7 +92,7 @@ func TestPgBouncerLeaseVersusAdvisoryLock(t *testing.T) {
 			sc = s
 		}
 	}
-	res := runScenario(t, sc, prof, 0, nil, b.Addr())
+	res := runScenario(t, sc, prof, 0, nil, b.Addr(), nil, DelayDefault)
 	t.Logf("lease via PgBouncer: grants %d (to waiters %d), handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, listener WARNs %d, violations %d",
 		res.Stats.Grants, res.Stats.WaitGrants, res.Stats.Handoffs, res.Stats.Takeovers, res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.ListenWarns, res.Stats.Total())
 	for _, v := range res.Violations {

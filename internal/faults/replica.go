@@ -54,11 +54,10 @@ type ReplicaConfig struct {
 	WaitFor time.Duration `json:"wait_for,omitempty"` // Acquire's context; default 5 leases
 	// ListenNever: WithListen(ListenNever), waiters poll.
 	ListenNever bool `json:"listen_never,omitempty"`
-	// NoFailoverDelay: WithFailoverDelay(0) (default: the library's, one
-	// lease duration).
-	NoFailoverDelay bool   `json:"no_failover_delay,omitempty"`
-	Seed            uint64 `json:"seed"`
-	History         string `json:"history,omitempty"` // process mode: history file
+	// FailoverDelay: the Locker's failover delay (see DelaySetting).
+	FailoverDelay DelaySetting `json:"failover_delay,omitempty"`
+	Seed          uint64       `json:"seed"`
+	History       string       `json:"history,omitempty"` // process mode: history file
 }
 
 // ResourceTable is the table fenced writes go to.
@@ -123,9 +122,12 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 	if cfg.ListenNever {
 		opts = append(opts, pglease.WithListen(pglease.ListenNever))
 	}
-	if cfg.NoFailoverDelay {
-		opts = append(opts, pglease.WithFailoverDelay(0))
+	delay, err := failoverDelayOptions(cfg.FailoverDelay, cfg.Lease)
+	if err != nil {
+		db.Close()
+		return nil, err
 	}
+	opts = append(opts, delay...)
 	if cfg.Wait && cfg.WaitFor == 0 {
 		cfg.WaitFor = 5 * cfg.Lease
 	}

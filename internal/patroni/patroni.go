@@ -46,6 +46,15 @@ type Options struct {
 	// TTL, LoopWait and RetryTimeout are Patroni's (defaults 10 s, 1 s,
 	// 3 s; Patroni needs loop_wait + 2 × retry_timeout <= ttl).
 	TTL, LoopWait, RetryTimeout time.Duration
+	// EtcdV2 makes Patroni use etcd's v2 API (Patroni's "etcd" DCS, etcd
+	// started with --enable-v2) instead of v3 ("etcd3"). Patroni 3.0.2's
+	// etcd3 client can take the leader key back unconditionally when a
+	// leader stalled past its ttl resumes (its session expired, it makes a
+	// new one and overwrites the key the new leader holds; fixed in Patroni
+	// 3.0.3, patroni/patroni#2689): the stalled node becomes the leader
+	// again on its old timeline, and the promoted node is demoted. Its v2
+	// client updates the key only if it still holds it.
+	EtcdV2 bool
 	// Logf receives progress lines (t.Logf); nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -122,6 +131,9 @@ func New(t testing.TB, opts Options) *Cluster {
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("PGLEASE_PATRONI_LOGS") != "" {
 			t.Log(c.Logs(20000))
+			if dir, err := c.KeepLogs(); err == nil {
+				t.Logf("the cluster's logs are kept in %s", dir)
+			}
 		}
 		c.Close()
 	})
@@ -254,6 +266,10 @@ func freePorts(n int) ([]int, error) {
 func secs(d time.Duration) int { return max(1, int(d.Round(time.Second)/time.Second)) }
 
 func (c *Cluster) patroniConfig(n *Node, bin string) string {
+	dcs, hostsKey := "etcd3", "hosts"
+	if c.opts.EtcdV2 {
+		dcs, hostsKey = "etcd", "host"
+	}
 	return fmt.Sprintf(`scope: %[1]s
 namespace: /pglease/
 name: %[2]s
@@ -263,8 +279,8 @@ log:
 restapi:
   listen: 127.0.0.1:%[3]d
   connect_address: 127.0.0.1:%[3]d
-etcd3:
-  hosts: 127.0.0.1:%[4]d
+%[12]s:
+  %[13]s: 127.0.0.1:%[4]d
 watchdog:
   mode: "off"
 bootstrap:
@@ -312,7 +328,7 @@ postgresql:
     logging_collector: "off"
     log_min_messages: warning
 `, c.scope, n.Name, n.APIPort, c.etcdPort, secs(c.opts.TTL), secs(c.opts.LoopWait), secs(c.opts.RetryTimeout),
-		c.opts.SynchronousMode, n.PGPort, n.dir, bin)
+		c.opts.SynchronousMode, n.PGPort, n.dir, bin, dcs, hostsKey)
 }
 
 // spawn starts a long-running process in a process group of its own, with
@@ -346,12 +362,15 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer[0])
-	cmd, _, err := c.spawn("etcd.log", nil, nil, "etcd",
-		"--name", "etcd0", "--data-dir", filepath.Join(c.dir, "etcd"),
+	args := []string{"--name", "etcd0", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "etcd0="+peerURL, "--initial-cluster-state", "new",
-		"--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn")
+		"--initial-cluster", "etcd0=" + peerURL, "--initial-cluster-state", "new",
+		"--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"}
+	if c.opts.EtcdV2 {
+		args = append(args, "--enable-v2=true")
+	}
+	cmd, _, err := c.spawn("etcd.log", nil, nil, "etcd", args...)
 	if err != nil {
 		return err
 	}
@@ -675,6 +694,39 @@ func (c *Cluster) KillPostgres(name string) error {
 	return syscall.Kill(pm, syscall.SIGKILL)
 }
 
+// PauseWALSenders stops (SIGSTOP) the node's WAL sender processes, so
+// that its replicas stop receiving while it goes on committing: on an
+// asynchronous cluster, what it commits from then on is lost if it fails
+// now. It returns the number of senders stopped; ResumeWALSenders (or a
+// kill, or Close) ends the pause.
+func (c *Cluster) PauseWALSenders(name string) (int, error) {
+	return c.signalWALSenders(name, syscall.SIGSTOP)
+}
+
+// ResumeWALSenders continues the WAL senders PauseWALSenders stopped.
+func (c *Cluster) ResumeWALSenders(name string) error {
+	_, err := c.signalWALSenders(name, syscall.SIGCONT)
+	return err
+}
+
+func (c *Cluster) signalWALSenders(name string, sig syscall.Signal) (int, error) {
+	_, children := c.node(name).postgresProcs()
+	n := 0
+	for _, pid := range children {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err != nil || !strings.Contains(string(b), "walsender") {
+			continue
+		}
+		if err := syscall.Kill(pid, sig); err == nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("patroni: %s: no WAL sender running", name)
+	}
+	return n, nil
+}
+
 // Freeze stops the whole node — Patroni, the postmaster and every backend
 // — with SIGSTOP, as a stalled VM looks; Thaw resumes it with SIGCONT.
 func (c *Cluster) Freeze(name string) error { return c.signalNode(name, syscall.SIGSTOP) }
@@ -726,6 +778,26 @@ func (c *Cluster) Logs(max int) string {
 	return b.String()
 }
 
+// KeepLogs copies every process's whole log to a directory of its own under
+// the temporary directory (one that outlives Close) and returns it.
+func (c *Cluster) KeepLogs() (string, error) {
+	dir := filepath.Join(os.TempDir(), "pglease-failed-patroni", fmt.Sprintf("%s-%d", c.scope, time.Now().Unix()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	files, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
 // LogLines returns the lines of a node's Patroni log that contain s.
 func (c *Cluster) LogLines(name, s string) []string {
 	f, err := os.Open(filepath.Join(c.dir, name+".log"))
@@ -770,6 +842,7 @@ func (c *Cluster) Close() {
 			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		}
 		killMatching(func(cmdline string) bool { return strings.Contains(cmdline, c.dir) })
+		c.http.CloseIdleConnections()
 		_ = os.RemoveAll(c.dir)
 	})
 }
