@@ -47,7 +47,8 @@ func (r *runs) snapshot() []run {
 // offsets within one period, with a job every second: every period runs
 // exactly once over 12 periods with all 4 replicas up, and no period ever
 // runs twice. Each run reads, while it holds the key, the lease row: its
-// holder must be the running replica, and its last tick names the period.
+// holder must be the running replica, and its last tick is the start of a
+// period (a multiple of it) at or before the claim.
 func TestDurationJobRunsOncePerPeriod(t *testing.T) {
 	const (
 		period   = time.Second
@@ -91,8 +92,14 @@ func TestDurationJobRunsOncePerPeriod(t *testing.T) {
 					continue
 				}
 				r := run{replica: i, holder: li.Holder, period: li.AcquiredAt.Truncate(period)}
-				if li.LastTick != nil {
-					r.period, r.ticked = li.LastTick.UTC(), true
+				if tk := li.LastTick; tk != nil {
+					r.period, r.ticked = tk.UTC(), true
+					// The tick starts a period (a multiple of it) and is
+					// not later than the claim (one clock: same host).
+					if !tk.Truncate(period).Equal(*tk) || tk.After(li.AcquiredAt) {
+						t.Errorf("replica %d claimed tick %s at %s: not the start of the period of its claim", i,
+							tk.Format("15:04:05.000"), li.AcquiredAt.Format("15:04:05.000"))
+					}
 				}
 				got.add(r)
 			}

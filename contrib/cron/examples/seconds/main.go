@@ -1,0 +1,61 @@
+// Command seconds runs a job every 10 seconds by a cron expression with
+// seconds on every replica of a service, and once per activation across all
+// of them.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/robfig/cron/v3"
+
+	"github.com/pglease/pglease"
+	pgleasecron "github.com/pglease/pglease/contrib/cron"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := pglease.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	locker, err := pglease.New(db, pglease.WithLeaseDuration(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	c, err := newCron(locker, "*/10 * * * * *", func() { log.Print("refreshing the cache") })
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done() // waits for a running job
+}
+
+// newCron returns a cron that runs refresh at each activation of spec (six
+// fields, the first one the second), once across every replica that runs it.
+func newCron(locker *pglease.Locker, spec string, refresh func()) (*cron.Cron, error) {
+	c := cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC))
+	// The parser of cron.WithSeconds: a leading seconds field.
+	parser := cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	// "refresh-cache" is the lease key: the same on every replica, unique per job.
+	_, err := pgleasecron.AddJob(c, locker, parser, spec, "refresh-cache", cron.FuncJob(refresh),
+		pgleasecron.WithLocation(time.UTC))
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
