@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -139,7 +140,8 @@ func TestQuickstartRuns(t *testing.T) {
 }
 
 // The election example leads, and on SIGTERM stops leading, resigns and
-// exits 0 — while a second replica takes over.
+// exits 0 — while a second replica takes over. Neither prints an empty
+// leader at the handoff.
 func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 	bin := buildExample(t, "election")
 	start := func() (*exec.Cmd, *bufio.Scanner) {
@@ -156,8 +158,12 @@ func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd, bufio.NewScanner(out)
 	}
+	var emptyLeader atomic.Int32 // lines naming no leader, as at a handoff
 	lines := func(s *bufio.Scanner, ch chan<- string) {
 		for s.Scan() {
+			if l := strings.TrimSpace(s.Text()); l == "leader:" || l == `leader: ""` {
+				emptyLeader.Add(1)
+			}
 			ch <- s.Text()
 		}
 		close(ch)
@@ -198,4 +204,7 @@ func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 	expect(chB, "leading") // B takes over
 	_ = b.Process.Signal(syscall.SIGTERM)
 	expect(chB, "shut down cleanly")
+	if n := emptyLeader.Load(); n > 0 {
+		t.Errorf("the example printed an empty leader %d times (the handoff)", n)
+	}
 }
