@@ -64,7 +64,7 @@ func TestDocSnippetsAreTested(t *testing.T) {
 				continue
 			}
 			if !bytes.Equal(bytes.TrimSpace(want), bytes.TrimSpace(m[3])) {
-				t.Errorf("%s: snippet %s#%s differs from the file: paste the file's text into the page", page, m[1], m[2])
+				t.Errorf("%s: snippet %s differs from the file: paste the file's text into the page", page, bytes.TrimSuffix(m[0][len("<!-- snippet: "):bytes.Index(m[0], []byte(" -->"))], nil))
 			}
 			found[filepath.ToSlash(path)] = true
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/pglease/pglease"
 )
 
+// snippet: lead
 // lead runs this replica's leader loop until ctx ends: one replica leads
 // at a time, and a clean shutdown resigns, so that another replica takes
 // over at once.
@@ -34,3 +35,5 @@ func printLeader(li pglease.LeaseInfo) {
 		fmt.Println("leader:", li.Holder)
 	}
 }
+
+// end snippet: lead

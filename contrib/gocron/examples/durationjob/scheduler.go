@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -9,8 +10,7 @@ import (
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
 )
 
-// newScheduler returns a scheduler that runs syncOrders every period, once
-// per period across every replica that runs it.
+// newScheduler runs syncOrders every period, once per period across replicas.
 func newScheduler(locker *pglease.Locker, period time.Duration, syncOrders func()) (gocron.Scheduler, error) {
 	gl, err := pgleasegocron.NewLocker(locker)
 	if err != nil {
@@ -20,13 +20,9 @@ func newScheduler(locker *pglease.Locker, period time.Duration, syncOrders func(
 	if err != nil {
 		return nil, err
 	}
-	// Not s.NewJob(gocron.DurationJob(period), ...): each replica would fire
-	// at its own phase, and the default minimum hold cannot separate them.
-	// NewDurationJob gives the job a locker that knows the period.
-	_, err = gl.NewDurationJob(s, "sync-orders", period, gocron.NewTask(syncOrders))
-	if err != nil {
-		_ = s.Shutdown()
-		return nil, err
+	// Not s.NewJob(gocron.DurationJob(period), ...): NewDurationJob's locker knows the period.
+	if _, err := gl.NewDurationJob(s, "sync-orders", period, gocron.NewTask(syncOrders)); err != nil {
+		return nil, errors.Join(err, s.Shutdown())
 	}
 	return s, nil
 }
