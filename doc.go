@@ -86,6 +86,15 @@
 // the background by a transaction that first waits for that advisory lock,
 // so it runs after the claim's commit or rollback, never before.
 //
+// A claim waits in one case only: the key's lease has expired while its
+// holder has a fenced transaction open (Lease.Guard), which locks the row;
+// the claim then waits for that transaction to end. It never waits past the
+// local deadline (lease duration minus safety margin): a reply later than
+// that could not be trusted, so the claim fails with an error wrapping
+// context.DeadlineExceeded, and what it may have taken is released in the
+// background once its outcome is known, as for any lost reply (context
+// ended, connection dropped).
+//
 // # Waiting
 //
 // Releases notify "<fence> <key>" on a channel derived from the table name,
