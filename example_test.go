@@ -232,7 +232,8 @@ func ExampleTick() {
 		return nil
 	}
 	scheduled := time.Now().Truncate(time.Hour) // the run's scheduled time, the same on every replica
-	for range 2 {                               // this replica's run, then another replica firing the same tick
+	// This replica's run, then another replica firing the same tick.
+	for range 2 {
 		// snippet: do-tick
 		err := locker.Do(ctx, "hourly-report", job, pglease.Tick(scheduled))
 		switch {
