@@ -116,8 +116,10 @@
 // others), and exactly once while the replicas' clocks agree within the
 // period (a replica ahead by more claims ticks before the others fire them;
 // the ticks it skips over when it takes the lead run nowhere).
-// The adapters for gocron v2 and robfig/cron live in their own modules under
-// contrib/.
+// A job on an interval (every d from each replica's start) fires at each
+// replica's own phase; its tick is the start of the period it fires in, on a
+// grid of d, so each period runs once. The adapters for gocron v2 and
+// robfig/cron, in their own modules under contrib/, derive the ticks.
 //
 // # Failover
 //
