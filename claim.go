@@ -74,8 +74,8 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 
 // claimReply is the claim statement's answer when it did not acquire.
 type claimReply struct {
-	outcome  string // "held", "min-hold" or "ran"
-	fence    int64
+	outcome  string // "held", "min-hold", "ran" or "failover-delay"
+	fence    int64  // for "failover-delay": the server's timeline ID
 	holder   string
 	lastTick sql.NullTime
 	freeIn   time.Duration
@@ -91,6 +91,8 @@ func (r *claimReply) err(key string, lc lockConfig) error {
 		return &AlreadyLockedError{Key: key}
 	case r.outcome == "ran":
 		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.lastTick.Time, Holder: r.holder, Fence: r.fence}
+	case r.outcome == "failover-delay":
+		return &AlreadyLockedError{Key: key, FreeIn: r.freeIn, FailoverDelay: true}
 	}
 	return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, MinHold: r.outcome == "min-hold"}
 }
@@ -107,7 +109,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	ctx, end := l.obs.span(ctx, "claim", key)
 	var rep claimReply // one allocation for every destination
 	err := l.db.queryRow(ctx, l.sql.claim,
-		[]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg()},
+		[]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2]},
 		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS)
 	end(err)
 	switch {
@@ -128,6 +130,9 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		return nil, nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
 	case rep.outcome != "acquired":
 		rep.freeIn = time.Duration(rep.freeInUS) * time.Microsecond
+		if rep.outcome == "failover-delay" {
+			l.delayMet(key, &rep)
+		}
 		return nil, &rep, nil
 	}
 	le := newLease(l, parent, key, rep.fence, token, lc, rep.expires, sentAt)

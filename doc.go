@@ -127,9 +127,12 @@
 // promotion: every fence issued after a failover is above every fence issued
 // before it, even for rows the promoted standby never received. A holder
 // whose row did not survive learns it at its next renew. Acknowledged claims
-// survive only with synchronous replication; what no library can do is fence
-// off an old primary that keeps accepting writes — that is the HA system's
-// job.
+// survive only with synchronous replication. So that such a holder has
+// stopped before another starts, a promoted server grants no key that looks
+// free for one failover delay after the first claim on its timeline
+// (WithFailoverDelay; default one lease duration, ErrFailoverDelay while it
+// lasts). What no library can do is fence off an old primary that keeps
+// accepting writes — that is the HA system's job.
 //
 // # Limits
 //

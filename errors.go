@@ -15,6 +15,13 @@ var (
 	// it).
 	ErrAlreadyLocked = errors.New("pglease: already locked")
 
+	// ErrFailoverDelay means that the key looks free, but the database
+	// failed over less than the failover delay ago (see WithFailoverDelay),
+	// and the holder the old primary may have granted it to could still be
+	// working. Errors that wrap it also wrap ErrAlreadyLocked: for a
+	// scheduler it means "skip this run", for Acquire "wait".
+	ErrFailoverDelay = errors.New("pglease: failover delay in force")
+
 	// ErrAlreadyRun means that a claim tied to a tick (see Tick) found that
 	// tick, or a later one, already claimed on the key. For a scheduler it
 	// means "skip: this tick has run (or is running) elsewhere". It is not
@@ -55,8 +62,11 @@ var (
 )
 
 // AlreadyLockedError is returned (wrapping ErrAlreadyLocked) when another holder has
-// the key. Holder and Fence are zero when the claim met a concurrent claim
-// still in flight (it cannot tell who will win).
+// the key, or may have it: during a failover delay (FailoverDelay true;
+// the error then wraps ErrFailoverDelay too). Holder and Fence are zero
+// when the claim met a concurrent claim still in flight (it cannot tell
+// who will win) and during a failover delay (the promoted server does not
+// know who the old primary's holder is).
 type AlreadyLockedError struct {
 	Key    string
 	Holder string
@@ -68,11 +78,18 @@ type AlreadyLockedError struct {
 	// MinHold is true when the holder has released the key and only its
 	// minimum hold blocks it.
 	MinHold bool
+	// FailoverDelay is true when the key looks free but the server's
+	// timeline is inside its failover delay (see WithFailoverDelay); FreeIn
+	// is then the time left until the delay ends.
+	FailoverDelay bool
 }
 
 // Error says who holds the key, or why it is blocked.
 func (e *AlreadyLockedError) Error() string {
 	switch {
+	case e.FailoverDelay:
+		return fmt.Sprintf("pglease: %q is not granted for another %v: the database failed over less than the failover delay ago, "+
+			"and a holder of the old primary may still be working", e.Key, e.FreeIn.Round(time.Millisecond))
 	case e.Holder == "":
 		return fmt.Sprintf("pglease: %q is being claimed by another holder right now", e.Key)
 	case e.MinHold:
@@ -83,8 +100,11 @@ func (e *AlreadyLockedError) Error() string {
 		e.Key, e.Holder, e.Fence, e.FreeIn.Round(time.Millisecond))
 }
 
-// Is makes errors.Is(err, ErrAlreadyLocked) true.
-func (e *AlreadyLockedError) Is(target error) bool { return target == ErrAlreadyLocked }
+// Is makes errors.Is(err, ErrAlreadyLocked) true, and errors.Is(err,
+// ErrFailoverDelay) true when FailoverDelay is.
+func (e *AlreadyLockedError) Is(target error) bool {
+	return target == ErrAlreadyLocked || (e.FailoverDelay && target == ErrFailoverDelay)
+}
 
 // AlreadyRunError is returned (wrapping ErrAlreadyRun) by a claim for a
 // tick at or before the key's last claimed tick.

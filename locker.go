@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,9 +22,12 @@ type Locker struct {
 	log    *slog.Logger
 	obs    observer
 	lis    *listener
-	// claimArgs are the claim's $2 (holder) and $4 (lease duration in µs),
-	// boxed once rather than at every claim.
-	claimArgs [2]any
+	// claimArgs are the claim's $2 (holder), $4 (lease duration in µs) and
+	// $6 (failover delay in µs), boxed once rather than at every claim.
+	claimArgs [3]any
+	// delayLogged is the highest timeline whose failover delay this Locker
+	// has logged (once per timeline).
+	delayLogged atomic.Int64
 
 	mu      sync.Mutex
 	leases  map[*Lease]struct{}
@@ -60,7 +64,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		byKey:  make(map[string]*Lease),
 		obs:    newObserver(cfg),
 	}
-	l.claimArgs = [2]any{l.holder, cfg.duration.Microseconds()}
+	l.claimArgs = [3]any{l.holder, cfg.duration.Microseconds(), cfg.failoverDelay.Microseconds()}
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil

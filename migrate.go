@@ -16,6 +16,13 @@ func SchemaVersion() int { return len(migrations) }
 // lock, and each applies only what is missing, in one transaction. It takes
 // only WithTable. The schema part of a "schema.table" name must exist.
 //
+// Migrate also creates <table>_timelines, which the failover delay uses
+// (see WithFailoverDelay). When it creates the lease table, it records the
+// server's current timeline as past its delay: no lease can predate the
+// table. Upgrading an existing table records nothing, so on a server that
+// has been promoted before (timeline above 1) the first claim after the
+// upgrade starts one delay, as after a failover.
+//
 // A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
 // and change nothing.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
@@ -46,11 +53,21 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 			return fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d",
 				ErrSchemaTooNew, t.display, current, len(migrations))
 		}
+		var existed bool
+		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &existed); err != nil {
+			return err
+		}
 		for v := current; v < len(migrations); v++ {
 			if _, err := tx.exec(ctx, t.bind(migrations[v])); err != nil {
 				return fmt.Errorf("migration to version %d: %w", v+1, err)
 			}
 			if _, err := tx.exec(ctx, st.recordVersion, v+1); err != nil {
+				return err
+			}
+		}
+		if !existed {
+			// A new table: no holder of an older primary can exist.
+			if _, err := tx.exec(ctx, st.timelineCreated); err != nil {
 				return err
 			}
 		}
@@ -91,7 +108,10 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 // SchemaSQL returns the DDL that Migrate applies to an empty database, for
 // teams that run their own migration tool. table is "" for DefaultTable.
 // The version table is included so that Migrate, run later, finds the
-// schema current and does nothing.
+// schema current and does nothing; so is the statement that records the
+// server's current timeline as past its failover delay (a new table has
+// no holder to wait for), which must run on the server the table is
+// created on.
 func SchemaSQL(tableName string) (string, error) {
 	if tableName == "" {
 		tableName = DefaultTable
@@ -108,5 +128,6 @@ func SchemaSQL(tableName string) (string, error) {
 		b.WriteString(strings.TrimSpace(t.bind(m)) + ";\n")
 		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", t.version, v+1)
 	}
+	b.WriteString(strings.TrimSpace(t.bind(timelineCreatedSQL)) + ";\n")
 	return b.String(), nil
 }

@@ -30,6 +30,7 @@ const (
 	outcomeAcquired   = "acquired"
 	outcomeHeld       = "held"
 	outcomeAlreadyRun = "already_run"
+	outcomeDelay      = "failover_delay"
 	outcomeError      = "error"
 )
 
@@ -37,6 +38,8 @@ func outcomeOf(le *Lease, err error) string {
 	switch {
 	case le != nil:
 		return outcomeAcquired
+	case errors.Is(err, ErrFailoverDelay):
+		return outcomeDelay
 	case errors.Is(err, ErrAlreadyLocked):
 		return outcomeHeld
 	case errors.Is(err, ErrAlreadyRun):

@@ -72,6 +72,7 @@ type config struct {
 	minHold        time.Duration
 	listen         ListenMode
 	poll           time.Duration
+	failoverDelay  time.Duration // -1: the lease duration
 	errs           []error
 }
 
@@ -133,8 +134,8 @@ func WithHolder(id string) Option {
 	})
 }
 
-// WithLogger sets where lease losses (ERROR) and failed renewals (WARN) are
-// logged (default slog.Default()).
+// WithLogger sets where lease losses (ERROR), failed renewals and the start
+// of a failover delay (WARN) are logged (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }
@@ -205,7 +206,7 @@ func tableConfig[O Option](opts []O) (config, table, error) {
 }
 
 func buildConfig(opts []Option) (config, table, error) {
-	c := config{table: DefaultTable, duration: 60 * time.Second, margin: -1, releaseTimeout: 5 * time.Second}
+	c := config{table: DefaultTable, duration: 60 * time.Second, margin: -1, releaseTimeout: 5 * time.Second, failoverDelay: -1}
 	for _, o := range opts {
 		if o == nil {
 			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
@@ -237,6 +238,9 @@ func buildConfig(opts []Option) (config, table, error) {
 		return c, t, fmt.Errorf("%w: heartbeat %v must be between %v and half of lease %v minus margin %v (%v), "+
 			"so that a failed renew is retried once before the local deadline",
 			ErrInvalidOption, c.heartbeat, MinHeartbeat, c.duration, c.margin, (c.duration-c.margin)/2)
+	}
+	if c.failoverDelay < 0 {
+		c.failoverDelay = c.duration
 	}
 	if c.poll == 0 {
 		c.poll = min(time.Second, c.duration)

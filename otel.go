@@ -38,7 +38,8 @@ type telemetryConfig struct {
 //	pglease.lease.held        UpDownCounter {lease}  leases held now by this process
 //	pglease.claims            Counter {claim}        claims (Lock; each attempt of Acquire, Campaign),
 //	                                                 by pglease.claim.outcome: acquired, held,
-//	                                                 already_run, error
+//	                                                 already_run, failover_delay (refused by the
+//	                                                 failover delay), error
 //	pglease.lease.losses      Counter {lease}        leases lost, by pglease.loss.reason: renew_found_gone,
 //	                                                 local_deadline, superseded, gone_at_unlock,
 //	                                                 gone_at_guard, forced, failover, read_only
@@ -176,8 +177,8 @@ func newOtelMetrics(m metric.Meter, tableName string) *otelMetrics {
 		otel.Handle(err)
 	}
 	om.tableOnly = metric.WithAttributeSet(attribute.NewSet(om.table))
-	om.byOutcome = make(map[string]metric.MeasurementOption, 4)
-	for _, o := range []string{outcomeAcquired, outcomeHeld, outcomeAlreadyRun, outcomeError} {
+	om.byOutcome = make(map[string]metric.MeasurementOption, 5)
+	for _, o := range []string{outcomeAcquired, outcomeHeld, outcomeAlreadyRun, outcomeDelay, outcomeError} {
 		om.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(om.table, attrOutcome.String(o)))
 	}
 	return om

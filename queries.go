@@ -8,7 +8,8 @@ import (
 
 // This file holds every SQL statement pglease runs, so that they can be read
 // (and reviewed) in one place. Each is a single round trip. `{T}` is the
-// quoted lease table, `{V}` its version table, `{F}` the fence-guard table.
+// quoted lease table, `{V}` its version table, `{F}` the fence-guard table,
+// `{Z}` the timeline table (the first claim seen on each timeline).
 //
 // Every expiry decision uses the server's clock_timestamp(), read once per
 // statement in the `now` CTE: no client clock enters any decision.
@@ -18,11 +19,12 @@ import (
 //	{HELD:a:ts} is true when the row aliased a blocks claims at time ts:
 //	            unreleased and unexpired, or released by its holder but
 //	            still inside its minimum hold (hold_until).
+//	{TLID}      the server's current timeline ID, read from the WAL file
+//	            name of the current insert position (its first 8 hex
+//	            digits), which grows at every promotion and is readable at
+//	            once on a freshly promoted primary.
 //	{BASE}      the fence base of the server's current timeline:
-//	            (timeline - 1) << 40, read from the WAL file name of the
-//	            current insert position (the first 8 hex digits are the
-//	            timeline ID, which grows at every promotion and is readable
-//	            at once on a freshly promoted primary). On timeline 1 it is
+//	            ({TLID} - 1) << 40. On timeline 1 it is
 //	            0, so fences read 1, 2, 3...; after a failover every new
 //	            fence is above 2^40 x (old timeline), above every fence the
 //	            old primary can have issued (up to 2^40 claims per key and
@@ -33,28 +35,51 @@ import (
 const (
 	heldFrag = `(CASE WHEN a.released_at IS NULL THEN a.expires_at > ts
 	      ELSE coalesce(a.hold_until > ts, false) END)`
-	baseFrag = `((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40)`
+	tlidFrag = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
+	baseFrag = `((` + tlidFrag + ` - 1) << 40)`
 )
 
 // claimSQL takes the key if it is free (released, expired, never held), or
 // re-claims it for the same claim (same holder and token: a retry after a
-// lost reply).
+// lost reply) — unless the failover delay is in force (see below).
 //
 //	$1 key, $2 holder, $3 token, $4 lease duration in microseconds,
-//	$5 tick (timestamptz, NULL for a claim not tied to a tick)
+//	$5 tick (timestamptz, NULL for a claim not tied to a tick),
+//	$6 failover delay in microseconds (0: none)
 //
 // Result: (outcome, fence, expires_at, holder, last_tick, free_in_us) with
 // outcome 'acquired', 'held' (someone else holds the key: free_in_us says
 // until when on the server clock), 'min-hold' (released, but blocked by its
-// minimum hold for free_in_us) or 'ran'
-// (the key's last tick is at or after $5). No row at all: a concurrent
+// minimum hold for free_in_us), 'ran' (the key's last tick is at or after
+// $5) or 'failover-delay' (the key looks free, but the server's timeline is
+// inside its failover delay for free_in_us more; fence is the timeline ID,
+// expires_at the delay's end, holder empty). No row at all: a concurrent
 // claim of the same key is in flight (it holds {LOCK}).
 //
 // Why it costs nothing on the common path. The `cur` CTE finds a holder or
-// a tick already run; then the INSERT's SELECT yields no row, so the
+// a tick already run; then the INSERTs' SELECTs yield no row, so the
 // statement writes nothing: no row lock, no advisory lock, no transaction
-// id, no WAL, no durable commit. This is what every replica but one does on
-// every tick.
+// id, no WAL, no durable commit. The timeline is not even looked at. This
+// is what every replica but one does on every tick.
+//
+// The failover delay. After an asynchronous failover the promoted server
+// may show a key free (or have no row for it) while the holder the old
+// primary granted it to still works, until its local deadline. A claim
+// that finds the key free therefore looks up the server's timeline ({TLID})
+// in {Z}: the first claim to see a new timeline records it there with its
+// clock_timestamp() (`marked`, durable with the claim's commit) and grants
+// nothing; later claims grant nothing until first_claim_at + $6 (`gate`).
+// Every holder of an older timeline got its last reply from the old primary
+// before the failover, hence before first_claim_at; with $6 at least its
+// lease duration, its local deadline (one lease duration minus the safety
+// margin after it sent its last successful claim or renew) has passed by
+// then. Timeline 1 has no predecessor: no delay, nothing recorded. A claim
+// whose snapshot misses a row that a concurrent claim has just recorded
+// (ON CONFLICT then does nothing) counts the delay from its own clock:
+// later than the recorded one, never earlier. A claim with $6 = 0 neither
+// looks at the timeline nor records it: the Lockers of the table that have
+// a delay count it from their own first claim, later, never earlier. Keys
+// that look held are not concerned: their leases are waited for as usual.
 //
 // Why racing claims do not all write. A claim that can succeed first takes
 // {LOCK} with pg_try_advisory_xact_lock: of several claims racing for a key
@@ -78,7 +103,8 @@ const (
 //
 // Durability: the claim commits durably (the session's synchronous_commit,
 // on by default). A claim lost in a crash could hand the same fence to the
-// next claimer while its holder still writes under it.
+// next claimer while its holder still writes under it; a lost timeline
+// record would restart the delay, which only delays.
 const claimSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 cur AS (
@@ -92,11 +118,28 @@ cur AS (
 	  AND NOT (l.holder = $2 AND l.token = $3)
 	  AND ({HELD:l:now.ts} OR coalesce(l.last_tick >= $5::timestamptz, false))
 ),
+tl AS (
+	SELECT {TLID} AS id, now.ts FROM now WHERE $6::bigint > 0 AND NOT EXISTS (SELECT FROM cur)
+),
+seen AS (
+	SELECT z.first_claim_at AS at FROM {Z} AS z, tl WHERE z.timeline = tl.id AND tl.id > 1
+),
+marked AS (
+	INSERT INTO {Z} (timeline, first_claim_at)
+	SELECT tl.id, tl.ts FROM tl WHERE tl.id > 1 AND NOT EXISTS (SELECT FROM seen)
+	ON CONFLICT (timeline) DO NOTHING
+),
+gate AS (
+	SELECT tl.id, coalesce((SELECT at FROM seen), tl.ts) + $6::bigint * interval '1 microsecond' AS until, tl.ts
+	FROM tl
+	WHERE tl.id > 1
+	  AND coalesce((SELECT at FROM seen), tl.ts) + $6::bigint * interval '1 microsecond' > tl.ts
+),
 claimed AS (
 	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at, last_tick)
 	SELECT $1, $2, $3, {BASE} + 1, now.ts, now.ts + $4::bigint * interval '1 microsecond', $5::timestamptz
 	FROM now
-	WHERE CASE WHEN NOT EXISTS (SELECT FROM cur) THEN {LOCK} ELSE false END
+	WHERE CASE WHEN NOT EXISTS (SELECT FROM cur) AND NOT EXISTS (SELECT FROM gate) THEN {LOCK} ELSE false END
 	ON CONFLICT (key) DO UPDATE SET
 		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE: see above
 		holder      = EXCLUDED.holder,
@@ -117,7 +160,11 @@ UNION ALL
 SELECT CASE WHEN ran THEN 'ran' WHEN released THEN 'min-hold' ELSE 'held' END,
        fence, expires_at, holder, last_tick,
        CASE WHEN held THEN free_in_us ELSE 0 END
-FROM cur`
+FROM cur
+UNION ALL
+SELECT 'failover-delay', id, until, '', NULL::timestamptz,
+       (extract(epoch FROM until - ts) * 1000000)::bigint
+FROM gate`
 
 // sameClaim: the row is this very claim, still live (a retry keeps its fence).
 const sameClaimFrag = `(l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
@@ -389,7 +436,33 @@ var migrations = []string{
 	// released by an older pglease have both NULL and stay free.
 	`ALTER TABLE {T} ADD COLUMN IF NOT EXISTS hold_until timestamptz,
 	ADD COLUMN IF NOT EXISTS last_tick timestamptz`,
+	// v4: the timeline table (the failover delay, see claimSQL): when the
+	// first claim on each timeline of the server ran. One row per
+	// promotion. An upgraded table has no row for the current timeline, so
+	// the first claim after the upgrade on a timeline above 1 starts a
+	// delay, as after a failover: the table cannot tell whether one just
+	// happened.
+	`CREATE TABLE IF NOT EXISTS {Z} (
+	timeline       bigint      PRIMARY KEY CHECK (timeline > 0),
+	first_claim_at timestamptz NOT NULL
+)`,
 }
+
+// tableExistsSQL reports whether the lease table exists yet (Migrate, before
+// it creates it).
+//
+//	$1 the quoted table name
+const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
+
+// timelineCreatedSQL records the server's current timeline as past its
+// failover delay (first_claim_at = -infinity). Migrate runs it only when it
+// has just created the lease table, in the same transaction: no lease of
+// the table can predate it, so no holder of an older primary can be
+// running. It writes nothing on timeline 1, which needs no delay.
+const timelineCreatedSQL = `
+INSERT INTO {Z} (timeline, first_claim_at)
+SELECT {TLID}, '-infinity' WHERE {TLID} > 1
+ON CONFLICT (timeline) DO NOTHING`
 
 // notifyProbeSQL is the listener's self-test: a notification it must
 // receive on its own connection (see listener.go).
@@ -427,7 +500,7 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 type statements struct {
 	claim, renew, release, releaseMany, releaseLost, forceRelease, list  string
 	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
-	versionTable, currentVersion, recordVersion                          string
+	versionTable, currentVersion, recordVersion, timelineCreated         string
 	guard, fenceAdvance, fenceCurrent                                    string
 }
 
@@ -448,37 +521,39 @@ func fragments(sql string) string {
 	return strings.NewReplacer(
 		"{SAME}", sameClaimFrag,
 		"{BASE}", baseFrag,
+		"{TLID}", tlidFrag,
 		"{LOCK}", "pg_try_advisory_xact_lock({C}, hashtext($1))",
 	).Replace(sql)
 }
 
 // bindNames is the last step of binding: table names, lock class, channel.
 func (t table) bindNames(sql string) string {
-	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences,
+	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences, "{Z}", t.timelines,
 		"{C}", strconv.Itoa(int(t.lockClass)), "{N}", t.channel).Replace(sql)
 }
 
 func (t table) statements() statements {
 	b := t.bind
 	return statements{
-		claim:          b(claimSQL),
-		renew:          b(renewSQL),
-		release:        b(releaseSQL),
-		releaseMany:    b(releaseManySQL),
-		releaseLost:    b(releaseLostSQL),
-		abandonLock:    b(abandonLockSQL),
-		abandon:        b(abandonSQL),
-		notifyProbe:    b(notifyProbeSQL),
-		leader:         b(leaderSQL),
-		timelineBase:   b(timelineBaseSQL),
-		lockTimeout:    b(lockTimeoutSQL),
-		forceRelease:   b(forceReleaseSQL),
-		list:           b(listSQL),
-		versionTable:   b(versionTableSQL),
-		currentVersion: b(currentVersionSQL),
-		recordVersion:  b(recordVersionSQL),
-		guard:          b(guardSQL),
-		fenceAdvance:   b(fenceAdvanceSQL),
-		fenceCurrent:   b(fenceCurrentSQL),
+		claim:           b(claimSQL),
+		renew:           b(renewSQL),
+		release:         b(releaseSQL),
+		releaseMany:     b(releaseManySQL),
+		releaseLost:     b(releaseLostSQL),
+		abandonLock:     b(abandonLockSQL),
+		abandon:         b(abandonSQL),
+		notifyProbe:     b(notifyProbeSQL),
+		leader:          b(leaderSQL),
+		timelineBase:    b(timelineBaseSQL),
+		lockTimeout:     b(lockTimeoutSQL),
+		forceRelease:    b(forceReleaseSQL),
+		list:            b(listSQL),
+		versionTable:    b(versionTableSQL),
+		currentVersion:  b(currentVersionSQL),
+		recordVersion:   b(recordVersionSQL),
+		timelineCreated: b(timelineCreatedSQL),
+		guard:           b(guardSQL),
+		fenceAdvance:    b(fenceAdvanceSQL),
+		fenceCurrent:    b(fenceCurrentSQL),
 	}
 }

@@ -27,6 +27,9 @@ type table struct {
 	quoted  string // "schema"."name", for statements
 	version string // the companion version table, quoted
 	fences  string // the companion fence-guard table, quoted
+	// timelines is the companion timeline table (the failover delay),
+	// quoted.
+	timelines string
 
 	// lockClass is the first key of the claims' advisory locks, and
 	// channel the name releases are notified on: both derived from the
@@ -61,6 +64,7 @@ func parseTable(name string) (table, error) {
 		quoted:    quoted,
 		version:   ident("_version"),
 		fences:    ident("_fences"),
+		timelines: ident("_timelines"),
 		lockClass: int32(uint32(sum)),
 		channel:   fmt.Sprintf("pglease_%016x", sum),
 	}, nil

@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,7 +29,60 @@ import (
 // mean is. Run it with a fixed iteration count and several rounds
 // (-benchtime 400x -count 9, as benchrun does): the report gives the median
 // of the rounds and their min–max. ns/op is the whole iteration.
+//
+// It runs once per Locker variant (lockerVariants): the default
+// configuration as Interleaved/driver=…, every other one as
+// Interleaved/variant=NAME/driver=…, each against its own floor.
 func BenchmarkInterleaved(b *testing.B) {
+	for _, v := range selectedVariants(b) {
+		if v.name == defaultVariant {
+			interleaved(b, v.opts)
+			continue
+		}
+		b.Run("variant="+v.name, func(b *testing.B) { interleaved(b, v.opts) })
+	}
+}
+
+// defaultVariant is the library's default configuration: the targets' source.
+const defaultVariant = "default"
+
+// lockerVariants are the Locker configurations BenchmarkInterleaved
+// measures; to compare another one, add a row (the report shows each next
+// to the default). PGLEASE_BENCH_VARIANTS (a comma list of names; benchrun's
+// -variants) runs only those named.
+var lockerVariants = []lockerVariant{
+	{defaultVariant, nil},
+	// The same options again: how far apart two runs of one configuration
+	// come out, the resolution of every other comparison.
+	{"aa-control", nil},
+}
+
+// EnvVariants selects the variants of BenchmarkInterleaved (empty: all).
+const EnvVariants = "PGLEASE_BENCH_VARIANTS"
+
+// lockerVariant is a named set of Locker options.
+type lockerVariant struct {
+	name string
+	opts []pglease.Option
+}
+
+func selectedVariants(b *testing.B) []lockerVariant {
+	list := os.Getenv(EnvVariants)
+	if list == "" {
+		return lockerVariants
+	}
+	var out []lockerVariant
+	for _, name := range strings.Split(list, ",") {
+		i := slices.IndexFunc(lockerVariants, func(v lockerVariant) bool { return v.name == strings.TrimSpace(name) })
+		if i < 0 {
+			b.Fatalf("%s: no Locker variant %q", EnvVariants, name)
+		}
+		out = append(out, lockerVariants[i])
+	}
+	return out
+}
+
+func interleaved(b *testing.B, opts []pglease.Option) {
 	drivers(b, func(b *testing.B, p *pgxpool.Pool, d *sql.DB) {
 		ctx := context.Background()
 		const upsert = `INSERT INTO bench_floor (id, n) VALUES (4, 1)
@@ -36,7 +91,7 @@ ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 		held, err := other.Lock(ctx, "bench-interleaved-held")
 		must(b, err)
 		defer held.Unlock(ctx)
-		l := lockerOn(b, p, d)
+		l := lockerOn(b, p, d, opts...)
 		var one int
 		ops := [4]func(){
 			func() { // SELECT 1

@@ -62,7 +62,7 @@ func run(m *testing.M) int {
 	}()
 	pgURL = os.Getenv(EnvPG)
 	if pgURL == "" {
-		c, err := pgleasetest.Start(ctx, benchenv.Durable(nil))
+		c, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cannot start a durable throw-away PostgreSQL: %v\n", err)
 			return 1

@@ -38,11 +38,21 @@ func newServeCmd(e *env) *cobra.Command {
 		Short: "Serve a live status page, /api/leases, /metrics and /healthz (localhost, read-only by default)",
 		Long: `serve runs an HTTP server for one lease table:
 
-  /              a status page that updates itself (no reload, no external assets)
-  /api/leases    the leases as JSON (times RFC 3339, durations in ms)
+  /              a status page that updates itself (no reload, no external assets):
+                 a table in natural key order (job-2 before job-10), sortable,
+                 filtered by key prefix, holder and state, paged by the database,
+                 with counts by state and by holder
+  /key/KEY       one key: its row now (KEY percent-encoded)
+  /api/leases    one page as JSON (times RFC 3339, durations in ms); query
+                 prefix, holder, state, sort, order, offset, limit (at most 500)
   /events        the same as server-sent events, every --interval
   /metrics       Prometheus text format (OpenTelemetry gauges read at scrape time)
   /healthz       200 "ok" when the database answers and the table exists, else 503
+
+Every read is bounded by the page shown: counts are computed in SQL, and all
+open pages share one read per view per --interval. On a large table, create the
+natural-order index that docs/status-page.md gives: a page in key order is then
+an index scan instead of a sort of the table.
 
 It listens on 127.0.0.1 by default and refuses any non-loopback address unless
 --allow-remote is given: the server has no login of its own, so expose it only
@@ -125,8 +135,13 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(4) // page, event streams, scrapes and health checks share it
-	// The table must be readable at start: a typo is an error, not a page.
-	if _, err := pglease.List(ctx, db, pglease.WithTable(f.db.table)); err != nil {
+	// The table must be migrated at start: a typo is an error, not a page.
+	// (The version table only: the lease table may be large.)
+	v, err := pglease.SchemaVersionOf(ctx, db, pglease.WithTable(f.db.table))
+	if err == nil && v < pglease.SchemaVersion() {
+		err = fmt.Errorf("%w: %s is at schema version %d of %d", pglease.ErrNotMigrated, f.db.table, v, pglease.SchemaVersion())
+	}
+	if err != nil {
 		return explain(err, f.db.table)
 	}
 	srv, err := statuspage.New(statuspage.Config{

@@ -83,10 +83,12 @@ func (x *pair) open(driver, dsn string) *sql.DB {
 
 // locker returns a Locker (holder = name) on the multi-host string, through
 // the named driver: "stdlib" (pgx's database/sql driver), "pgxpool" or
-// "libpq".
+// "libpq". Its failover delay is off: these tests are about fences and
+// what holders are told, and claim right after the promotion (the delay is
+// tested in the root package, TestFailoverDelay*).
 func (x *pair) locker(name, driver string) *pglease.Locker {
 	opts := []pglease.Option{pglease.WithTable(x.table), pglease.WithHolder(name),
-		pglease.WithLeaseDuration(lease), pglease.WithHeartbeat(beat)}
+		pglease.WithLeaseDuration(lease), pglease.WithHeartbeat(beat), pglease.WithFailoverDelay(0)}
 	var l *pglease.Locker
 	var err error
 	switch driver {

@@ -50,7 +50,12 @@ type Stats struct {
 	// first holder stopped (exempt from invariant 4 under asynchronous
 	// replication: the new primary never saw the lease, or its renewals).
 	Failovers, LostGrants, LostWrites, AsyncOverlaps int
-	ViolationsByInvariant                            [9]int
+	// DelayedClaims: claims refused by the failover delay (each Lock; an
+	// Acquire's Locker counts once per timeline). DelayedKeys: per
+	// failover, the keys that had at least one claim refused by it, summed
+	// over the failovers (what the delay cost: grants it postponed).
+	DelayedClaims, DelayedKeys int
+	ViolationsByInvariant      [9]int
 }
 
 // CheckConfig tunes the checker.
@@ -154,7 +159,7 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 	pauses := map[string][][2]int64{}
 	killed := map[string]int64{}
 	forced := map[leaseID]bool{}
-	var writes, probes []Event
+	var writes, probes, delayed []Event
 	var fos []*failover
 	snaps := map[int64]*failover{} // by t0
 	foAt := func(t0 int64) *failover {
@@ -240,6 +245,9 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			f := foAt(e.T0)
 			f.t = e.T
 			fos = append(fos, f)
+		case EvDelayed:
+			st.DelayedClaims++
+			delayed = append(delayed, e)
 		case EvProbe, EvProbeFail:
 			probes = append(probes, e)
 		case EvConnLeak:
@@ -327,6 +335,23 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		add(8, "a write of %s on %q (fence %d, write #%d), acknowledged at %s, was lost by the failover at %s (the promoted synchronous standby had %d writes)",
 			e.Proc, e.Key, e.Fence, e.N, ts(e.T), ts(nextFailover(e.T).t0), have)
+	}
+	lastFailover := func(t int64) *failover { // the last failover whose kill came before t
+		i := sort.Search(len(fos), func(i int) bool { return fos[i].t0 > t })
+		if i > 0 {
+			return fos[i-1]
+		}
+		return nil
+	}
+	delayedKeys := map[*failover]map[string]bool{}
+	for _, e := range delayed {
+		if f := lastFailover(e.T); f != nil && !delayedKeys[f][e.Key] {
+			if delayedKeys[f] == nil {
+				delayedKeys[f] = map[string]bool{}
+			}
+			delayedKeys[f][e.Key] = true
+			st.DelayedKeys++
+		}
 	}
 	for _, l := range leases {
 		if f := nextFailover(l.grant.T); f != nil && l.grant.Fence > f.fence[l.id.key] {

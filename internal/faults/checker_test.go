@@ -246,6 +246,26 @@ func TestCheckerFailover(t *testing.T) {
 	}
 }
 
+// Claims refused by the failover delay are counted, and the keys they
+// postponed per failover: two refusals of k and one of j after the first
+// failover, one of k after the second, make 3 keys delayed.
+func TestCheckerDelayedKeys(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	d := func(p, k string, t int64) Event {
+		return Event{T0: t * ms, T: t * ms, Proc: p, Kind: EvDelayed, Key: k}
+	}
+	h := []Event{
+		{T0: 100 * ms, T: 200 * ms, Proc: "controller", Kind: EvFailover},
+		d("a", "k", 210), d("b", "k", 220), d("b", "j", 230),
+		{T0: 500 * ms, T: 600 * ms, Proc: "controller", Kind: EvFailover},
+		d("a", "k", 610),
+	}
+	st, vs := Check(Merge(h), CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second})
+	if len(vs) != 0 || st.DelayedClaims != 4 || st.DelayedKeys != 3 {
+		t.Fatalf("delayed claims %d, keys %d (want 4, 3): %v", st.DelayedClaims, st.DelayedKeys, vs)
+	}
+}
+
 // Waiters' grants (Acquire: T0 is the call, long before the grant) are
 // checked like any other: counted apart, no violation when the previous
 // holder stopped first, invariant 4 when a waiter's lease was not

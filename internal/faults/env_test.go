@@ -78,6 +78,11 @@ type profile struct {
 	output string
 }
 
+// failoverDelayOff: FAULTS_FAILOVER_DELAY=off runs every replica (and the
+// probe) with WithFailoverDelay(0); by default they keep the library's
+// delay (one lease duration), which matters only in the failover kinds.
+func failoverDelayOff() bool { return os.Getenv("FAULTS_FAILOVER_DELAY") == "off" }
+
 func currentProfile(t *testing.T) profile {
 	if os.Getenv("FAULTS_PROFILE") == "long" {
 		out := os.Getenv("FAULTS_OUT")
@@ -184,6 +189,7 @@ func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
 		Wait: seq%2 == 0, WaitFor: 5 * e.lease(),
+		NoFailoverDelay: failoverDelayOff(),
 	}
 	if e.sc.listenNever {
 		c.Wait, c.ListenNever = seq%4 != 1, seq%4 == 0
@@ -331,7 +337,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", ResourceTable(e.table)} {
+		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", e.table + "_timelines", ResourceTable(e.table)} {
 			_, _ = e.admin.ExecContext(c, `DROP TABLE IF EXISTS "`+n+`"`)
 		}
 	})
@@ -447,7 +453,11 @@ func (e *env) stopAll() {
 // probe: a fresh Locker must acquire every key within Lease + slack of
 // the faults stopping (invariant 5).
 func (e *env) probe(tq int64) {
-	l, err := pglease.New(e.admin, pglease.WithTable(e.table), pglease.WithLeaseDuration(e.lease()), pglease.WithHolder("probe-"+e.app))
+	opts := []pglease.Option{pglease.WithTable(e.table), pglease.WithLeaseDuration(e.lease()), pglease.WithHolder("probe-" + e.app)}
+	if failoverDelayOff() {
+		opts = append(opts, pglease.WithFailoverDelay(0))
+	}
+	l, err := pglease.New(e.admin, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -297,10 +297,10 @@ func TestFaults(t *testing.T) {
 				rw.elapsed += res.Elapsed
 				addStats(&rw.st, res.Stats)
 				rw.samples = append(rw.samples, res.Violations...)
-				t.Logf("run %d: %v, grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, failovers %d (lost grants %d, lost writes %d, overlaps %d), violations %d",
+				t.Logf("run %d: %v, grants %d, handoffs %d (after loss %d), writes %d ok / %d rejected, faults %d, failovers %d (lost grants %d, lost writes %d, overlaps %d, keys delayed %d, claims refused by the delay %d), violations %d",
 					run, res.Elapsed.Round(time.Millisecond), res.Stats.Grants, res.Stats.Handoffs, res.Stats.Takeovers,
 					res.Stats.WritesOK, res.Stats.WritesRejected, res.Stats.Faults, res.Stats.Failovers,
-					res.Stats.LostGrants, res.Stats.LostWrites, res.Stats.AsyncOverlaps, res.Stats.Total())
+					res.Stats.LostGrants, res.Stats.LostWrites, res.Stats.AsyncOverlaps, res.Stats.DelayedKeys, res.Stats.DelayedClaims, res.Stats.Total())
 			}
 			if rw.st.Faults == 0 {
 				t.Errorf("no fault was injected (no key was ever seen held)")
@@ -395,6 +395,8 @@ func addStats(a *Stats, b Stats) {
 	a.LostGrants += b.LostGrants
 	a.LostWrites += b.LostWrites
 	a.AsyncOverlaps += b.AsyncOverlaps
+	a.DelayedClaims += b.DelayedClaims
+	a.DelayedKeys += b.DelayedKeys
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
@@ -402,8 +404,12 @@ func addStats(a *Stats, b Stats) {
 
 func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run), %v in all\n\n", prof.name, prof.lease, prof.phase, elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
+	delay := "failover delay on (one lease)"
+	if failoverDelayOff() {
+		delay = "failover delay off (FAULTS_FAILOVER_DELAY=off)"
+	}
+	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %v, %v of faults per run, %s), %v in all\n\n", prof.name, prof.lease, prof.phase, delay, elapsed.Round(time.Second))
+	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps / keys delayed (claims refused) | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
@@ -419,7 +425,8 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration) string {
 		}
 		fo := "—"
 		if r.st.Failovers > 0 {
-			fo = fmt.Sprintf("%d: %d / %d / %d", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps)
+			fo = fmt.Sprintf("%d: %d / %d / %d / %d (%d)", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps,
+				r.st.DelayedKeys, r.st.DelayedClaims)
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %s | %d | %d | %v | %d | %s | %s |\n",
 			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.WaitGrants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d; %d)", r.st.RenewFailed, r.st.OtherWarns, r.st.ListenWarns),

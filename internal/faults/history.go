@@ -29,6 +29,7 @@ const (
 	EvWaitTimeout = "wait_timeout" // a waiter's Acquire ended at its WaitFor bound without the key (T0: called)
 	EvListenWarn  = "listen_warn"  // the Locker's WARN that its listener is lost or not delivering (waiters poll)
 	EvClaimErr    = "claim_err"    // Lock failed other than ErrAlreadyLocked
+	EvDelayed     = "delayed"      // a claim refused by the failover delay (Lock: each; Acquire: its Locker's WARN, once per timeline)
 	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
 	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
 	EvWarn        = "warn"         // another WARN of the Locker (a claim retry, an undo of a lost claim retried…)
@@ -156,6 +157,16 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 			kind = EvRenewFailed
 		case strings.Contains(r.Message, "listener"):
 			kind = EvListenWarn
+		case strings.Contains(r.Message, "failover delay"):
+			var key string
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "key" {
+					key = a.Value.String()
+				}
+				return true
+			})
+			h.rec.Add(Event{T0: Mono(), Proc: h.proc, Kind: EvDelayed, Key: key, Detail: "logged"})
+			return nil
 		}
 		h.rec.Add(Event{Proc: h.proc, Kind: kind, Detail: truncate(r.Message+": "+detail, 200)})
 	}

@@ -53,9 +53,12 @@ type ReplicaConfig struct {
 	Wait    bool          `json:"wait,omitempty"`
 	WaitFor time.Duration `json:"wait_for,omitempty"` // Acquire's context; default 5 leases
 	// ListenNever: WithListen(ListenNever), waiters poll.
-	ListenNever bool   `json:"listen_never,omitempty"`
-	Seed        uint64 `json:"seed"`
-	History     string `json:"history,omitempty"` // process mode: history file
+	ListenNever bool `json:"listen_never,omitempty"`
+	// NoFailoverDelay: WithFailoverDelay(0) (default: the library's, one
+	// lease duration).
+	NoFailoverDelay bool   `json:"no_failover_delay,omitempty"`
+	Seed            uint64 `json:"seed"`
+	History         string `json:"history,omitempty"` // process mode: history file
 }
 
 // ResourceTable is the table fenced writes go to.
@@ -119,6 +122,9 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 	}
 	if cfg.ListenNever {
 		opts = append(opts, pglease.WithListen(pglease.ListenNever))
+	}
+	if cfg.NoFailoverDelay {
+		opts = append(opts, pglease.WithFailoverDelay(0))
 	}
 	if cfg.Wait && cfg.WaitFor == 0 {
 		cfg.WaitFor = 5 * cfg.Lease
@@ -200,6 +206,13 @@ func (r *Replica) worker(ctx context.Context, w int) {
 			// Waited WaitFor without getting the key: wait again (maybe
 			// for the other key).
 			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvWaitTimeout, Key: key})
+			continue
+		case errors.Is(err, pglease.ErrFailoverDelay):
+			// Counted; retried when the delay ends, as Acquire would.
+			var held *pglease.AlreadyLockedError
+			_ = errors.As(err, &held)
+			r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvDelayed, Key: key, Detail: held.FreeIn.String()})
+			_ = ctxsleep.For(ctx, min(held.FreeIn, r.cfg.Lease/4)+time.Duration(2+rng.IntN(10))*time.Millisecond)
 			continue
 		case errors.Is(err, pglease.ErrAlreadyLocked):
 			_ = ctxsleep.For(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)

@@ -125,6 +125,7 @@ type capacityReport struct {
 	Beat       time.Duration
 	Pool       int
 	BouncerVer string
+	SatStep    time.Duration // duration of each saturation step
 }
 
 // fleet is R replicas, each a Locker on its own pool.
@@ -272,7 +273,7 @@ func runCapacity(ctx context.Context, cl *pgleasetest.Server, cpu *benchenv.Serv
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond)
-	out := &capacityReport{Lease: c.lease, Beat: c.lease / 3, Pool: c.pool, BouncerVer: benchenv.Version("pgbouncer", "--version")}
+	out := &capacityReport{Lease: c.lease, Beat: c.lease / 3, Pool: c.pool, SatStep: c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
 	var bouncer *benchenv.Bouncer
 	defer func() {
 		if bouncer != nil {

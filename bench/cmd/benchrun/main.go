@@ -22,6 +22,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,8 +44,9 @@ type config struct {
 	bench        string
 	benchtime    string
 	count        int
-	rounds       int // rounds of BenchmarkInterleaved
-	roundN       int // its iterations per round
+	rounds       int    // rounds of BenchmarkInterleaved
+	variants     string // its Locker variants (names in bench's lockerVariants; empty: all)
+	roundN       int    // its iterations per round
 	health       time.Duration
 	healthLeases int
 	healthBeat   time.Duration
@@ -53,6 +55,8 @@ type config struct {
 	plannerN     string
 	out, svg     string
 	raw          string
+	json         string // the report's data, for -render
+	render       string // render BENCHMARKS.md from this JSON instead of measuring
 	sections     string
 	handoffN     int
 	vanishN      int
@@ -78,6 +82,7 @@ func main() {
 	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
 	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios (median and min–max across rounds)")
 	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
+	flag.StringVar(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants in interleaved_test.go; empty: all)")
 	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
 	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
@@ -87,6 +92,8 @@ func main() {
 	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
 	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
+	flag.StringVar(&c.json, "json", "results/latest.json", "where to keep the report's data (JSON: -render input)")
+	flag.StringVar(&c.render, "render", "", "write the report from this JSON file of an earlier run (-json), measuring nothing")
 	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity; or all")
 	flag.IntVar(&c.handoffN, "handoff-n", 200, "handoffs after Unlock measured per waiting mode")
 	flag.IntVar(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder measured per waiting mode")
@@ -111,6 +118,9 @@ func run(c config, args []string) error {
 	}
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
+	}
+	if c.render != "" {
+		return render(c)
 	}
 	ctx := context.Background()
 	rep := &report{Args: args, Config: c, Started: start.UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
@@ -201,7 +211,7 @@ func run(c config, args []string) error {
 			"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
 		rep.GoTestInterleaved = "go " + strings.Join(interArgs, " ")
 		logf("running %s", rep.GoTestInterleaved)
-		inter, err := goTest(interArgs, env, raw)
+		inter, err := goTest(interArgs, append(env, "PGLEASE_BENCH_VARIANTS="+c.variants), raw)
 		if err != nil {
 			return err
 		}
@@ -290,14 +300,57 @@ func run(c config, args []string) error {
 		}
 	}
 	rep.SVGLink = filepath.ToSlash(rel)
+	if err := writeJSON(c.json, rep); err != nil {
+		return err
+	}
+	if err := writeMarkdown(c.out, rep); err != nil {
+		return err
+	}
+	logf("wrote %s, %s and %s in %v", c.out, c.svg, c.json, rep.Took.Round(time.Second))
+	return nil
+}
+
+func writeMarkdown(path string, rep *report) error {
 	md, err := rep.markdown()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(c.out, []byte(md), 0o644); err != nil {
+	return os.WriteFile(path, []byte(md), 0o644)
+}
+
+func writeJSON(path string, rep *report) error {
+	b, err := json.MarshalIndent(rep, "", "\t")
+	if err != nil {
 		return err
 	}
-	logf("wrote %s and %s in %v", c.out, c.svg, rep.Took.Round(time.Second))
+	return os.WriteFile(path, b, 0o644)
+}
+
+// readJSON reads a report written by writeJSON.
+func readJSON(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return rep, nil
+}
+
+// render rewrites the report from an earlier run's data (-render), with
+// this run's flags for what the data does not hold (-count, -rounds, …).
+func render(c config) error {
+	rep, err := readJSON(c.render)
+	if err != nil {
+		return err
+	}
+	rep.Config = c
+	if err := writeMarkdown(c.out, rep); err != nil {
+		return err
+	}
+	logf("wrote %s from %s", c.out, c.render)
 	return nil
 }
 

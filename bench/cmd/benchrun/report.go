@@ -1,9 +1,11 @@
 package main
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,9 +13,11 @@ import (
 	"time"
 )
 
+// report is everything a run measured; benchrun also writes it as JSON
+// (-json), from which -render rewrites BENCHMARKS.md without measuring.
 type report struct {
 	Args    []string
-	Config  config
+	Config  config `json:"-"`
 	Started time.Time
 	Took    time.Duration
 	GoTest  string
@@ -84,8 +88,11 @@ func bytesH(b int64) string {
 	}
 }
 
-//go:embed report.md.tmpl
-var reportTemplate string
+// The report's prose: report.md.tmpl, which includes the Handoff and
+// Capacity sections (report_handoff.md.tmpl, report_capacity.md.tmpl).
+//
+//go:embed report*.md.tmpl
+var reportTemplates embed.FS
 
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"dur":    fmtDur,
@@ -101,12 +108,20 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 		}
 		return "**missed**"
 	},
-}).Parse(reportTemplate))
+	"pct":       func(v float64) float64 { return v * 100 },
+	"half":      func(v float64) float64 { return v / 2 },
+	"mul":       func(a, b float64) float64 { return a * b },
+	"sub":       func(a, b float64) float64 { return a - b },
+	"div":       func(a, b float64) float64 { return a / b },
+	"durOrDash": durOrDash,
+	"noTicks":   func(s string) string { return strings.ReplaceAll(s, "`", "'") },
+	"contains":  strings.Contains,
+}).ParseFS(reportTemplates, "report*.md.tmpl"))
 
 // markdown is BENCHMARKS.md: report.md.tmpl filled with the run's figures.
 func (r *report) markdown() (string, error) {
 	var b strings.Builder
-	err := reportTmpl.Execute(&b, r.view())
+	err := reportTmpl.ExecuteTemplate(&b, "report.md.tmpl", r.view())
 	return b.String(), err
 }
 
@@ -143,9 +158,36 @@ type interPool struct {
 type interView struct {
 	P, S                     interPool // pgxpool, database/sql
 	Pools                    []interPool
+	Variants                 []variantView // other Locker configurations than the default
 	SkipVerdict, LUVerdict   string
 	SkipSQLvsPgx, LUSQLvsPgx string
 	SQLVerdict               string
+}
+
+// variantView is a Locker variant's BenchmarkInterleaved figures, next to
+// the default configuration's.
+type variantView struct {
+	Name  string
+	Pools []variantPool
+}
+
+type variantPool struct {
+	interPool
+	SkipVsDefault, LUVsDefault string // the variant's median ratio ÷ the default's
+}
+
+// partsView is BenchmarkParts: the hot paths taken apart.
+type partsView struct {
+	Skip, LU []partRow
+	M        map[string]float64 // the metrics of both runs, "skip:NAME" and "lu:NAME"
+}
+
+type partRow struct {
+	Label           string
+	Time            float64 // ns, median
+	VsSel, VsUps    float64 // 0 when not reported
+	Exec            float64 // µs of server execution (pg_stat_statements); 0 when not measured
+	HasExec, HasUps bool
 }
 
 type allocView struct{ P, PB, S, SB string }
@@ -197,8 +239,6 @@ type notesView struct {
 
 type lookupNote struct{ VsSel, CPU, SkipVsLookup float64 }
 
-type peerRow struct{ Name, Version, Settings string }
-
 type loadAt struct{ Where, Value string }
 
 type reportView struct {
@@ -209,6 +249,7 @@ type reportView struct {
 	LoadedAt                       string // the 1-minute load before the interleaved rounds, when above 2
 	Load                           []loadAt
 	Inter                          *interView
+	Parts                          *partsView
 	Allocs                         *allocView
 	Counters                       []counterPhase
 	Renew10k                       *renew10k
@@ -221,11 +262,12 @@ type reportView struct {
 	Naptime                        string
 	Contended                      []contRow
 	Health                         *healthView
-	Handoff, Capacity              string
+	Handoff                        *handoffView
+	Capacity                       *capacityView
 	Notes                          *notesView
 	Settings                       [][2]string
 	PoolSize                       int
-	Peers                          []peerRow
+	Peers                          [][2]string // name, version
 	Machine                        [][2]string
 }
 
@@ -273,8 +315,8 @@ func (r *report) view() reportView {
 		Args: argString(r.Args), Date: r.Started.Format("2006-01-02 15:04 UTC"), Took: r.Took.Round(time.Second).String(),
 		SVGLink: r.SVGLink, Raw: r.Config.raw, Count: r.Config.count, GoTest: r.GoTest, GoTestInterleaved: r.GoTestInterleaved,
 		Rounds: r.Config.rounds, RoundN: r.Config.roundN, Counters: r.Counters, Skipped: r.Skipped,
-		Naptime: r.setting("autovacuum_naptime"), Handoff: r.handoffMarkdown(), Capacity: r.capacityMarkdown(),
-		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, MaxInUse: -1,
+		Naptime: r.setting("autovacuum_naptime"), Handoff: r.handoffView(), Capacity: r.capacityView(),
+		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, Peers: r.Peers, MaxInUse: -1,
 	}
 	v.Load = append(v.Load, loadAt{"when the run started", r.LoadBefore["start"]})
 	for _, sec := range []string{"interleaved", "handoff", "capacity"} {
@@ -283,6 +325,7 @@ func (r *report) view() reportView {
 		}
 	}
 	v.Inter = r.interleaved()
+	v.Parts = r.parts()
 	if f := strings.Fields(strings.ReplaceAll(r.LoadBefore["interleaved"], ",", " ")); len(f) > 0 {
 		if l, err := strconv.ParseFloat(f[0], 64); err == nil && l > 2 {
 			v.LoadedAt = f[0]
@@ -323,34 +366,16 @@ func (r *report) view() reportView {
 		v.Health = healthSummary(r.Health)
 	}
 	v.Notes = r.notes()
-	for _, p := range r.Peers {
-		set := "defaults"
-		switch {
-		case strings.Contains(p[0], "appendfsync"):
-			set = "`--appendonly yes --appendfsync always`"
-		case strings.Contains(p[0], "Redis"):
-			set = "defaults (RDB snapshots, no AOF: a write is acknowledged before it reaches the disk)"
-		case strings.Contains(p[0], "etcd"):
-			set = "single member, defaults (each write fsynced to the WAL before the reply)"
-		}
-		v.Peers = append(v.Peers, peerRow{p[0], p[1], set})
-	}
 	return v
 }
 
 // interleaved reads BenchmarkInterleaved's rounds; nil if it did not run.
 func (r *report) interleaved() *interView {
-	pool := func(name, label string) interPool {
-		n := "Interleaved/driver=" + name
-		med := func(unit string) float64 { v, _ := r.get(n, unit); return v }
-		return interPool{Name: label, Skip: r.stat(n, "skip/select1"), LU: r.stat(n, "lockunlock/upsert"), Floor: r.stat(n, "floor/upsert"),
-			Sel: med("select1-ns"), SkipT: med("skip-ns"), Ups: med("upsert-ns"), LUT: med("lockunlock-ns")}
-	}
-	p, s := pool("pgxpool", "pgxpool"), pool("sqldb", "database/sql (pgx stdlib)")
+	p, s := r.interPool("Interleaved/", "pgxpool"), r.interPool("Interleaved/", "sqldb")
 	if !p.Skip.OK && !s.Skip.OK {
 		return nil
 	}
-	v := &interView{P: p, S: s, Pools: []interPool{p, s}}
+	v := &interView{P: p, S: s, Pools: []interPool{p, s}, Variants: r.variants(p, s)}
 	verdict := func(limit float64, a, b stat) string {
 		var parts []string
 		for _, x := range []struct {
@@ -378,6 +403,90 @@ func (r *report) interleaved() *interView {
 		if a <= 1.1 && b <= 1.1 {
 			v.SQLVerdict = "**met**"
 		}
+	}
+	return v
+}
+
+var poolLabels = map[string]string{"pgxpool": "pgxpool", "sqldb": "database/sql (pgx stdlib)"}
+
+// interPool reads one pool's BenchmarkInterleaved figures under prefix
+// ("Interleaved/", or "Interleaved/variant=NAME/").
+func (r *report) interPool(prefix, driver string) interPool {
+	n := prefix + "driver=" + driver
+	med := func(unit string) float64 { v, _ := r.get(n, unit); return v }
+	return interPool{Name: poolLabels[driver], Skip: r.stat(n, "skip/select1"), LU: r.stat(n, "lockunlock/upsert"), Floor: r.stat(n, "floor/upsert"),
+		Sel: med("select1-ns"), SkipT: med("skip-ns"), Ups: med("upsert-ns"), LUT: med("lockunlock-ns")}
+}
+
+// variants are the Locker variants BenchmarkInterleaved ran besides the
+// default (whose pools are p and s), by name.
+func (r *report) variants(p, s interPool) []variantView {
+	names := map[string]bool{}
+	for name := range r.Results {
+		if rest, ok := strings.CutPrefix(name, "Interleaved/variant="); ok {
+			names[strings.Split(rest, "/")[0]] = true
+		}
+	}
+	var out []variantView
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		v := variantView{Name: name}
+		for _, def := range []interPool{p, s} {
+			driver := "pgxpool"
+			if def.Name != poolLabels[driver] {
+				driver = "sqldb"
+			}
+			x := r.interPool("Interleaved/variant="+name+"/", driver)
+			if !x.Skip.OK {
+				continue
+			}
+			v.Pools = append(v.Pools, variantPool{x, ratio(x.Skip.Med, def.Skip.Med, true, def.Skip.OK), ratio(x.LU.Med, def.LU.Med, true, def.LU.OK)})
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// parts reads BenchmarkParts; nil if it did not run.
+func (r *report) parts() *partsView {
+	skip, okS := r.Results["Parts/op=Skip"]
+	lu, okL := r.Results["Parts/op=LockUnlock"]
+	if !okS || !okL {
+		return nil
+	}
+	v := &partsView{M: map[string]float64{}}
+	for prefix, res := range map[string]*result{"skip:": skip, "lu:": lu} {
+		for unit, x := range res.Median {
+			v.M[prefix+unit] = x
+		}
+	}
+	row := func(res *result, label, name string, ups bool) partRow {
+		m := res.Median
+		p := partRow{Label: label, Time: m[name+"-ns"], VsSel: m[name+"-ns"] / m["select1-ns"], HasUps: ups}
+		if ups {
+			p.VsUps = m[name+"-ns"] / m["upsert-ns"]
+		}
+		p.Exec, p.HasExec = m[name+"-exec-us"]
+		return p
+	}
+	for _, x := range []struct{ label, name string }{
+		{"`SELECT 1`", "select1"},
+		{"a statement of the claim's shape: its five arguments and six reply columns, constants only", "shaped"},
+		{"the plain indexed read of the held row", "lookup"},
+		{"the claim's read alone: its `cur` CTE and reply, without the INSERT", "claimread"},
+		{"the claim statement, as the library sends it", "claimstmt"},
+		{"the same under a context with a deadline, as the library's claim (pgx watches a context that can end)", "claimdeadline"},
+		{"pglease `Lock` on the held key", "skip"},
+	} {
+		v.Skip = append(v.Skip, row(skip, x.label, x.name, false))
+	}
+	for _, x := range []struct{ label, name string }{
+		{"`SELECT 1`", "select1"},
+		{"one-row upsert, one durable commit (the floor)", "upsert"},
+		{"one-row `UPDATE` whose commit is not durable (what any release writes)", "update"},
+		{"pglease `Lock` of a free key (the claim: one durable commit)", "lock"},
+		{"its `Unlock` (the release: not durable)", "unlock"},
+	} {
+		v.LU = append(v.LU, row(lu, x.label, x.name, true))
 	}
 	return v
 }

@@ -1,38 +1,133 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
 
-// The report renders from a real go test output (the raw file of the last
-// run) without template or formatting errors, and its targets come from the
-// interleaved rounds.
-func TestReportRenders(t *testing.T) {
+// sampleReport is a real run's data: the go test output of the last full
+// run (results/latest.txt), the Handoff and Capacity sections of a short
+// run (testdata/sample.json, written by benchrun -json with small flags),
+// and short runs of BenchmarkInterleaved with two Locker variants and of
+// BenchmarkParts (testdata/bench-sample.txt), in place of the full run's.
+func sampleReport(t *testing.T) *report {
+	t.Helper()
 	raw, err := os.ReadFile("../../results/latest.txt")
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
-	r := &report{Config: config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt"}, Started: time.Now(),
-		Results: parseBench(string(raw)), LoadBefore: map[string]string{"start": "0.10, 0.20, 0.30", "interleaved": "3.50, 2.00, 1.00"},
-		Counters: []counterPhase{{Name: "SELECT 1", N: 10}, {Name: "skip", N: 10}}}
+	variants, err := os.ReadFile("testdata/bench-sample.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := readJSON("testdata/sample.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt"}
+	r.Results = parseBench(string(raw))
+	for name, res := range parseBench(string(variants)) {
+		r.Results[name] = res
+	}
+	r.LoadBefore["interleaved"] = "3.50, 2.00, 1.00"
+	r.Counters = []counterPhase{{Name: "SELECT 1", N: 10}, {Name: "skip", N: 10}}
+	return r
+}
+
+// renderOK writes the report and fails on template or formatting errors.
+func renderOK(t *testing.T, r *report) string {
+	t.Helper()
 	md, err := r.markdown()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []string{"<no value>", "%!", "NaN", "+Inf"} {
+	for _, bad := range []string{"<no value>", "%!", "NaN", "+Inf", "<nil>"} {
 		if i := strings.Index(md, bad); i >= 0 {
 			t.Errorf("report contains %q: …%s…", bad, md[max(0, i-200):min(len(md), i+100)])
 		}
 	}
-	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds", "This run was not quiet", "## Lock operations, side by side", "## Machine"} {
+	return md
+}
+
+// The report renders from real output, its targets come from the
+// interleaved rounds, and every row of the input is in it.
+func TestReportRenders(t *testing.T) {
+	r := sampleReport(t)
+	md := renderOK(t, r)
+	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds",
+		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
+	var rows []string
+	for _, u := range r.Handoff.Unlock {
+		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", u.Mode, u.N, u.Pairs, ms(pctNs(u.FromCall, 50))))
+	}
+	for _, v := range r.Handoff.Vanish {
+		rows = append(rows, fmt.Sprintf("| %s | %d | %s |", v.Mode, v.N, ms(pctNs(v.Delay, 50))))
+	}
+	for _, c := range r.Handoff.Crowd {
+		rows = append(rows, fmt.Sprintf("| %s | %d (%d Lockers) | %d | %d | %d |", c.Mode, c.Waiters, c.Lockers, c.Releases, c.Acquired, c.Overlaps))
+	}
+	for _, s := range r.Capacity.Shapes {
+		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %s |", s.R, s.J, s.Leases, s.Via))
+	}
+	for _, s := range r.Capacity.Sat {
+		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s |", s.Workers, s.ClaimsPerSec, fmtDur(float64(s.P50))))
+	}
+	for _, p := range r.Capacity.Peers {
+		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", p.Peer, p.R, p.J, p.How))
+	}
+	for _, v := range []string{"aa-control"} {
+		for _, pool := range []string{"pgxpool", "database/sql (pgx stdlib)"} {
+			rows = append(rows, fmt.Sprintf("| %s | %s | ", v, pool))
+		}
+	}
+	if s := r.Capacity.Sched; s != nil {
+		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %d | %d |", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs))
+	}
+	for _, row := range rows {
+		if !strings.Contains(md, row) {
+			t.Errorf("report lacks the row starting %q", row)
+		}
+	}
 	if testing.Verbose() {
 		t.Log(md)
+	}
+}
+
+// A report written as JSON (-json) renders the same again (-render).
+func TestReportJSONRoundTrip(t *testing.T) {
+	r := sampleReport(t)
+	r.Started, r.Took = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC), time.Minute
+	want := renderOK(t, r)
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := writeJSON(path, r); err != nil {
+		t.Fatal(err)
+	}
+	back, err := readJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.Config = r.Config
+	if got := renderOK(t, back); got != want {
+		t.Errorf("the report read back from JSON renders differently")
+	}
+}
+
+// A section that did not run leaves no trace in the report.
+func TestReportWithoutSections(t *testing.T) {
+	r := sampleReport(t)
+	r.Handoff, r.Capacity = nil, nil
+	md := renderOK(t, r)
+	for _, absent := range []string{"## Handoff", "## Capacity"} {
+		if strings.Contains(md, absent) {
+			t.Errorf("report has %q, whose section did not run", absent)
+		}
 	}
 }

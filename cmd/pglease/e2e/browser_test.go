@@ -158,8 +158,8 @@ func js(s string) string {
 	return string(b)
 }
 
-// stateOf is a JS expression: the state badge of the card whose key is
-// exactly key, or null when the page shows no such card.
+// stateOf is a JS expression: the state badge of the row whose key is
+// exactly key, or null when the page shows no such row.
 func stateOf(key string) string {
 	return fmt.Sprintf(`(function () {
   var cards = document.querySelectorAll('#leases .lease');

@@ -93,8 +93,8 @@ func TestStatusPageFollowsLeases(t *testing.T) {
 	br.waitFor(t, "the released lease", stateOf("cleanup-tmp")+` === 'released'`)
 	br.waitFor(t, "the lease in its minimum hold", stateOf("hourly-sync")+` === 'min-hold'`)
 	br.waitFor(t, "the cut-off replica's lease to expire", stateOf("reindex-search")+` === 'expired'`)
-	if holder := eval[string](t, br, `document.querySelector('#leases .lease dd:nth-of-type(2)').textContent`); holder != "worker-a@host-1" {
-		t.Errorf("first card's holder %q", holder)
+	if holder := eval[string](t, br, `document.querySelector('#leases .lease .holder').textContent`); holder != "worker-a@host-1" {
+		t.Errorf("first row's holder %q", holder)
 	}
 
 	// No reload: a marker set on this document survives the update.
@@ -264,13 +264,44 @@ func TestStatusPageIgnoresBrowserClock(t *testing.T) {
 	}
 	br.waitFor(t, "the live view", `document.getElementById('status').className === 'live' && `+stateOf("skew-check")+` === 'held'`)
 	time.Sleep(600 * time.Millisecond) // a few ticks of the page's countdown
-	left := eval[string](t, br, `document.querySelector('#leases .lease dd').textContent`)
+	left := eval[string](t, br, `document.querySelector('#leases .lease .lefttext').textContent`)
 	var secs float64
 	if _, err := fmt.Sscanf(left, "%g s", &secs); err != nil || secs <= 0 || secs > 30 {
 		t.Errorf("time left %q with the browser clock an hour ahead: want 0 < t ≤ 30 s", left)
 	}
 	if w := eval[string](t, br, `document.querySelector('#leases .fill').style.width`); w == "0%" || w == "" {
 		t.Errorf("bar width %q: want the time left", w)
+	}
+	br.checkClean(t)
+}
+
+// TestStatusPageBarScaledByLeaseDuration: a leader that has held its lease
+// for a day (renewed every heartbeat) shows a bar scaled by the lease's
+// duration — most of it full — not by the day since acquisition, which
+// would leave it empty.
+func TestStatusPageBarScaledByLeaseDuration(t *testing.T) {
+	table, l := setup(t, "leader-a", 6*time.Second)
+	le := lock(t, l, "leader")
+	db := pgleasetest.DB(t, 1)
+	// A day-long tenure: the Locker keeps renewing it (renewals do not look
+	// at acquired_at).
+	if _, err := db.ExecContext(testCtx(t), `UPDATE `+statuspage.QuoteTable(table)+` SET acquired_at = acquired_at - interval '1 day' WHERE key = 'leader'`); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table})
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(url+"/"))
+	br.waitFor(t, "three live refreshes", stateOf("leader")+` === 'held' && (window.__pgleaseLog || []).length >= 3`)
+	if le.Err() != nil {
+		t.Fatalf("the lease was lost: %v", le.Err())
+	}
+	// Time left stays within one heartbeat (2 s) and a refresh of the
+	// duration: about 60–100 % of the bar. A day-long scale would give
+	// 0.007 %; anything above 20 % tells the two apart.
+	w := eval[string](t, br, `document.querySelector('#leases .lease .fill').style.width`)
+	var pct float64
+	if _, err := fmt.Sscanf(w, "%g%%", &pct); err != nil || pct < 20 {
+		t.Errorf("bar width %q: want the time left as a share of the 6 s lease (over 20 %%)", w)
 	}
 	br.checkClean(t)
 }

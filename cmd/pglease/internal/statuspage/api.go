@@ -3,35 +3,41 @@ package statuspage
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/pglease/pglease"
 )
 
-// healthTimeout bounds the health check's query.
-const healthTimeout = 2 * time.Second
-
-// handleLeases serves GET /api/leases: a fresh read of the table as JSON
-// (a Snapshot); 503 with {"error": …} when the table cannot be read.
+// handleLeases serves GET /api/leases: one page of a view (query string:
+// see parseView) as a Snapshot, read after the request arrived (requests
+// that arrive during a read share the next one); 400 with {"error": …} for
+// an invalid view, 503 when the table cannot be read.
 func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request) {
-	rd := s.cache.fresh(r.Context())
-	if rd.err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": s.explain(rd.err)})
+	v, err := parseView(r.URL.Query())
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, s.snapshot(rd))
+	rf := s.fresh(r.Context(), v)
+	if err := rf.err(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": s.explain(err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, s.snapshot(v, rf))
 }
 
-// handleEvents serves GET /events: server-sent events, one "leases" event
-// (a Snapshot) per interval, or a "failure" event ({"error": …}) when the
-// read fails. The stream ends when the client goes away or the server stops.
+// handleEvents serves GET /events: server-sent events for one view, one
+// "leases" event (a Snapshot) per interval, or a "failure" event
+// ({"error": …}) when the read fails. Every stream asks for reads that
+// started at or after the same interval boundaries, so the streams of a
+// view share one read per interval. The stream ends when the client goes
+// away or the server stops.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	v, err := parseView(r.URL.Query())
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -39,78 +45,51 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	ctx := r.Context()
 	fmt.Fprintf(w, "retry: %d\n\n", max(s.cfg.Interval.Milliseconds(), 1000))
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
+	next := s.grid.cell(time.Now())
 	for {
-		if err := s.sendEvent(ctx, w, rc); err != nil {
+		rf := s.read(ctx, v, next)
+		if err := s.sendEvent(ctx, w, rc, v, rf); err != nil {
 			return
 		}
+		// The next boundary after this read's: one event per interval.
+		at := rf.page.at
+		if at.IsZero() {
+			at = time.Now()
+		}
+		next = s.grid.cell(at).Add(s.cfg.Interval)
+		if now := s.grid.cell(time.Now()); now.After(next) {
+			next = now // fell behind: skip the missed intervals
+		}
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
 	}
 }
 
-func (s *Server) sendEvent(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController) error {
-	rd := s.cache.recent(ctx)
+func (s *Server) sendEvent(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, v View, rf refresh) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	event, v := "leases", any(nil)
-	if rd.err != nil {
-		event, v = "failure", map[string]string{"error": s.explain(rd.err)}
+	event, data := "leases", any(nil)
+	if err := rf.err(); err != nil {
+		event, data = "failure", map[string]string{"error": s.explain(err)}
 	} else {
-		v = s.snapshot(rd)
+		data = s.snapshot(v, rf)
 	}
-	data, err := json.Marshal(v) // one line: no newline can end the event early
+	b, err := json.Marshal(data) // one line: no newline can end the event early
 	if err != nil {
 		return err
 	}
 	// A client that stops reading is dropped instead of blocking forever.
 	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.Interval + 10*time.Second))
-	if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data); err != nil {
+	if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
 		return err
 	}
 	return rc.Flush()
-}
-
-// handleHealth serves GET /healthz: 200 "ok" when the database answers, within
-// healthTimeout, a query that finds the lease table; 503 with the cause
-// otherwise.
-func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	var exists bool
-	name := pgx.Identifier(strings.Split(s.cfg.Table, ".")).Sanitize()
-	err := s.cfg.DB.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists)
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	switch {
-	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "database did not answer within %v: %v\n", healthTimeout, err)
-	case err != nil:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "database: %v\n", err)
-	case !exists:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "lease table %q does not exist: run `pglease migrate --table %s`\n", s.cfg.Table, s.cfg.Table)
-	default:
-		fmt.Fprintln(w, "ok")
-	}
-}
-
-// explain turns a read error into a line for the page and the API.
-func (s *Server) explain(err error) string {
-	switch {
-	case errors.Is(err, pglease.ErrNotMigrated):
-		return fmt.Sprintf("lease table %q does not exist or is not migrated: run `pglease migrate --table %s`", s.cfg.Table, s.cfg.Table)
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Sprintf("reading the lease table took longer than %v: %v", s.cfg.ReadTimeout, err)
-	}
-	return err.Error()
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -12,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
+
+	"github.com/pglease/pglease"
 )
 
 // States counted by pglease.leases; each is reported, 0 included, so that a
@@ -24,8 +27,9 @@ const (
 	AttrKey   = "pglease.lease.key"
 )
 
-// metrics is the /metrics pipeline: OTel observable gauges computed from a
-// read of the table at scrape time, exported in the Prometheus text format.
+// metrics is the /metrics pipeline: OTel observable gauges computed from
+// the table's summary (counts in SQL) read at scrape time, exported in the
+// Prometheus text format.
 type metrics struct {
 	provider *sdkmetric.MeterProvider
 	handler  http.Handler
@@ -69,23 +73,30 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 		instruments = append(instruments, timeLeft)
 	}
 	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		rd := s.cache.fresh(ctx)
-		o.ObserveFloat64(readDur, rd.took.Seconds())
-		if rd.err != nil {
-			return fmt.Errorf("pglease serve: metrics: %s", s.explain(rd.err))
+		// A scrape reads at scrape time (shared with a concurrent page read
+		// that started after it): counts in SQL, never the rows.
+		sum := s.summary.get(ctx, time.Now(), s.cfg.ReadTimeout, s.readSummaryOnce)
+		took := sum.took
+		var keys []pglease.LeaseInfo
+		if timeLeft != nil && sum.err == nil {
+			// Opt-in: one series per key needs every row.
+			start := time.Now()
+			lctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+			keys, sum.err = pglease.List(lctx, s.cfg.DB, pglease.WithTable(s.cfg.Table))
+			cancel()
+			took += time.Since(start)
 		}
-		counts := make(map[string]int64, len(States))
+		o.ObserveFloat64(readDur, took.Seconds())
+		if sum.err != nil {
+			return fmt.Errorf("pglease serve: metrics: %s", s.explain(sum.err))
+		}
 		for _, st := range States {
-			counts[st] = 0
+			o.ObserveInt64(leases, sum.v.States[st], metric.WithAttributes(attribute.String(AttrState, st)))
 		}
-		for _, l := range rd.leases {
-			counts[l.State]++
-			if timeLeft != nil && (l.State == "held" || l.State == "expired") {
+		for _, l := range keys {
+			if l.State == "held" || l.State == "expired" {
 				o.ObserveFloat64(timeLeft, l.ExpiresIn.Seconds(), metric.WithAttributes(attribute.String(AttrKey, l.Key)))
 			}
-		}
-		for st, n := range counts {
-			o.ObserveInt64(leases, n, metric.WithAttributes(attribute.String(AttrState, st)))
 		}
 		return nil
 	}, instruments...)

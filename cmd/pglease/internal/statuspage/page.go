@@ -8,22 +8,33 @@ import (
 	"html/template"
 	"math"
 	"net/http"
+	"net/url"
 	"time"
 )
 
 //go:embed page.html
 var pageHTML string
 
+// funcs are the templates' helpers.
+var funcs = template.FuncMap{
+	"left": timeLeft, "pct": barPercent, "ts": stamp, "tsp": stampPtr, "pctf": pctf,
+	"dur":    func(d time.Duration) string { return human(d.Milliseconds()) },
+	"keyURL": func(k string) string { return "key/" + url.PathEscape(k) },
+	"num":    thousands,
+	"add":    func(a, b int) int { return a + b },
+	"sub":    func(a, b int) int { return a - b },
+	"int64":  func(n int) int64 { return int64(n) },
+}
+
 // page is the status page. html/template escapes every value by context;
 // the script in it builds rows with textContent only.
-var page = template.Must(template.New("page").Funcs(template.FuncMap{
-	"left": timeLeft, "pct": barPercent, "ts": stamp, "tsp": stampPtr,
-}).Parse(pageHTML))
+var page = template.Must(template.New("page").Funcs(funcs).Parse(pageHTML))
 
 type pageData struct {
 	Snapshot
-	Error string
-	Nonce string // the page's one script runs under this CSP nonce
+	States []string
+	Error  string
+	Nonce  string // the page's one script runs under this CSP nonce
 }
 
 func nonce() string {
@@ -32,22 +43,33 @@ func nonce() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// handlePage serves GET /: the page with a first read of the table; the
-// page then follows /events without reloading.
+// setPagePolicy allows the page's own script (by nonce) and inline style
+// only: nothing is loaded from elsewhere, and an injected handler or script
+// would not run.
+func setPagePolicy(h http.Header, nonce string) {
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+nonce+"'; style-src 'unsafe-inline'; "+
+		"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
+}
+
+// handlePage serves GET /: the page of a view (query string: see
+// parseView), rendered from this interval's shared read; the page then
+// follows /events for the same view without reloading.
 func (s *Server) handlePage(w http.ResponseWriter, r *http.Request) {
-	rd := s.cache.fresh(r.Context())
-	d := pageData{Snapshot: s.snapshot(rd), Nonce: nonce()}
-	if rd.err != nil {
-		d.Error = s.explain(rd.err)
+	v, err := parseView(r.URL.Query())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	rf := s.current(r.Context(), v)
+	d := pageData{Snapshot: s.snapshot(v, rf), States: States, Nonce: nonce()}
+	if err := rf.err(); err != nil {
+		d.Error = s.explain(err)
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
-	// The page's own script (by nonce) and inline style only; nothing is
-	// loaded from elsewhere, and an injected handler or script would not run.
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+d.Nonce+"'; style-src 'unsafe-inline'; "+
-		"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-	h.Set("X-Frame-Options", "DENY")
+	setPagePolicy(h, d.Nonce)
 	if err := page.Execute(w, d); err != nil {
 		s.log.Error("pglease serve: render page", "err", err)
 	}
@@ -59,11 +81,11 @@ func timeLeft(l Lease) string {
 	case "released":
 		return "released"
 	case "min-hold":
-		return "blocked " + human(l.ExpiresInMS) + " more (minimum hold)"
+		return "blocked " + human(l.left()) + " more"
 	case "expired":
-		return "expired " + human(-l.ExpiresInMS) + " ago"
+		return "expired " + human(-l.left()) + " ago"
 	}
-	return human(l.ExpiresInMS)
+	return human(l.left())
 }
 
 // human writes milliseconds like the script's fmtDur: "850 ms", "12.3 s", "4 min 05 s", "2 h 03 min".
@@ -79,13 +101,13 @@ func human(ms int64) string {
 	return fmt.Sprintf("%d h %02d min", ms/3_600_000, ms/60_000%60)
 }
 
-// barPercent is the width of the time-left bar: time left over the span
-// from acquisition to expiry, 0–100.
+// barPercent is the width of the time-left bar: time left over the lease's
+// duration (SpanMS), 0–100.
 func barPercent(l Lease) float64 {
 	if (l.State != "held" && l.State != "min-hold") || l.SpanMS <= 0 {
 		return 0
 	}
-	return math.Round(math.Min(100, math.Max(0, 100*float64(l.ExpiresInMS)/float64(l.SpanMS)))*10) / 10
+	return math.Round(math.Min(100, math.Max(0, 100*float64(l.left())/float64(l.SpanMS)))*10) / 10
 }
 
 // stamp writes a server time as the script does: UTC, milliseconds.
@@ -96,4 +118,16 @@ func stampPtr(t *time.Time) string {
 		return ""
 	}
 	return stamp(*t)
+}
+
+// thousands writes 100000 as "100,000".
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

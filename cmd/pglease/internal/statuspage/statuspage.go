@@ -1,14 +1,21 @@
 // Package statuspage is the HTTP side of `pglease serve`: a live status page
-// of a lease table (GET /), its data as JSON (GET /api/leases) and as
-// server-sent events (GET /events), a health check (GET /healthz), Prometheus
-// metrics computed from the table at scrape time (GET /metrics), and, only
-// when enabled with a token, a force-release endpoint
-// (POST /api/leases/{key}/release).
+// of a lease table (GET /), one page of it as JSON (GET /api/leases) and as
+// server-sent events (GET /events), a page per key (GET /key/{key}), a
+// health check (GET /healthz), Prometheus metrics computed from the table at
+// scrape time (GET /metrics), and, only when enabled with a token, a
+// force-release endpoint (POST /api/leases/{key}/release).
 //
-// Everything is read from the table with pglease.List on the database's
-// clock; the page computes time left from the server's ExpiresIn and the
-// browser's monotonic clock, never from the browser's wall clock. The page
-// has no external assets and builds the DOM with textContent only.
+// The page is built for fleets (100,000 leases): a table in natural key
+// order, filtered (key prefix, holder, state), sorted and paged by the
+// database, with counts by state and by holder computed in SQL. Every read
+// is bounded by the page shown, not by the table's size, and the page's
+// readers share their reads: one summary read and one read per distinct view
+// per refresh interval, however many pages are open.
+//
+// Times are the database's; the page computes time left from the server's
+// reading and the browser's monotonic clock, never from the browser's wall
+// clock. The page has no external assets and builds the DOM with
+// textContent only.
 package statuspage
 
 import (
@@ -58,8 +65,18 @@ type Config struct {
 	// proxy that forwards other host names.
 	LoopbackHostsOnly bool
 
-	// ReadTimeout bounds one read of the table (List); 5s when zero.
+	// ReadTimeout bounds one read of the table; 5s when zero.
 	ReadTimeout time.Duration
+
+	// History, when set, gives each key's page its timeline: the key's
+	// tenures since a time, newest first. Nil: the page says that this
+	// server has no history to show.
+	History func(ctx context.Context, key string, since time.Time) ([]Tenure, error)
+	// Audit, when set, gives each key's page the overlaps found on the key
+	// since a time. Nil: the page says that no audit is available.
+	Audit func(ctx context.Context, key string, since time.Time) ([]Finding, error)
+	// HistoryWindow is how far back a key's page looks; 24h when zero.
+	HistoryWindow time.Duration
 
 	Logger *slog.Logger // nil: slog.Default()
 }
@@ -67,7 +84,11 @@ type Config struct {
 // Server serves the status page. Create it with New and release it with Close.
 type Server struct {
 	cfg     Config
-	cache   *cache
+	st      statements
+	grid    grid
+	summary *shared[Summary]
+	views   *views
+	spans   *spans
 	metrics *metrics
 	mux     *http.ServeMux
 	log     *slog.Logger
@@ -93,6 +114,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = 5 * time.Second
 	}
+	if cfg.HistoryWindow <= 0 {
+		cfg.HistoryWindow = 24 * time.Hour
+	}
 	cfg.Token = strings.TrimSpace(cfg.Token)
 	switch {
 	case cfg.AllowForceRelease && len(cfg.Token) < MinTokenLen:
@@ -103,8 +127,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
-	s.cache = newCache(cfg.DB, cfg.Table, cfg.Interval/2, cfg.ReadTimeout)
+	s := &Server{cfg: cfg, log: cfg.Logger, st: newStatements(cfg.Table),
+		grid:    grid{epoch: time.Now(), interval: cfg.Interval},
+		summary: &shared[Summary]{}, views: newViews(), spans: newSpans()}
 	m, err := newMetrics(s)
 	if err != nil {
 		return nil, err
@@ -127,10 +152,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "pglease serve answers only to localhost and loopback addresses (Host "+strconv.Quote(r.Host)+")", http.StatusMisdirectedRequest)
 		return
 	}
-	// The release route is matched on the escaped path: a key may contain
-	// "/", "..", or anything else that the mux would clean or split.
+	// The release and key routes are matched on the escaped path: a key may
+	// contain "/", "..", or anything else that the mux would clean or split.
 	if key, ok := releasePath(r.URL); ok {
 		s.handleRelease(w, r, key)
+		return
+	}
+	if key, ok := keyPath(r.URL); ok {
+		s.handleKey(w, r, key)
 		return
 	}
 	s.mux.ServeHTTP(w, r)

@@ -1,0 +1,108 @@
+package statuspage
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+const keyPrefix = "/key/"
+
+// keyPath recognises /key/{key} on the escaped path and returns the key,
+// percent-decoded ("" when it does not decode).
+func keyPath(u *url.URL) (string, bool) {
+	p := u.EscapedPath()
+	if !strings.HasPrefix(p, keyPrefix) {
+		return "", false
+	}
+	key, err := url.PathUnescape(p[len(keyPrefix):])
+	if err != nil {
+		return "", true
+	}
+	return key, true
+}
+
+//go:embed key.html
+var keyHTML string
+
+var keyPage = template.Must(template.New("key").Funcs(funcs).Parse(keyHTML))
+
+// keyData is what the key page shows.
+type keyData struct {
+	Table, Key   string
+	Lease        *Lease // nil: no row
+	Error        string
+	Window       time.Duration
+	HasHistory   bool
+	Timeline     timeline
+	HistoryError string
+	HasAudit     bool
+	Findings     []Finding
+	AuditError   string
+	Nonce        string
+}
+
+// handleKey serves GET /key/{key}: the key's row now, its history as a
+// timeline (Config.History) and the audit's findings on it (Config.Audit),
+// each over the last HistoryWindow.
+func (s *Server) handleKey(w http.ResponseWriter, r *http.Request, key string) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "use GET", http.StatusMethodNotAllowed)
+		return
+	}
+	if key == "" {
+		http.Error(w, "no key in the path (/key/{key}, the key percent-encoded)", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadTimeout)
+	defer cancel()
+	d := keyData{Table: s.cfg.Table, Key: key, Window: s.cfg.HistoryWindow, Nonce: nonce(),
+		HasHistory: s.cfg.History != nil, HasAudit: s.cfg.Audit != nil}
+	k, err := retryStale(ctx, func(ctx context.Context) (keyRow, error) { return s.readKey(ctx, key) })
+	found := k.found
+	switch {
+	case err != nil:
+		d.Error = s.explain(err)
+	case found:
+		ls := []Lease{k.lease}
+		s.spans.apply(ls, time.Now())
+		d.Lease = &ls[0]
+	}
+	now := k.now // the database's clock: the timeline ends there
+	since := now.Add(-s.cfg.HistoryWindow)
+	if s.cfg.History != nil && err == nil {
+		ts, herr := s.cfg.History(ctx, key, since)
+		if herr != nil {
+			d.HistoryError = s.explain(herr)
+		}
+		d.Timeline = layoutTimeline(ts, now)
+	}
+	if s.cfg.Audit != nil && err == nil {
+		fs, aerr := s.cfg.Audit(ctx, key, since)
+		if aerr != nil {
+			d.AuditError = s.explain(aerr)
+		}
+		d.Findings = fs
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	setPagePolicy(h, d.Nonce)
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	} else if !found {
+		w.WriteHeader(http.StatusNotFound)
+	}
+	if err := keyPage.Execute(w, d); err != nil {
+		s.log.Error("pglease serve: render key page", "err", err)
+	}
+}
+
+// pctf formats a percentage for a style attribute.
+func pctf(f float64) string { return fmt.Sprintf("%.2f%%", f) }

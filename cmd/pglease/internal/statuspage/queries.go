@@ -1,0 +1,181 @@
+package statuspage
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds every SQL statement of the status page, so that they can
+// be read and reviewed in one place. Each is one round trip, reads with no
+// row lock, and writes nothing. {T} is the quoted lease table, substituted
+// once by newStatements; no value from a request is ever spliced in (ORDER
+// BY clauses come from a fixed list).
+//
+// Cost at fleet scale. Every read is bounded by what the page shows: the
+// page's rows (LIMIT) and aggregate rows, never the table. The server scans
+// the table for the aggregates (one pass) and, without the natural-order
+// index below, for each page's sort (a top-N heapsort over the rows that
+// match the filters). With the index, a page in key order is an index scan
+// of offset+limit entries.
+
+// Every statement reads the server's clock once, in its `now` CTE, and
+// refers to it as nowRef: a scalar subquery that PostgreSQL evaluates once
+// per statement (an InitPlan), where a join with `now` would cost a
+// nested-loop step per row (measured: 56 ms against 34 ms for the summary
+// of 100,000 rows).
+const nowRef = `(SELECT ts FROM now)`
+
+// stateFrag is the state of row l on the server clock, as pglease.List
+// computes it.
+const stateFrag = `(CASE WHEN l.released_at IS NULL AND l.expires_at > ` + nowRef + ` THEN 'held'
+	WHEN l.released_at IS NULL THEN 'expired'
+	WHEN coalesce(l.hold_until > ` + nowRef + `, false) THEN 'min-hold'
+	ELSE 'released' END)`
+
+// naturalFrag is the natural order of keys, in three index-friendly parts:
+// the key without its trailing digits (bytewise), the number of trailing
+// digits, then the key (bytewise). Keys that differ only in their trailing
+// number therefore sort by that number: job-2 before job-10. Numbers inside
+// a key (shard-10/job-1) compare as text. It is exactly the expression list
+// of NaturalIndexSQL, so that the planner can use that index.
+const naturalFrag = `rtrim(l.key, '0123456789') COLLATE "C" {DIR}, length(l.key) - length(rtrim(l.key, '0123456789')) {DIR}, l.key COLLATE "C" {DIR}`
+
+// filterFrag keeps the rows of a view: $1 key prefix (” for all), $2
+// holder (NULL for all), $3 states (NULL for all).
+const filterFrag = `starts_with(l.key, $1) AND ($2::text IS NULL OR l.holder = $2)
+	AND ($3::text[] IS NULL OR ` + stateFrag + ` = ANY ($3::text[]))`
+
+// columnsFrag is one lease as the page shows it: key, holder, fence,
+// acquired_at, expires_at, released_at, hold_until, last_tick, state, and
+// the time left in ms (until hold_until in a minimum hold, else until
+// expires_at; negative once past).
+const columnsFrag = `l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.released_at, l.hold_until, l.last_tick,
+	` + stateFrag + ` AS state,
+	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - ` + nowRef + `) * 1000)::bigint AS left_ms`
+
+// summarySQL counts the whole table in one pass: by state, and by holder
+// for the holders with the most unreleased (held or expired) leases (ties
+// in the natural order of their names).
+//
+//	$1 how many holders to return
+//
+// Result: one row per returned holder (none for an empty table):
+// (total rows, held, expired, min-hold, number of holders with an
+// unreleased lease, holder, its held, its expired). Holders with no
+// unreleased lease come last; the caller drops them. Cost: one scan of
+// the table and a hash aggregate per holder; the result is $1 rows.
+const summarySQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+h AS (
+	SELECT l.holder,
+		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at > ` + nowRef + `) AS held,
+		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at <= ` + nowRef + `) AS expired,
+		count(*) FILTER (WHERE l.released_at IS NOT NULL AND l.hold_until > ` + nowRef + `) AS min_hold,
+		count(*) AS total
+	FROM {T} AS l GROUP BY l.holder
+),
+t AS (
+	SELECT h.*, sum(h.total) OVER () AS all_total, sum(h.held) OVER () AS all_held,
+		sum(h.expired) OVER () AS all_expired, sum(h.min_hold) OVER () AS all_min_hold,
+		count(*) FILTER (WHERE h.held + h.expired > 0) OVER () AS holders
+	FROM h
+)
+SELECT t.all_total::bigint, t.all_held::bigint, t.all_expired::bigint, t.all_min_hold::bigint, t.holders,
+	t.holder, t.held, t.expired
+FROM t ORDER BY t.held + t.expired DESC,
+	rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"
+LIMIT $1`
+
+// pageSQL reads one page of a view, and how many rows match its filters,
+// in one statement (one snapshot). {ORDER} is one of orders.
+//
+//	$1 key prefix, $2 holder or NULL, $3 states or NULL (see filterFrag),
+//	$4 limit, $5 offset, $6 whether to count the matching rows
+//
+// Result: the page's rows (columnsFrag), each preceded by the count (NULL
+// unless $6); a page past the end is one row of NULL columns after the
+// count. Cost: without $6, the page alone (an index scan with
+// NaturalIndexSQL's index in key order, else one scan and a top-N sort);
+// with $6, one more scan.
+const pageSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT CASE WHEN $6::boolean THEN (SELECT count(*) FROM {T} AS l WHERE ` + filterFrag + `) END, p.*
+FROM now LEFT JOIN LATERAL (
+	SELECT ` + columnsFrag + `
+	FROM {T} AS l
+	WHERE ` + filterFrag + `
+	ORDER BY {ORDER}
+	LIMIT $4 OFFSET $5
+) AS p ON true`
+
+// keySQL reads one lease row by its key (the primary key), and the
+// database's clock.
+//
+//	$1 key
+//
+// Result: one row: the clock, then columnsFrag (all NULL when the key has
+// no row).
+const keySQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT now.ts, p.* FROM now LEFT JOIN LATERAL (
+	SELECT ` + columnsFrag + ` FROM {T} AS l WHERE l.key = $1
+) AS p ON true`
+
+// healthSQL finds the lease table without reading it.
+//
+//	$1 the quoted table name
+const healthSQL = `SELECT to_regclass($1) IS NOT NULL`
+
+// orders are the sort orders of a view: each column breaks ties by the
+// natural key order, in the same direction. {DIR} is ASC or DESC.
+var orders = map[string]string{
+	"key":      naturalFrag,
+	"holder":   `l.holder COLLATE "C" {DIR}, ` + naturalFrag,
+	"state":    `array_position(ARRAY['held','min-hold','expired','released'], ` + stateFrag + `) {DIR}, ` + naturalFrag,
+	"fence":    `l.fence {DIR}, ` + naturalFrag,
+	"acquired": `l.acquired_at {DIR}, ` + naturalFrag,
+	"expires":  `coalesce(l.hold_until, l.expires_at) {DIR}, ` + naturalFrag,
+}
+
+// NaturalIndexSQL is the index that makes a page in key order an index
+// scan instead of a sort of the whole table: a B-tree on naturalFrag's
+// expressions. pglease's Migrate does not create it; `pglease serve` uses
+// it when it exists. Renewals and releases do not touch it (the key does
+// not change: those updates stay HOT); each new key adds one entry.
+func NaturalIndexSQL(table string) string {
+	parts := strings.Split(table, ".")
+	index := pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize() // created in the table's schema
+	return strings.ReplaceAll(strings.ReplaceAll(naturalIndexSQL, "{T}", QuoteTable(table)), "{I}", index)
+}
+
+const naturalIndexSQL = `CREATE INDEX IF NOT EXISTS {I} ON {T} ((rtrim(key, '0123456789') COLLATE "C"), (length(key) - length(rtrim(key, '0123456789'))), (key COLLATE "C"))`
+
+// QuoteTable quotes a lease table's name, "name" or "schema.name" (as
+// pglease accepts it), as an SQL identifier.
+func QuoteTable(name string) string {
+	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
+}
+
+// statements are the page's statements bound to one table.
+type statements struct {
+	summary string
+	page    map[string][2]string // sort → [ascending, descending]
+	key     string
+	health  string
+}
+
+func newStatements(table string) statements {
+	t := QuoteTable(table)
+	bind := func(q string) string { return strings.ReplaceAll(q, "{T}", t) }
+	st := statements{summary: bind(summarySQL), key: bind(keySQL), health: healthSQL,
+		page: make(map[string][2]string, len(orders))}
+	for name, order := range orders {
+		q := bind(pageSQL)
+		st.page[name] = [2]string{
+			strings.ReplaceAll(q, "{ORDER}", strings.ReplaceAll(order, "{DIR}", "ASC")),
+			strings.ReplaceAll(q, "{ORDER}", strings.ReplaceAll(order, "{DIR}", "DESC")),
+		}
+	}
+	return st
+}
