@@ -13,9 +13,10 @@ import (
 
 // Lock claims key without waiting and returns the Lease, which the Locker
 // renews until Unlock, Close or its loss. If another holder has an
-// unexpired lease on key, or a minimum hold blocks it, Lock returns an error
-// wrapping ErrAlreadyLocked (a *AlreadyLockedError) and writes nothing: a
-// scheduler skips its run. With Tick, a tick already run returns
+// unexpired lease on key, or a minimum hold or the failover delay
+// (WithFailoverDelay) blocks it, Lock returns an error wrapping
+// ErrAlreadyLocked (a *AlreadyLockedError) and writes nothing: a scheduler
+// skips its run. With Tick, a tick already run returns
 // ErrAlreadyRun instead. To wait for the key, use Acquire; to run a
 // function under a lease that also ends with ctx, use Do.
 //
