@@ -69,9 +69,10 @@ type ForceReleaseResult struct {
 	Holder   string // the last holder (evicted if WasLive)
 	OldFence int64  // its lease's fence
 	NewFence int64  // the fence the row now carries; the next claim gets a higher one
-	// WasLive: the lease was held (not expired, not released) and was
-	// evicted; its fence was moved on. False: nothing was evicted and the
-	// fence did not move (only a pending minimum hold was cleared).
+	// WasLive reports whether the lease was held (not expired, not
+	// released) and was evicted, its fence moved on. When false, nothing
+	// was evicted and the fence did not move (only a pending minimum hold
+	// was cleared).
 	WasLive bool
 }
 
@@ -82,7 +83,7 @@ func timePtr(t sql.NullTime) *time.Time {
 	return &t.Time
 }
 
-// ErrUnknownKey: ForceRelease was given a key with no lease row.
+// ErrUnknownKey means that ForceRelease was given a key with no lease row.
 var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 
 // ForceRelease ends the current lease on key, whoever holds it, and moves

@@ -11,28 +11,21 @@ import (
 	"github.com/pglease/pglease/internal/ctxsleep"
 )
 
-// Lock claims key with one statement (its text, and why it is cheap, are in
-// queries.go) and returns
-// the Lease, kept alive by the Locker's renewer until Unlock. It does not
-// wait for the key: if another holder has an unexpired lease on it (or a
-// minimum hold blocks it), Lock returns an error wrapping ErrAlreadyLocked
-// (a *AlreadyLockedError) without writing anything — a scheduler skips its run. With
-// Tick, a tick already run returns ErrAlreadyRun instead. To wait for the
-// key, use Acquire.
+// Lock claims key without waiting and returns the Lease, which the Locker
+// renews until Unlock, Close or its loss. If another holder has an
+// unexpired lease on key, or a minimum hold or the failover delay
+// (WithFailoverDelay) blocks it, Lock returns an error wrapping
+// ErrAlreadyLocked (a *AlreadyLockedError) and writes nothing: a scheduler
+// skips its run. With Tick, a tick already run returns
+// ErrAlreadyRun instead. To wait for the key, use Acquire; to run a
+// function under a lease that also ends with ctx, use Do.
 //
-// Every call is a new claim: two goroutines calling Lock on the same key —
-// with the same Locker or not — get one winner and one ErrAlreadyLocked.
-// ctx bounds the claim only: the lease lives until Unlock, Close or loss
-// (use Do to run a function under a lease that also ends with ctx).
-//
-// Lock waits only in one case: the key's lease has expired while its holder
-// has a fenced transaction open (see Guard); the claim then waits for that
-// transaction to end. Lock never takes longer than the local deadline
-// (lease duration minus safety margin): past it, Lock gives up with an
-// error wrapping context.DeadlineExceeded, since a later reply could not be
-// trusted. Whenever a claim's reply is lost (ctx ended, deadline passed,
-// connection dropped), what it may have taken is released in the
-// background, after the claim's outcome is known.
+// Every call is a new claim, in one statement: of two calls on the same key,
+// from one Locker or two, one wins. ctx bounds the claim only. Lock takes
+// at most the local deadline (lease duration minus safety margin), then
+// fails with context.DeadlineExceeded; a claim whose reply is lost is
+// undone in the background (see the package documentation, "Racing claims,
+// lost replies").
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	lc, err := l.prepareClaim(ctx, key, opts)
 	if err != nil {

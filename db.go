@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -73,16 +72,27 @@ type backend interface {
 func newBackend[D DB](db D) (backend, error) {
 	if p, ok := any(db).(*pgxpool.Pool); ok {
 		if p == nil {
-			return nil, fmt.Errorf("%w: nil *pgxpool.Pool", ErrInvalidOption)
+			return nil, nilDBError{"*pgxpool.Pool"}
 		}
 		return pgxBackend{p}, nil
 	}
 	d := any(db).(*sql.DB) // DB admits no third type
 	if d == nil {
-		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+		return nil, nilDBError{"*sql.DB"}
 	}
 	return &sqlDBBackend{sqlBackend: sqlBackend{d}, db: d}, nil
 }
+
+// nilDBError is the error for a nil *sql.DB or *pgxpool.Pool. It says so
+// rather than calling the database an option, and is ErrInvalidOption for
+// errors.Is: bad input, nothing was done.
+type nilDBError struct{ typ string }
+
+func (e nilDBError) Error() string {
+	return "pglease: nil database (a nil " + e.typ + "): give an open *sql.DB or *pgxpool.Pool"
+}
+
+func (e nilDBError) Is(target error) bool { return target == ErrInvalidOption }
 
 // sqlQuerier is what *sql.DB, *sql.Conn and *sql.Tx share.
 type sqlQuerier interface {

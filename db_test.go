@@ -1,10 +1,14 @@
 package pglease
 
 import (
+	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -113,5 +117,41 @@ func TestSQLFastPath(t *testing.T) {
 				t.Fatalf("statements on pgx's connection: %d, through database/sql: %d; want %d and %d", p, s, tc.viaPgx, tc.viaSQL)
 			}
 		})
+	}
+}
+
+// A nil database is refused, before any I/O, by an error that says it is a
+// nil database (not an "invalid option"), and is ErrInvalidOption for
+// errors.Is. The unreachable-database error of Migrate names the operation
+// the same way as the server's errors do: "migrate on TABLE".
+func TestNilDatabaseAndUnreachableDatabase(t *testing.T) {
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"New *sql.DB":          func() error { _, err := New((*sql.DB)(nil)); return err },
+		"New *pgxpool.Pool":    func() error { _, err := New((*pgxpool.Pool)(nil)); return err },
+		"Migrate *sql.DB":      func() error { return Migrate(ctx, (*sql.DB)(nil)) },
+		"List *pgxpool.Pool":   func() error { _, err := List(ctx, (*pgxpool.Pool)(nil)); return err },
+		"ForceRelease *sql.DB": func() error { _, err := ForceRelease(ctx, (*sql.DB)(nil), "k"); return err },
+	} {
+		err := call()
+		if !errors.Is(err, ErrInvalidOption) || !strings.HasPrefix(err.Error(), "pglease: nil database (a nil *") ||
+			strings.Contains(err.Error(), "invalid option") {
+			t.Errorf("%s: %v; want ErrInvalidOption saying \"pglease: nil database (a nil *...\" and not \"invalid option\"", name, err)
+		}
+	}
+
+	unreachable, err := sql.Open("pgx", "postgres://nobody@127.0.0.1:1/none?connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unreachable.Close()
+	for name, call := range map[string]func() error{
+		"Migrate": func() error { return Migrate(ctx, unreachable, WithTable("t_unreachable")) },
+		"List":    func() error { _, err := List(ctx, unreachable, WithTable("t_unreachable")); return err },
+	} {
+		op := strings.ToLower(name)
+		if err := call(); err == nil || !strings.HasPrefix(err.Error(), "pglease: "+op+" on t_unreachable: ") {
+			t.Errorf("%s on an unreachable database: %v; want the prefix %q", name, err, "pglease: "+op+" on t_unreachable: ")
+		}
 	}
 }

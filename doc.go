@@ -86,6 +86,15 @@
 // the background by a transaction that first waits for that advisory lock,
 // so it runs after the claim's commit or rollback, never before.
 //
+// A claim waits in one case only: the key's lease has expired while its
+// holder has a fenced transaction open (Lease.Guard), which locks the row;
+// the claim then waits for that transaction to end. It never waits past the
+// local deadline (lease duration minus safety margin): a reply later than
+// that could not be trusted, so the claim fails with an error wrapping
+// context.DeadlineExceeded, and what it may have taken is released in the
+// background once its outcome is known, as for any lost reply (context
+// ended, connection dropped).
+//
 // # Waiting
 //
 // Releases notify "<fence> <key>" on a channel derived from the table name,
@@ -107,8 +116,10 @@
 // others), and exactly once while the replicas' clocks agree within the
 // period (a replica ahead by more claims ticks before the others fire them;
 // the ticks it skips over when it takes the lead run nowhere).
-// The adapters for gocron v2 and robfig/cron live in their own modules under
-// contrib/.
+// A job on an interval (every d from each replica's start) fires at each
+// replica's own phase; its tick is the start of the period it fires in, on a
+// grid of d, so each period runs once. The adapters for gocron v2 and
+// robfig/cron, in their own modules under contrib/, derive the ticks.
 //
 // # Failover
 //

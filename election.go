@@ -22,7 +22,7 @@ type Election struct {
 	lead *Lease // the lease while this Election leads
 }
 
-// ErrNoLeader: nobody holds the election's key.
+// ErrNoLeader means that nobody holds the election's key.
 var ErrNoLeader = errors.New("pglease: no leader")
 
 // NewElection returns an Election on key for l.

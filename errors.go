@@ -9,51 +9,55 @@ import (
 // Sentinel errors. Test for them with errors.Is: the errors pglease returns
 // wrap them with the details (key, holder, fence, the server's error).
 var (
-	// ErrAlreadyLocked: another holder has an unexpired lease on the key,
-	// or a minimum hold keeps it blocked. For a scheduler this means "skip
-	// this run": somebody else is running the job (or just ran it).
+	// ErrAlreadyLocked means that another holder has an unexpired lease on
+	// the key, or that a minimum hold keeps it blocked. For a scheduler it
+	// means "skip this run": somebody else is running the job (or just ran
+	// it).
 	ErrAlreadyLocked = errors.New("pglease: already locked")
 
-	// ErrFailoverDelay: the key looks free, but the database failed over
-	// less than the failover delay ago (see WithFailoverDelay), and the
-	// holder the old primary may have granted it to could still be
+	// ErrFailoverDelay means that the key looks free, but the database
+	// failed over less than the failover delay ago (see WithFailoverDelay),
+	// and the holder the old primary may have granted it to could still be
 	// working. Errors that wrap it also wrap ErrAlreadyLocked: for a
 	// scheduler it means "skip this run", for Acquire "wait".
 	ErrFailoverDelay = errors.New("pglease: failover delay in force")
 
-	// ErrAlreadyRun: a claim tied to a tick (see Tick) found that tick, or
-	// a later one, already claimed on the key. For a scheduler this means
-	// "skip: this tick has run (or is running) elsewhere". It is not
+	// ErrAlreadyRun means that a claim tied to a tick (see Tick) found that
+	// tick, or a later one, already claimed on the key. For a scheduler it
+	// means "skip: this tick has run (or is running) elsewhere". It is not
 	// ErrAlreadyLocked: the key may well be free.
 	ErrAlreadyRun = errors.New("pglease: tick already run")
 
-	// ErrLeaseLost: the lease ended other than by Unlock — a renew found it
-	// expired, released or taken over, or the local safety deadline passed
-	// without a successful renew. Work done under it must stop.
+	// ErrLeaseLost means that the lease ended other than by Unlock: a renew
+	// found it expired, released or taken over, or the local safety
+	// deadline passed without a successful renew. Work done under it must
+	// stop.
 	ErrLeaseLost = errors.New("pglease: lease lost")
 
 	// ErrUnlocked is the cause of a lease's Context after Unlock or Close.
 	ErrUnlocked = errors.New("pglease: lease unlocked")
 
-	// ErrClosed: the Locker was closed.
+	// ErrClosed means that the Locker was closed.
 	ErrClosed = errors.New("pglease: locker closed")
 
-	// ErrInvalidKey: the key is empty, longer than MaxKeyLen bytes, not
-	// valid UTF-8, or contains a NUL byte.
+	// ErrInvalidKey means that the key is empty, longer than MaxKeyLen
+	// bytes, not valid UTF-8, or contains a NUL byte.
 	ErrInvalidKey = errors.New("pglease: invalid key")
 
-	// ErrInvalidOption: an option given to New or Migrate is out of range.
+	// ErrInvalidOption means that an argument was refused before any I/O:
+	// an option out of range, or a nil database. Nothing was done.
 	ErrInvalidOption = errors.New("pglease: invalid option")
 
-	// ErrNotMigrated: the lease table does not exist (run Migrate, or
-	// `pglease migrate`), or its schema is older than this library needs.
+	// ErrNotMigrated means that the lease table does not exist, or that its
+	// schema is older than this library needs: run Migrate (or `pglease
+	// migrate`).
 	ErrNotMigrated = errors.New("pglease: lease table missing or not migrated")
 
-	// ErrSchemaTooNew: the table was migrated by a newer pglease.
+	// ErrSchemaTooNew means that the table was migrated by a newer pglease.
 	ErrSchemaTooNew = errors.New("pglease: schema is newer than this library")
 
-	// ErrReadOnly: the server refused the write (a hot standby, or
-	// default_transaction_read_only). Leases need the primary.
+	// ErrReadOnly means that the server refused the write (a hot standby,
+	// or default_transaction_read_only). Leases need the primary.
 	ErrReadOnly = errors.New("pglease: server is read-only")
 )
 
@@ -80,6 +84,7 @@ type AlreadyLockedError struct {
 	FailoverDelay bool
 }
 
+// Error says who holds the key, or why it is blocked.
 func (e *AlreadyLockedError) Error() string {
 	switch {
 	case e.FailoverDelay:
@@ -111,6 +116,7 @@ type AlreadyRunError struct {
 	Fence    int64
 }
 
+// Error names the tick refused and the last tick claimed on the key.
 func (e *AlreadyRunError) Error() string {
 	return fmt.Sprintf("pglease: tick %s of %q already run: last tick %s, claimed by %q (fence %d)",
 		e.Tick.UTC().Format(time.RFC3339Nano), e.Key, e.LastTick.UTC().Format(time.RFC3339Nano), e.Holder, e.Fence)
@@ -128,6 +134,7 @@ type LeaseLostError struct {
 	Reason string
 }
 
+// Error names the lease lost and why.
 func (e *LeaseLostError) Error() string {
 	return fmt.Sprintf("pglease: lease on %q (holder %q, fence %d) lost: %s", e.Key, e.Holder, e.Fence, e.Reason)
 }

@@ -217,6 +217,42 @@ func ExampleLocker_Do() {
 	// true
 }
 
+// A job run from a schedule, once per tick across replicas, and how to tell
+// the ways a run is skipped.
+func ExampleTick() {
+	ctx := context.Background()
+	db, _ := sql.Open("pgx", pgleasetest.URL())
+	defer db.Close()
+	table := pglease.WithTable("example_tick")
+	_ = pglease.Migrate(ctx, db, table)
+	locker, _ := pglease.New(db, table)
+	defer locker.Close()
+	job := func(ctx context.Context, lease *pglease.Lease) error {
+		fmt.Println("building the report")
+		return nil
+	}
+	scheduled := time.Now().Truncate(time.Hour) // the run's scheduled time, the same on every replica
+	// This replica's run, then another replica firing the same tick.
+	for range 2 {
+		// snippet: do-tick
+		err := locker.Do(ctx, "hourly-report", job, pglease.Tick(scheduled))
+		switch {
+		case errors.Is(err, pglease.ErrAlreadyRun): // this tick ran (or runs) elsewhere
+			fmt.Println("skipped: this tick has run")
+		case errors.Is(err, pglease.ErrAlreadyLocked): // the previous run still holds the key
+			fmt.Println("skipped: the previous run is still going")
+		case err != nil: // the job failed, or its lease was lost
+			fmt.Println("failed:", err)
+		}
+		// end snippet: do-tick
+	}
+
+	_, _ = db.Exec(`DROP TABLE example_tick, example_tick_version, example_tick_fences`)
+	// Output:
+	// building the report
+	// skipped: this tick has run
+}
+
 // Waiting for a key (work that must run, not be skipped): Acquire returns
 // when the holder unlocks, woken by the release's notification.
 func ExampleLocker_Acquire() {

@@ -9,8 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrStaleFence: a FenceTable saw a higher fence for the resource already;
-// the write comes from a holder that was superseded and must be rolled back.
+// ErrStaleFence means that a FenceTable had already seen a higher fence for
+// the resource: the write comes from a holder that was superseded, and must
+// be rolled back.
 var ErrStaleFence = errors.New("pglease: stale fence")
 
 // StaleFenceError is the error (wrapping ErrStaleFence) FenceTable returns.
@@ -20,6 +21,7 @@ type StaleFenceError struct {
 	Current  int64 // the highest fence accepted so far
 }
 
+// Error names the refused fence and the one already accepted.
 func (e *StaleFenceError) Error() string {
 	return fmt.Sprintf("pglease: stale fence %d for resource %q (fence %d already accepted)", e.Fence, e.Resource, e.Current)
 }

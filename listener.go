@@ -40,14 +40,16 @@ import (
 // ListenMode says when a Locker keeps a listening connection (WithListen).
 type ListenMode int
 
+// The listen modes. ListenWhenWaiting is the default.
 const (
-	// ListenWhenWaiting (default): a connection is held only while a
-	// caller waits (Acquire, Campaign, Observe).
+	// ListenWhenWaiting holds a listening connection only while a caller
+	// waits (Acquire, Campaign, Observe).
 	ListenWhenWaiting ListenMode = iota
-	// ListenAlways: also while the Locker holds a lease, so that a holder
-	// evicted by ForceRelease is told at once instead of at its next beat.
+	// ListenAlways also listens while the Locker holds a lease, so that a
+	// holder evicted by ForceRelease is told at once instead of at its
+	// next beat.
 	ListenAlways
-	// ListenNever: never listen; waiters poll. Use it through PgBouncer or
+	// ListenNever never listens: waiters poll. Use it through PgBouncer or
 	// another pooler: the default mode then opens a connection once a
 	// minute while someone waits, sees that it goes through a pooler and
 	// closes it without listening.

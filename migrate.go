@@ -77,7 +77,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 		if sqlState(err) != "" {
 			return t.wrapDB("migrate", err)
 		}
-		return fmt.Errorf("pglease: migrate %s: %w", t.display, err)
+		return fmt.Errorf("pglease: migrate on %s: %w", t.display, err)
 	}
 	return nil
 }

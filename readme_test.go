@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -16,32 +18,102 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-// The README's Go snippets are the files under examples/, verbatim: each
-// block follows a `<!-- snippet: PATH -->` line. The examples are built and
-// run here, so a snippet pasted from the README compiles and works.
-func TestReadmeSnippetsAreTheExamples(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	re := regexp.MustCompile("(?s)<!-- snippet: (\\S+) -->\\s*```go\\n(.*?)```")
-	found := map[string]bool{}
-	for _, m := range re.FindAllSubmatch(readme, -1) {
-		path, block := string(m[1]), m[2]
-		file, err := os.ReadFile(path)
+// docPages are the pages whose Go code is checked: the README, the guides
+// under docs/ and the contrib READMEs.
+func docPages(t *testing.T) []string {
+	t.Helper()
+	pages := []string{"README.md", "contrib/README.md"}
+	for _, glob := range []string{"docs/*.md", "contrib/*/README.md"} {
+		m, err := filepath.Glob(glob)
 		if err != nil {
-			t.Fatalf("README snippet %s: %v", path, err)
+			t.Fatal(err)
 		}
-		if !bytes.Equal(bytes.TrimSpace(file), bytes.TrimSpace(block)) {
-			t.Errorf("README snippet %s differs from the file: paste the file into the README", path)
-		}
-		found[path] = true
+		pages = append(pages, m...)
 	}
-	for _, want := range []string{"examples/quickstart/main.go", "examples/election/main.go"} {
+	return pages
+}
+
+var (
+	goBlock = regexp.MustCompile("(?m)^```go\\n")
+	snippet = regexp.MustCompile("(?s)<!-- snippet: ([^\\s#]+)(?:#(\\S+))? -->\\s*```go\\n(.*?)```")
+)
+
+// Every Go block of a page follows a `<!-- snippet: PATH -->` line (PATH
+// relative to the page) and is that file verbatim, or, with PATH#NAME, the
+// lines of the file between `// snippet: NAME` and `// end snippet: NAME`,
+// less their common indentation. The files are examples and tests that are
+// built and run (here, and in the contrib modules' own tests), so code
+// pasted from a page compiles and works.
+func TestDocSnippetsAreTested(t *testing.T) {
+	found := map[string]bool{}
+	for _, page := range docPages(t) {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := len(goBlock.FindAll(text, -1))
+		snips := snippet.FindAllSubmatch(text, -1)
+		if len(snips) != blocks {
+			t.Errorf("%s: %d Go blocks, %d of them snippets: put every Go block in a tested file and mark it `<!-- snippet: PATH -->`", page, blocks, len(snips))
+		}
+		for _, m := range snips {
+			path := filepath.Join(filepath.Dir(page), string(m[1]))
+			want, err := snippetText(path, string(m[2]))
+			if err != nil {
+				t.Errorf("%s: snippet %s: %v", page, m[1], err)
+				continue
+			}
+			if !bytes.Equal(bytes.TrimSpace(want), bytes.TrimSpace(m[3])) {
+				t.Errorf("%s: snippet %s differs from the file: paste the file's text into the page", page, bytes.TrimSuffix(m[0][len("<!-- snippet: "):bytes.Index(m[0], []byte(" -->"))], nil))
+			}
+			found[filepath.ToSlash(path)] = true
+		}
+	}
+	for _, want := range []string{"examples/quickstart/main.go", "examples/election/main.go",
+		"contrib/gocron/examples/durationjob/main.go", "contrib/gocron/examples/cronjob/main.go",
+		"contrib/cron/examples/every/main.go", "contrib/cron/examples/seconds/main.go"} {
 		if !found[want] {
-			t.Errorf("README has no snippet of %s", want)
+			t.Errorf("no page has a snippet of %s", want)
 		}
 	}
+}
+
+// snippetText is the file at path, or its region name (see
+// TestDocSnippetsAreTested) if name is not empty.
+func snippetText(path, name string) ([]byte, error) {
+	file, err := os.ReadFile(path)
+	if err != nil || name == "" {
+		return file, err
+	}
+	var lines []string
+	in, seen := false, false
+	for _, l := range strings.Split(string(file), "\n") {
+		switch strings.TrimSpace(l) {
+		case "// snippet: " + name:
+			in, seen = true, true
+			continue
+		case "// end snippet: " + name:
+			in = false
+		}
+		if in {
+			lines = append(lines, l)
+		}
+	}
+	if !seen || in {
+		return nil, fmt.Errorf("no region %q (between `// snippet: %[1]s` and `// end snippet: %[1]s`)", name)
+	}
+	indent := -1 // the fewest leading tabs of a non-empty line
+	for _, l := range lines {
+		if strings.TrimSpace(l) != "" {
+			if n := len(l) - len(strings.TrimLeft(l, "\t")); indent < 0 || n < indent {
+				indent = n
+			}
+		}
+	}
+	for i, l := range lines {
+		lines[i] = l[min(max(indent, 0), len(l)):]
+	}
+	return []byte(strings.Join(lines, "\n")), nil
 }
 
 // buildExample compiles an example program into the test's temp dir.
@@ -68,7 +140,8 @@ func TestQuickstartRuns(t *testing.T) {
 }
 
 // The election example leads, and on SIGTERM stops leading, resigns and
-// exits 0 — while a second replica takes over.
+// exits 0 — while a second replica takes over. Neither prints an empty
+// leader at the handoff.
 func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 	bin := buildExample(t, "election")
 	start := func() (*exec.Cmd, *bufio.Scanner) {
@@ -85,8 +158,12 @@ func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd, bufio.NewScanner(out)
 	}
+	var emptyLeader atomic.Int32 // lines naming no leader, as at a handoff
 	lines := func(s *bufio.Scanner, ch chan<- string) {
 		for s.Scan() {
+			if l := strings.TrimSpace(s.Text()); l == "leader:" || l == `leader: ""` {
+				emptyLeader.Add(1)
+			}
 			ch <- s.Text()
 		}
 		close(ch)
@@ -127,4 +204,7 @@ func TestElectionExampleShutsDownOnSignal(t *testing.T) {
 	expect(chB, "leading") // B takes over
 	_ = b.Process.Signal(syscall.SIGTERM)
 	expect(chB, "shut down cleanly")
+	if n := emptyLeader.Load(); n > 0 {
+		t.Errorf("the example printed an empty leader %d times (the handoff)", n)
+	}
 }

@@ -41,7 +41,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Reproduce the pooled advisory-lock incident, then fix it twice",
+		Short: "Reproduce the pooled advisory-lock incident, then fix it twice (on a throw-away PostgreSQL by default)",
 		Long: `demo simulates several replicas of a service, each with its own small
 connection pool whose connections are recycled quickly (ConnMaxLifetime), all
 running the same scheduled jobs every tick. It runs three scenarios in turn:

@@ -23,7 +23,7 @@ const (
 	exitOK          = 0
 	exitError       = 1   // the command failed (database, missing table, unknown key...)
 	exitUsage       = 2   // bad flags or arguments: nothing was done
-	exitInterrupted = 130 // Ctrl-C during the demo
+	exitInterrupted = 130 // Ctrl-C before the command finished (watch and serve end that way: 0)
 )
 
 func main() {
@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(e.stderr, errorLine(err))
+	fmt.Fprintln(e.stderr, errorText(err))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue) || isCobraUsageError(err),
@@ -92,6 +92,23 @@ func isCobraUsageError(err error) bool {
 		strings.HasPrefix(msg, "unknown shorthand flag") || strings.Contains(msg, "arg(s), received")
 }
 
+// errorText is errorLine(err), except for an unknown command that cobra
+// found close to a real one: its suggestions stay on lines of their own, as
+// cobra prints them (`Did you mean this?`, then each command indented).
+func errorText(err error) string {
+	msg := err.Error()
+	first, suggestions, ok := strings.Cut(msg, "\n\nDid you mean this?\n")
+	if !ok || !strings.HasPrefix(msg, "unknown command") {
+		return errorLine(err)
+	}
+	var b strings.Builder
+	b.WriteString("pglease: " + first + "\n\nDid you mean this?")
+	for _, s := range strings.Fields(suggestions) {
+		b.WriteString("\n\t" + s)
+	}
+	return b.String()
+}
+
 // errorLine renders err as a single line with exactly one "pglease: " prefix:
 // the library's errors start with "pglease: " too, and wrapping them must not
 // repeat it ("--table: pglease: invalid option" reads "--table: invalid option").
@@ -108,18 +125,10 @@ func newRootCmd(e *env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "pglease",
 		Short: "PostgreSQL leases: the incident demo and admin commands",
-		Long: `pglease is the command-line tool of the pglease library.
-
-  pglease demo      reproduce the pooled advisory-lock incident and its fixes
-                    (starts a throw-away PostgreSQL when no database is given)
-  pglease migrate   create or upgrade the lease table
-  pglease list      show the leases
-  pglease watch     show the leases, refreshed until Ctrl-C
-  pglease release   end a lease by force (--force), evicting its holder
-  pglease serve     a live status page, /api/leases, /metrics, /healthz
-                    (localhost, read-only unless started otherwise)
-
-Admin commands connect to --database-url, or to $DATABASE_URL.`,
+		Long: `pglease is the command-line tool of the pglease library: "pglease demo"
+reproduces the pooled advisory-lock incident on a throw-away PostgreSQL and
+shows pglease fixing it; the other commands administer a lease table on a
+real database, given by --database-url or $DATABASE_URL.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version(),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -211,4 +212,30 @@ func TestConnectErrors(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHelpListsCommandsOnce: `pglease --help` names each command once (in
+// cobra's list), not in a summary of its own as well.
+func TestHelpListsCommandsOnce(t *testing.T) {
+	r := cli(t, testCtx(t), nil, "--help")
+	if r.code != 0 {
+		t.Fatalf("--help: code %d stderr %q", r.code, r.stderr)
+	}
+	for _, name := range []string{"demo", "migrate", "list", "watch", "release", "serve", "version"} {
+		re := regexp.MustCompile(`(?m)^\s+(pglease )?` + name + `\s`)
+		if n := len(re.FindAllString(r.stdout, -1)); n != 1 {
+			t.Errorf("--help lists %q %d times, want once:\n%s", name, n, r.stdout)
+		}
+	}
+}
+
+// TestUnknownCommandSuggests: a mistyped command gets cobra's suggestion on
+// lines of its own; an unknown command with no close one stays one line.
+func TestUnknownCommandSuggests(t *testing.T) {
+	r := cli(t, testCtx(t), nil, "lst")
+	want := "pglease: unknown command \"lst\" for \"pglease\"\n\nDid you mean this?\n\tlist\n"
+	if r.code != exitUsage || r.stderr != want || r.stdout != "" {
+		t.Fatalf("pglease lst: code %d stdout %q stderr %q; want code %d and stderr %q", r.code, r.stdout, r.stderr, exitUsage, want)
+	}
+	wantError(t, cli(t, testCtx(t), nil, "frobnicate"), exitUsage, `unknown command "frobnicate" for "pglease"`)
 }

@@ -111,10 +111,12 @@ func WithLogger(l cron.Logger) Option {
 // the database. Any other claim error (the database unreachable) skips the
 // run too, logged at Error: the job never runs unguarded.
 //
-// sched must be the entry's schedule, and absolute: a cron expression
-// (*cron.SpecSchedule or a Schedule of your own on a fixed calendar).
-// cron.ConstantDelaySchedule ("@every 5m") is refused: its activations
-// depend on when each replica added the entry. Clock skew between replicas
+// sched must be the entry's schedule: a cron expression
+// (*cron.SpecSchedule or a Schedule of your own on a fixed calendar), or
+// cron.ConstantDelaySchedule ("@every 5m", at least a second). An @every
+// entry fires at a phase set by when each replica added it, so its runs are
+// tied to periods instead: the period containing the run's start on a grid
+// of the delay (see Activation), each of which runs once. Clock skew between replicas
 // does not break once-per-activation; a replica whose clock is ahead runs
 // the activations first, and if it stops the others resume once their
 // clocks pass its last activation. With a skew larger than the interval
@@ -134,7 +136,9 @@ func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (c
 	case nil:
 		return nil, fmt.Errorf("%w: pgleasecron: nil schedule", pglease.ErrInvalidOption)
 	case cron.ConstantDelaySchedule, *cron.ConstantDelaySchedule:
-		return nil, fmt.Errorf("%w: pgleasecron: an @every schedule has no activation common to all replicas; use a cron expression", pglease.ErrInvalidOption)
+		if d, _ := every(sched); d < time.Second {
+			return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
+		}
 	}
 	c := config{now: time.Now, loc: time.Local, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger}
 	for _, o := range opts {
@@ -206,7 +210,18 @@ func (w *wrapper) run(j cron.Job) {
 // Activation returns the latest activation of sched at or before now and
 // no more than tolerance before it: the scheduled time a run starting at
 // now belongs to. ok is false if there is none.
+//
+// For an @every schedule (cron.ConstantDelaySchedule), whose activations
+// differ between replicas, it is the start of the period containing now on
+// a grid of the delay (now truncated to a multiple of it): the same on
+// every replica for runs in the same period.
 func Activation(sched cron.Schedule, now time.Time, tolerance time.Duration) (t time.Time, ok bool) {
+	if d, ok := every(sched); ok {
+		if d <= 0 {
+			return time.Time{}, false
+		}
+		return now.Truncate(d), true
+	}
 	t = sched.Next(now.Add(-tolerance))
 	if t.IsZero() || t.After(now) {
 		return time.Time{}, false
@@ -218,4 +233,17 @@ func Activation(sched cron.Schedule, now time.Time, tolerance time.Duration) (t 
 		}
 		t = n
 	}
+}
+
+// every returns the delay of an @every schedule; ok is false for any other.
+func every(sched cron.Schedule) (d time.Duration, ok bool) {
+	switch s := sched.(type) {
+	case cron.ConstantDelaySchedule:
+		return s.Delay, true
+	case *cron.ConstantDelaySchedule:
+		if s != nil {
+			return s.Delay, true
+		}
+	}
+	return 0, false
 }

@@ -115,7 +115,7 @@ func TestOnceBadInput(t *testing.T) {
 		"nil locker":       {nil, "k", everySecond, nil, pglease.ErrInvalidOption},
 		"empty key":        {l, "", everySecond, nil, pglease.ErrInvalidKey},
 		"nil schedule":     {l, "k", nil, nil, pglease.ErrInvalidOption},
-		"@every":           {l, "k", cron.Every(time.Minute), nil, pglease.ErrInvalidOption},
+		"@every under 1s":  {l, "k", cron.ConstantDelaySchedule{Delay: time.Millisecond}, nil, pglease.ErrInvalidOption},
 		"nil option":       {l, "k", everySecond, []pgleasecron.Option{nil}, pglease.ErrInvalidOption},
 		"nil clock":        {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithClock(nil)}, pglease.ErrInvalidOption},
 		"nil location":     {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithLocation(nil)}, pglease.ErrInvalidOption},

@@ -21,6 +21,13 @@
 //     and refuses that tick and every earlier one (pglease.ErrAlreadyRun),
 //     whatever the skew between replicas and however short the job.
 //
+// A gocron.DurationJob fires at a phase set by each replica's start time,
+// spread over the whole period: no minimum hold separates such firings. Add
+// duration jobs with Locker.NewDurationJob, which gives the job a Locker
+// that knows its period and claims each period's tick once. A Locker in
+// minimum-hold mode warns, once per job, when a job fires off the second
+// grid.
+//
 // Elector is the other gocron integration: only the replica holding an
 // election lease runs jobs, and IsLeader answers from local state.
 package pgleasegocron

@@ -76,6 +76,7 @@ func ExampleWithTicks() {
 func ExampleNewElector() {
 	locker := openLocker()
 	defer locker.Close()
+	// snippet: elector
 	e, err := pgleasegocron.NewElector(locker, "scheduler-leader",
 		pgleasegocron.OnChange(func(leader bool) { log.Printf("leader: %v", leader) }))
 	if err != nil {
@@ -95,4 +96,5 @@ func ExampleNewElector() {
 	}
 	s.Start()
 	defer func() { _ = s.Shutdown() }()
+	// end snippet: elector
 }

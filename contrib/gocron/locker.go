@@ -33,7 +33,10 @@ type Locker struct {
 	l       *pglease.Locker
 	minHold time.Duration
 	tick    time.Duration // 0: minimum-hold mode
+	every   time.Duration // >0: the period of the one job (NewDurationJob)
 	now     func() time.Time
+	logger  gocron.Logger // nil: slog.Default()
+	offGrid *offGridLog   // keys already reported as off the second grid
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -57,7 +60,7 @@ func WithMinHold(d time.Duration) Option {
 // WithTicks turns on tick mode for jobs whose activations lie on a grid of
 // period interval, counted from the Unix epoch (UTC): cron jobs (every
 // second, minute, hour...) and duration jobs started on the grid (gocron
-// WithStartAt). gocron does not tell the Locker the scheduled time, so the
+// WithStartAt); NewDurationJob is the simpler way for duration jobs. gocron does not tell the Locker the scheduled time, so the
 // tick is derived: the Locker's clock at the moment of Lock, rounded to the
 // nearest multiple of interval. Every replica derives the same tick for the
 // same activation from its own clock, so skew between replicas does not
@@ -98,12 +101,17 @@ func WithClock(now func() time.Time) Option {
 }
 
 // NewLocker returns a Locker over l. Without options it applies
-// DefaultMinHold (capped at l's lease duration).
+// DefaultMinHold (capped at l's lease duration), which suits schedules that
+// fire on the same whole second on every replica (cron, daily, weekly,
+// monthly jobs), not duration jobs: add those with NewDurationJob. In
+// minimum-hold mode the Locker logs a warning (WithLogger), once per job,
+// when a job fires more than a quarter of a second past a whole second, as
+// a gocron.DurationJob started at an arbitrary time does.
 func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	k := &Locker{l: l, minHold: -1, now: time.Now}
+	k := &Locker{l: l, minHold: -1, now: time.Now, offGrid: &offGridLog{}}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: pgleasegocron: nil Option", pglease.ErrInvalidOption)
@@ -125,15 +133,27 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 // lease is renewed until gocron calls Unlock. On error the returned Lock is
 // nil.
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	opts := []pglease.LockOption{pglease.MinHold(k.minHold)}
-	if k.tick > 0 {
-		opts = append(opts, pglease.Tick(k.TickAt(k.now())))
-	}
-	le, err := k.l.Lock(ctx, key, opts...)
+	le, err := k.l.Lock(ctx, key, k.claimOptions(key)...)
 	if err != nil {
 		return nil, err // a nil interface, not a typed nil
 	}
 	return &lock{le: le}, nil
+}
+
+// claimOptions returns the options of one claim of key, in the Locker's
+// mode: a tick of the job's period (NewDurationJob), a tick of the interval
+// (WithTicks), or a minimum hold alone, reported once per key when the job
+// fires off the second grid (see reportOffGrid).
+func (k *Locker) claimOptions(key string) []pglease.LockOption {
+	now := k.now()
+	switch {
+	case k.every > 0:
+		return []pglease.LockOption{pglease.MinHold(0), pglease.Tick(now.Truncate(k.every))}
+	case k.tick > 0:
+		return []pglease.LockOption{pglease.MinHold(k.minHold), pglease.Tick(k.TickAt(now))}
+	}
+	k.reportOffGrid(key, now)
+	return []pglease.LockOption{pglease.MinHold(k.minHold)}
 }
 
 // TickAt is the tick tick mode derives from the time t: t rounded to the

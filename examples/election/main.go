@@ -41,18 +41,5 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer locker.Close()
-	election, err := pglease.NewElection(locker, "scheduler-leader")
-	if err != nil {
-		return err
-	}
-	// Run returns nil when ctx ends (a clean shutdown), after resigning.
-	return election.Run(ctx, pglease.LeaderCallbacks{
-		OnStartedLeading: func(ctx context.Context, lead *pglease.Lease) error {
-			fmt.Println("leading, term", lead.Fence())
-			<-ctx.Done() // lead until shutdown or loss of leadership
-			return nil
-		},
-		OnStoppedLeading: func() { fmt.Println("stopped leading") },
-		OnNewLeader:      func(li pglease.LeaseInfo) { fmt.Printf("leader: %q\n", li.Holder) },
-	})
+	return lead(ctx, locker)
 }

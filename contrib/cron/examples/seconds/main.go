@@ -1,0 +1,44 @@
+// Command seconds runs a job every 10 seconds by a cron expression with
+// seconds on every replica of a service, and once per activation across all
+// of them.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+
+	"github.com/pglease/pglease"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := pglease.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	locker, err := pglease.New(db, pglease.WithLeaseDuration(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	c, err := newCron(locker, "*/10 * * * * *", func() { log.Print("refreshing the cache") })
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done() // waits for a running job
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pgleasetest"
+)
+
+func TestMain(m *testing.M) { pgleasetest.Main(m) }
+
+// TestSecondsRunsOncePerActivation runs the README's cron
+// (newCron) with a job every second on 3 replicas, each its own pool
+// and pglease Locker: each activation, named by the run's acquisition time
+// on the server truncated to the second, runs exactly once over 5 seconds
+// with every replica up, and the lease row names the running replica.
+func TestSecondsRunsOncePerActivation(t *testing.T) {
+	const replicas, seconds = 3, 5
+	ctx := context.Background()
+	table := pgleasetest.Table(t)
+	if err := pglease.Migrate(ctx, pgleasetest.DB(t, 1), pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	runs := map[int64][]int{} // activation (Unix s) -> replicas that ran it
+	last := int64(0)
+	var stops []func()
+	for i := range replicas {
+		db := pgleasetest.DB(t, 4)
+		holder := fmt.Sprintf("replica-%d", i)
+		locker, err := pglease.New(db, pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := newCron(locker, "* * * * * *", func() {
+			leases, err := pglease.List(ctx, db, pglease.WithTable(table))
+			if err != nil || len(leases) != 1 || leases[0].Holder != holder {
+				t.Errorf("replica %d ran, lease rows %v (%v)", i, leases, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			at := leases[0].AcquiredAt.Unix()
+			runs[at] = append(runs[at], i)
+			last = max(last, at)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Start()
+		stops = append(stops, func() {
+			<-c.Stop().Done()
+			_ = locker.Close()
+		})
+	}
+	from := time.Now().Unix() + 1
+	to := from + seconds
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		mu.Lock()
+		done := last > to
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not run for a minute")
+		}
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	for s := from; s < to; s++ {
+		if n := len(runs[s]); n != 1 {
+			t.Errorf("activation %s ran %d times (replicas %v), want once", time.Unix(s, 0).Format("15:04:05"), n, runs[s])
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package pgleasegocron_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/pglease/pglease"
+	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+)
+
+// recLogger is a gocron.Logger that keeps its warnings.
+type recLogger struct {
+	mu    sync.Mutex
+	warns []string
+}
+
+func (r *recLogger) Debug(string, ...any) {}
+func (r *recLogger) Info(string, ...any)  {}
+func (r *recLogger) Error(string, ...any) {}
+func (r *recLogger) Warn(msg string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.warns = append(r.warns, fmt.Sprint(append([]any{msg}, args...)...))
+}
+
+func (r *recLogger) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.warns...)
+}
+
+// TestMinHoldReportsOffGridJobOnce: in minimum-hold mode, a job that fires
+// well past a whole second (a DurationJob) is reported once per key, however
+// often it fires; a job firing on the second (a cron schedule) is not, nor
+// is any job in tick mode.
+func TestMinHoldReportsOffGridJobOnce(t *testing.T) {
+	table := migrate(t)
+	now := time.Now().Truncate(time.Second).Add(600 * time.Millisecond)
+	clock := func() time.Time { return now }
+	rec := &recLogger{}
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "a"), pgleasegocron.WithClock(clock),
+		pgleasegocron.WithLogger(rec), pgleasegocron.WithMinHold(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks, err := pgleasegocron.NewLocker(newLocker(t, table, "b"), pgleasegocron.WithClock(clock),
+		pgleasegocron.WithLogger(rec), pgleasegocron.WithTicks(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	claim := func(k *pgleasegocron.Locker, key string) {
+		t.Helper()
+		lk, err := k.Lock(ctx, key)
+		if err != nil {
+			t.Fatalf("Lock %s: %v", key, err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		claim(k, "duration-job")
+		now = now.Add(time.Second)
+	}
+	if w := rec.got(); len(w) != 1 || !strings.Contains(w[0], "duration-job") || !strings.Contains(w[0], "NewDurationJob") {
+		t.Fatalf("warnings after 3 off-grid runs: %q; want one naming the job and NewDurationJob", w)
+	}
+	claim(ticks, "ticked-job") // tick mode: the tick is what counts
+	now = now.Truncate(time.Second).Add(20 * time.Millisecond)
+	claim(k, "cron-job") // on the second grid
+	if w := rec.got(); len(w) != 1 {
+		t.Fatalf("warnings: %q; want only the duration job's", w)
+	}
+}
+
+// TestNewDurationJobBadInput: bad input fails with a clear error and adds
+// no job.
+func TestNewDurationJobBadInput(t *testing.T) {
+	k, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	task := gocron.NewTask(func() {})
+	for name, c := range map[string]struct {
+		s      gocron.Scheduler
+		name   string
+		period time.Duration
+		task   gocron.Task
+		want   error
+	}{
+		"nil scheduler":   {nil, "j", time.Second, task, pglease.ErrInvalidOption},
+		"nil task":        {s, "j", time.Second, nil, pglease.ErrInvalidOption},
+		"empty name":      {s, "", time.Second, task, pglease.ErrInvalidKey},
+		"zero period":     {s, "j", 0, task, pglease.ErrInvalidOption},
+		"negative period": {s, "j", -time.Second, task, pglease.ErrInvalidOption},
+	} {
+		if j, err := k.NewDurationJob(c.s, c.name, c.period, c.task); !errors.Is(err, c.want) || j != nil {
+			t.Errorf("%s: NewDurationJob = %v, %v; want nil, %v", name, j, err, c.want)
+		}
+	}
+	if n := len(s.Jobs()); n != 0 {
+		t.Errorf("the scheduler has %d jobs after refused calls, want 0", n)
+	}
+	if _, err := pgleasegocron.NewLocker(newLocker(t, "unused", "b"), pgleasegocron.WithLogger(nil)); !errors.Is(err, pglease.ErrInvalidOption) {
+		t.Errorf("WithLogger(nil): %v", err)
+	}
+}
