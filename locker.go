@@ -33,6 +33,8 @@ type Locker struct {
 	stop    context.CancelFunc
 	closed  bool
 	wg      sync.WaitGroup // the renewer and background clean-ups
+
+	prune pruner // the journal's retention (journal.go)
 }
 
 // New returns a Locker over db (a *sql.DB or a *pgxpool.Pool). It validates
@@ -53,7 +55,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		db:     b,
 		cfg:    cfg,
 		table:  t,
-		sql:    t.statements(),
+		sql:    t.statementsJournal(!cfg.journalOff),
 		holder: cfg.holder,
 		log:    cfg.logger,
 		leases: make(map[*Lease]struct{}),
@@ -61,6 +63,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		obs:    newObserver(cfg),
 	}
 	l.claimArgs = [2]any{l.holder, cfg.duration.Microseconds()}
+	l.prune.every, l.prune.last = pruneEvery, time.Now()
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil

@@ -81,15 +81,18 @@ const (
 // next claimer while its holder still writes under it.
 const claimSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
+prev AS (
+	SELECT l.key, l.holder, l.token, l.fence, l.expires_at, l.released_at, l.hold_until, l.last_tick
+	FROM {T} AS l WHERE l.key = $1
+),
 cur AS (
 	SELECT l.holder, l.fence, l.expires_at, l.last_tick,
 	       coalesce(l.last_tick >= $5::timestamptz, false) AS ran,
 	       (extract(epoch FROM CASE WHEN l.released_at IS NULL THEN l.expires_at ELSE l.hold_until END - now.ts)
 	        * 1000000)::bigint AS free_in_us,
 	       {HELD:l:now.ts} AS held, l.released_at IS NOT NULL AS released
-	FROM {T} AS l, now
-	WHERE l.key = $1
-	  AND NOT (l.holder = $2 AND l.token = $3)
+	FROM prev AS l, now
+	WHERE NOT (l.holder = $2 AND l.token = $3)
 	  AND ({HELD:l:now.ts} OR coalesce(l.last_tick >= $5::timestamptz, false))
 ),
 claimed AS (
@@ -110,14 +113,35 @@ claimed AS (
 	WHERE (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
 	   OR (NOT {HELD:l:EXCLUDED.acquired_at}
 	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false))
-	RETURNING l.fence, l.expires_at
-)
-SELECT 'acquired', fence, expires_at, $2::text, NULL::timestamptz, 0::bigint FROM claimed
+	RETURNING l.fence, l.expires_at, l.acquired_at
+){JOURNAL}
+SELECT 'acquired', fence, expires_at, $2::text, NULL::timestamptz, 0::bigint, {JCOUNT} FROM claimed
 UNION ALL
 SELECT CASE WHEN ran THEN 'ran' WHEN released THEN 'min-hold' ELSE 'held' END,
        fence, expires_at, holder, last_tick,
-       CASE WHEN held THEN free_in_us ELSE 0 END
+       CASE WHEN held THEN free_in_us ELSE 0 END, 0::bigint
 FROM cur`
+
+// claimJournal journals a claim that took the key (the `journal` CTE of
+// claimSQL): a granted row for the new tenure — unless the claim was a
+// retry that kept its fence — and, when the previous tenure ended unreleased
+// (it expired and this claim took the key over), an expired row for it,
+// dated at its expiry. prev is the row as the statement's snapshot saw it;
+// a release or eviction that committed since can only make the expired row
+// redundant with that tenure's own end row, never wrong about its fence.
+// On the skip path `claimed` is empty, so nothing is inserted.
+const claimJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick)
+	SELECT p.key, p.fence, p.holder, p.token, 'expired', p.expires_at, p.expires_at, NULL
+	FROM claimed AS c, prev AS p
+	WHERE p.released_at IS NULL AND p.fence <> c.fence
+	UNION ALL
+	SELECT $1, c.fence, $2, $3, 'granted', c.acquired_at, c.expires_at, $5::timestamptz
+	FROM claimed AS c
+	WHERE NOT EXISTS (SELECT FROM prev AS p WHERE p.fence = c.fence)
+	RETURNING 1
+)`
 
 // sameClaim: the row is this very claim, still live (a retry keeps its fence).
 const sameClaimFrag = `(l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
@@ -182,9 +206,21 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until
-)
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+){JOURNAL}
 SELECT r.fence, r.hold_until, {NOTIFY:r} FROM r`
+
+// releaseJournal journals a release (releaseSQL): released when it ended
+// the lease, lost when it found the lease gone — the witness of when the
+// holder really stopped. The outcome ($6: ok, error, panic or NULL) is
+// recorded on a released row; a lost row with an outcome records lost.
+const releaseJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, outcome)
+	SELECT $1, $3, $2, $4, CASE WHEN r.fence IS NULL THEN 'lost' ELSE 'released' END, now.ts, r.expires_at,
+	       CASE WHEN r.fence IS NOT NULL THEN $6::text WHEN $6::text IS NOT NULL THEN 'lost' END
+	FROM now LEFT JOIN r ON true
+)`
 
 // releaseManySQL is releaseSQL for a batch (Close), planned like renewSQL.
 //
@@ -202,9 +238,19 @@ r AS (
 	  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
 	  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
 	  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until
-)
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+){JOURNAL}
 SELECT r.key, r.fence, {NOTIFY:r} FROM r`
+
+// releaseManyJournal journals releaseManySQL: a released row for each lease
+// it ended, a lost row for each it found gone.
+const releaseManyJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
+	SELECT e.key, (e.value ->> 0)::bigint, $2, (e.value ->> 1)::bigint,
+	       CASE WHEN r.key IS NULL THEN 'lost' ELSE 'released' END, now.ts, r.expires_at
+	FROM now, jsonb_each($1::jsonb) AS e LEFT JOIN r ON r.key = e.key
+)`
 
 // abandonLockSQL and abandonSQL undo a claim whose reply never arrived (the
 // caller's context or the local deadline ended mid-claim), identified by its
@@ -225,9 +271,17 @@ r AS (
 	UPDATE {T} AS l SET released_at = now.ts, hold_until = NULL
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.token = $3 AND l.released_at IS NULL
-	RETURNING l.key, l.fence, l.hold_until
-)
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+){JOURNAL}
 SELECT r.fence, {NOTIFY:r} FROM r`
+
+// abandonJournal journals abandonSQL: an abandoned row for the claim it
+// undid, if the claim had taken the key.
+const abandonJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
+	SELECT r.key, r.fence, $2, $3, 'abandoned', now.ts, r.expires_at FROM now, r
+)`
 
 // backendPIDSQL reads the pid of the backend serving the statement (the
 // listener compares it with the pid announced at connection: a pooler
@@ -260,7 +314,8 @@ const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 const forceReleaseSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 old AS (
-	SELECT l.key, l.holder, l.fence, (l.released_at IS NULL AND l.expires_at > now.ts) AS live
+	SELECT l.key, l.holder, l.fence, l.token, l.expires_at, l.released_at,
+	       (l.released_at IS NULL AND l.expires_at > now.ts) AS live
 	FROM {T} AS l, now WHERE l.key = $1 FOR UPDATE OF l
 ),
 r AS (
@@ -268,8 +323,21 @@ r AS (
 		fence = CASE WHEN old.live THEN greatest(l.fence + 1, {BASE} + 1) ELSE l.fence END
 	FROM old, now WHERE l.key = old.key
 	RETURNING l.key, old.fence AS old_fence, l.fence, old.holder, old.live
-)
+){JOURNAL}
 SELECT r.holder, r.old_fence, r.fence, r.live, pg_notify('{N}', r.old_fence || ' ' || r.key)::text FROM r`
+
+// forceReleaseJournal journals forceReleaseSQL: force-released for a live
+// lease it evicted; expired, dated at the expiry, for an expired lease
+// nobody had released (no later claim will journal that expiry now that
+// the row is marked released). A released lease gets no row.
+const forceReleaseJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
+	SELECT old.key, old.fence, old.holder, old.token,
+	       CASE WHEN old.live THEN 'force-released' ELSE 'expired' END,
+	       CASE WHEN old.live THEN now.ts ELSE old.expires_at END, old.expires_at
+	FROM old, now WHERE old.live OR old.released_at IS NULL
+)`
 
 // releaseLostSQL frees the row of a lease that its holder declared lost at
 // the local deadline (or that was never handed out), in case the server did
@@ -293,9 +361,77 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL
-	RETURNING l.key, l.fence, l.hold_until
-)
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+){JOURNAL}
 SELECT r.fence, {NOTIFY:r} FROM r`
+
+// releaseLostJournal journals releaseLostSQL: a lost row, whether or not
+// the row was still the holder's (the holder gave the lease up at this time).
+const releaseLostJournal = `,
+journal AS (
+	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
+	SELECT $1, $3, $2, $4, 'lost', now.ts, r.expires_at FROM now LEFT JOIN r ON true
+)`
+
+// journalLostSQL is the witness a holder leaves when it unlocks a lease it
+// had already been told it lost (renew found it gone, local deadline,
+// eviction): a lost row dated now, the time its run really ended. It is the
+// only journal row written by a statement of its own; it changes no lease.
+//
+//	$1 key, $2 holder, $3 fence, $4 token, $5 outcome (lost or NULL)
+//
+// Durability: as releaseSQL.
+const journalLostSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
+INSERT INTO {J} (key, fence, holder, token, event, occurred_at, outcome)
+SELECT $1, $3, $2, $4, 'lost', now.ts, $5::text FROM now`
+
+// pruneClaimSQL makes this Locker the journal's pruner for the next
+// interval, if no Locker has been for the last one: the one-row ledger's
+// UPDATE succeeds for one Locker per interval (the others wait for its
+// row lock, then find last_pruned_at recent and update nothing).
+//
+//	$1 interval in µs
+//
+// Result: one row if this Locker prunes now, none otherwise.
+const pruneClaimSQL = `
+UPDATE {JP} SET last_pruned_at = clock_timestamp()
+WHERE last_pruned_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+RETURNING 1`
+
+// pruneSQL deletes one batch of journal rows older than the retention:
+// at most $2 rows, found through the BRIN index on occurred_at and deleted
+// by ctid (a TID scan), in its own short transaction.
+//
+//	$1 retention in µs, $2 batch size
+//
+// Durability: not durable (synchronous_commit off): a lost batch is pruned
+// again next time.
+const pruneSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
+DELETE FROM {J} WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM {J}, now WHERE occurred_at < now.ts - $1::bigint * interval '1 microsecond' LIMIT $2))`
+
+// journalRowsSQL reads the journal rows of the runs (tenures: a key and a
+// fence) that have a row at or after $1, of key $2 (NULL: every key), the
+// newest $3 runs per call (NULL: all), with the lease row of their key as
+// it is now and the server's time. History and Audit assemble the runs.
+//
+// Result rows, ordered by key, fence, time: (key, fence, holder, token,
+// event, occurred_at, expires_at, tick, outcome, lease fence, lease live,
+// lease expires_at, lease released, now).
+const journalRowsSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+sel AS (
+	SELECT key, fence FROM {J}
+	WHERE occurred_at >= $1 AND ($2::text IS NULL OR key = $2::text)
+	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
+)
+SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
+       l.released_at IS NOT NULL, now.ts
+FROM {J} AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN {T} AS l ON l.key = j.key
+ORDER BY j.key, j.fence, j.occurred_at`
 
 // guardSQL checks, inside the caller's transaction, that the lease is still
 // held (same key, holder, fence and claim token, not released, not expired
@@ -389,6 +525,30 @@ var migrations = []string{
 	// released by an older pglease have both NULL and stay free.
 	`ALTER TABLE {T} ADD COLUMN IF NOT EXISTS hold_until timestamptz,
 	ADD COLUMN IF NOT EXISTS last_tick timestamptz`,
+	// v4: the journal (see WithJournal): one row per state change of a
+	// lease, appended by the statement that makes the change, and the
+	// one-row ledger that elects its pruner. No primary key: rows are only
+	// appended and deleted by age; (key, fence) serves History, a BRIN
+	// index on occurred_at (rows arrive in time order) Audit and pruning.
+	`CREATE TABLE IF NOT EXISTS {J} (
+	key         text        NOT NULL,
+	fence       bigint      NOT NULL,
+	holder      text        NOT NULL,
+	token       bigint      NOT NULL,
+	event       text        NOT NULL
+	            CHECK (event IN ('granted', 'released', 'expired', 'force-released', 'lost', 'abandoned')),
+	occurred_at timestamptz NOT NULL,
+	expires_at  timestamptz,
+	tick        timestamptz,
+	outcome     text        CHECK (outcome IN ('ok', 'error', 'panic', 'lost'))
+);
+CREATE INDEX IF NOT EXISTS {JKI} ON {J} (key, fence);
+CREATE INDEX IF NOT EXISTS {JAI} ON {J} USING brin (occurred_at);
+CREATE TABLE IF NOT EXISTS {JP} (
+	one            boolean     PRIMARY KEY DEFAULT true CHECK (one),
+	last_pruned_at timestamptz NOT NULL
+);
+INSERT INTO {JP} (one, last_pruned_at) VALUES (true, '-infinity') ON CONFLICT DO NOTHING`,
 }
 
 // notifyProbeSQL is the listener's self-test: a notification it must
@@ -429,6 +589,7 @@ type statements struct {
 	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
 	versionTable, currentVersion, recordVersion                          string
 	guard, fenceAdvance, fenceCurrent                                    string
+	journalLost, pruneClaim, prune, journalRows                          string
 }
 
 var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
@@ -455,24 +616,43 @@ func fragments(sql string) string {
 // bindNames is the last step of binding: table names, lock class, channel.
 func (t table) bindNames(sql string) string {
 	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences,
+		"{JP}", t.pruned, "{JKI}", t.journalKeyIdx, "{JAI}", t.journalAtIdx, "{J}", t.journal,
 		"{C}", strconv.Itoa(int(t.lockClass)), "{N}", t.channel).Replace(sql)
 }
 
-func (t table) statements() statements {
+// withJournal puts a statement's journal CTE in place of {JOURNAL} (and the
+// claim's count of journal rows in place of {JCOUNT}), or, with the journal
+// off, nothing (and 0).
+func withJournal(sql, journal string, on bool) string {
+	count := "(SELECT count(*) FROM journal)"
+	if !on {
+		journal, count = "", "0::bigint"
+	}
+	return strings.NewReplacer("{JOURNAL}", journal, "{JCOUNT}", count).Replace(sql)
+}
+
+// statements binds every statement with the journal on (admin functions
+// write only through forceRelease, which always journals).
+func (t table) statements() statements { return t.statementsJournal(true) }
+
+// statementsJournal binds every statement, the writing ones with or without
+// their journal CTE.
+func (t table) statementsJournal(journal bool) statements {
 	b := t.bind
+	j := func(sql, cte string) string { return b(withJournal(sql, cte, journal)) }
 	return statements{
-		claim:          b(claimSQL),
+		claim:          j(claimSQL, claimJournal),
 		renew:          b(renewSQL),
-		release:        b(releaseSQL),
-		releaseMany:    b(releaseManySQL),
-		releaseLost:    b(releaseLostSQL),
+		release:        j(releaseSQL, releaseJournal),
+		releaseMany:    j(releaseManySQL, releaseManyJournal),
+		releaseLost:    j(releaseLostSQL, releaseLostJournal),
 		abandonLock:    b(abandonLockSQL),
-		abandon:        b(abandonSQL),
+		abandon:        j(abandonSQL, abandonJournal),
 		notifyProbe:    b(notifyProbeSQL),
 		leader:         b(leaderSQL),
 		timelineBase:   b(timelineBaseSQL),
 		lockTimeout:    b(lockTimeoutSQL),
-		forceRelease:   b(forceReleaseSQL),
+		forceRelease:   j(forceReleaseSQL, forceReleaseJournal),
 		list:           b(listSQL),
 		versionTable:   b(versionTableSQL),
 		currentVersion: b(currentVersionSQL),
@@ -480,5 +660,9 @@ func (t table) statements() statements {
 		guard:          b(guardSQL),
 		fenceAdvance:   b(fenceAdvanceSQL),
 		fenceCurrent:   b(fenceCurrentSQL),
+		journalLost:    b(journalLostSQL),
+		pruneClaim:     b(pruneClaimSQL),
+		prune:          b(pruneSQL),
+		journalRows:    b(journalRowsSQL),
 	}
 }

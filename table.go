@@ -27,6 +27,11 @@ type table struct {
 	quoted  string // "schema"."name", for statements
 	version string // the companion version table, quoted
 	fences  string // the companion fence-guard table, quoted
+	journal string // the journal table (<table>_journal), quoted
+	pruned  string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
+	// journalKeyIdx and journalAtIdx name the journal's indexes (unqualified:
+	// an index lives in its table's schema).
+	journalKeyIdx, journalAtIdx string
 
 	// lockClass is the first key of the claims' advisory locks, and
 	// channel the name releases are notified on: both derived from the
@@ -57,12 +62,16 @@ func parseTable(name string) (table, error) {
 	h.Write([]byte(quoted))
 	sum := h.Sum64()
 	return table{
-		display:   name,
-		quoted:    quoted,
-		version:   ident("_version"),
-		fences:    ident("_fences"),
-		lockClass: int32(uint32(sum)),
-		channel:   fmt.Sprintf("pglease_%016x", sum),
+		display:       name,
+		quoted:        quoted,
+		version:       ident("_version"),
+		fences:        ident("_fences"),
+		journal:       ident("_journal"),
+		pruned:        ident("_journal_pruned"),
+		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
+		journalAtIdx:  pgx.Identifier{parts[len(parts)-1] + "_journal_at"}.Sanitize(),
+		lockClass:     int32(uint32(sum)),
+		channel:       fmt.Sprintf("pglease_%016x", sum),
 	}, nil
 }
 

@@ -331,7 +331,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", ResourceTable(e.table)} {
+		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", e.table + "_journal", e.table + "_journal_pruned", ResourceTable(e.table)} {
 			_, _ = e.admin.ExecContext(c, `DROP TABLE IF EXISTS "`+n+`"`)
 		}
 	})
