@@ -1,0 +1,109 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// History lists a key's runs newest first, each with how it ended.
+func TestHistory(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
+	c := ctx(t)
+	tick := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC)
+	if err := a.Do(c, "k", func(context.Context, *Lease) error { return nil }, Tick(tick)); err != nil { // 1 released ok
+		t.Fatal(err)
+	}
+	le, err := b.Lock(c, "k") // 2 expired
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.expireNow("k")
+	if _, err := a.Lock(c, "k"); err != nil { // 3 force-released
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	_ = le
+	if _, err := b.Lock(c, "k"); err != nil { // 5 running
+		t.Fatal(err)
+	}
+	runs, err := History(c, f.admin, "k", time.Time{}, 0, WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		fence   int64
+		holder  string
+		end     string
+		outcome Outcome
+	}
+	wants := []want{{5, "b", EndRunning, ""}, {3, "a", EndForceReleased, ""}, {2, "b", EndExpired, ""}, {1, "a", EndReleased, OutcomeOK}}
+	if len(runs) != len(wants) {
+		t.Fatalf("runs: %+v", runs)
+	}
+	for i, w := range wants {
+		r := runs[i]
+		if r.Fence != w.fence || r.Holder != w.holder || r.End != w.end || r.Outcome != w.outcome {
+			t.Fatalf("run %d: %+v; want %+v", i, r, w)
+		}
+		if (r.End == EndRunning) != (r.EndedAt == nil) || r.Duration < 0 {
+			t.Fatalf("run %d: ended %v, duration %v", i, r.EndedAt, r.Duration)
+		}
+	}
+	if runs[3].Tick == nil || !runs[3].Tick.Equal(tick) || runs[0].Tick != nil {
+		t.Fatalf("ticks: %v %v", runs[3].Tick, runs[0].Tick)
+	}
+	if runs, err := History(c, f.admin, "k", time.Time{}, 2, WithTable(f.table)); err != nil || len(runs) != 2 || runs[1].Fence != 3 {
+		t.Fatalf("limit 2: %+v %v", runs, err)
+	}
+	if runs, err := History(c, f.admin, "other", time.Time{}, 0, WithTable(f.table)); err != nil || len(runs) != 0 {
+		t.Fatalf("a key never held: %+v %v", runs, err)
+	}
+	if _, err := History(c, f.admin, "", time.Time{}, 0, WithTable(f.table)); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := History(c, f.admin, "k", time.Time{}, -1, WithTable(f.table)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("negative limit: %v", err)
+	}
+	if _, err := History(c, pgxPool(t), "k", time.Time{}, 0, WithTable(f.table)); err != nil {
+		t.Fatalf("through a pgxpool: %v", err)
+	}
+}
+
+// A run whose end the journal never got (a Locker with the journal off
+// released it) is superseded by the next run, and ends when it began.
+func TestHistorySuperseded(t *testing.T) {
+	f := newFixture(t)
+	on, off := f.replica(2, WithHolder("on")), f.replica(2, WithHolder("off"), WithJournal(false))
+	c := ctx(t)
+	le, err := on.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.expireNow("k")
+	// A claim with the journal off takes over without journaling the expiry.
+	if _, err := off.Lock(c, "k"); err != nil {
+		t.Fatal(err)
+	}
+	_ = le
+	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	if err := on.Do(c, "k", func(context.Context, *Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := History(c, f.admin, "k", time.Time{}, 0, WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs: 4 (on, released), 2 (off: only its force-released row), 1 (on:
+	// no end row: superseded by 2, which began after it).
+	if len(runs) != 3 || runs[2].Fence != 1 || runs[2].End != EndSuperseded || runs[2].EndedAt == nil ||
+		!runs[2].EndedAt.Equal(runs[1].AcquiredAt) {
+		t.Fatalf("runs: %+v", runs)
+	}
+}
