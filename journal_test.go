@@ -17,7 +17,9 @@ type jrow struct {
 	Outcome string // "" for NULL
 }
 
-func (r jrow) String() string { return fmt.Sprintf("%s/%d/%s/%s", r.Event, r.Fence, r.Holder, r.Outcome) }
+func (r jrow) String() string {
+	return fmt.Sprintf("%s/%d/%s/%s", r.Event, r.Fence, r.Holder, r.Outcome)
+}
 
 // journal reads a key's journal rows in the order they were written.
 func (f *fixture) journal(key string) []jrow {
