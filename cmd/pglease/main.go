@@ -116,6 +116,8 @@ func newRootCmd(e *env) *cobra.Command {
   pglease list      show the leases
   pglease watch     show the leases, refreshed until Ctrl-C
   pglease release   end a lease by force (--force), evicting its holder
+  pglease history   the runs of a key from the journal: who, when, how it ended
+  pglease audit     runs of one key that overlapped, ticks run twice (exit 1 if any)
   pglease serve     a live status page, /api/leases, /metrics, /healthz
                     (localhost, read-only unless started otherwise)
 
@@ -135,6 +137,8 @@ Admin commands connect to --database-url, or to $DATABASE_URL.`,
 		newListCmd(e),
 		newWatchCmd(e),
 		newReleaseCmd(e),
+		newHistoryCmd(e),
+		newAuditCmd(e),
 		newServeCmd(e),
 		newVersionCmd(e),
 	)
