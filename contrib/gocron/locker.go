@@ -3,6 +3,7 @@ package pgleasegocron
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -34,6 +35,7 @@ type Locker struct {
 	minHold time.Duration
 	tick    time.Duration // 0: minimum-hold mode
 	now     func() time.Time
+	runs    runs // the runs in progress, for their outcome (outcome.go)
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -133,7 +135,7 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if err != nil {
 		return nil, err // a nil interface, not a typed nil
 	}
-	return &lock{le: le}, nil
+	return k.newLock(le), nil
 }
 
 // TickAt is the tick tick mode derives from the time t: t rounded to the
@@ -145,10 +147,16 @@ func (k *Locker) TickAt(t time.Time) time.Time {
 	return t.Round(k.tick)
 }
 
-type lock struct{ le *pglease.Lease }
+type lock struct {
+	le      *pglease.Lease
+	k       *Locker
+	mu      sync.Mutex
+	outcome pglease.Outcome // set by OutcomeListeners, "" if none
+}
 
 // Unlock releases the run's lease (keeping the key blocked until the end of
 // the minimum hold). gocron discards the error and may pass a context that
 // is already cancelled (scheduler shutdown): pglease then still releases,
 // under a fresh context bounded by the release timeout.
-func (l *lock) Unlock(ctx context.Context) error { return l.le.Unlock(ctx) }
+// With OutcomeListeners, the run's outcome is recorded in the journal.
+func (l *lock) Unlock(ctx context.Context) error { return l.unlock(ctx) }
