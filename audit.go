@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -149,13 +148,4 @@ func overlap(a, b RunInfo, now time.Time, tick *time.Time) OverlapInfo {
 		f.Cause = CausePastDeadline
 	}
 	return f
-}
-
-func (f OverlapInfo) String() string {
-	what := fmt.Sprintf("overlapped %v", f.Overlap)
-	if f.SameTick != nil {
-		what = fmt.Sprintf("ran tick %s twice (overlap %v)", f.SameTick.UTC().Format(time.RFC3339Nano), f.Overlap)
-	}
-	return fmt.Sprintf("%s: fence %d (%s) and fence %d (%s) %s; likely cause: %s",
-		f.Key, f.OverlapsFence, f.OverlapsHolder, f.Fence, f.Holder, what, f.Cause)
 }

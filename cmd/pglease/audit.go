@@ -19,9 +19,9 @@ type findingJSON struct {
 	Holder         string     `json:"holder"`
 	OverlapsFence  int64      `json:"overlaps_fence"` // the earlier run
 	OverlapsHolder string     `json:"overlaps_holder"`
-	From           time.Time  `json:"from"` // when the overlap began
-	OverlapMS      int64      `json:"overlap_ms"`
-	Tick           *time.Time `json:"tick"` // a tick both runs ran, else null
+	From           time.Time  `json:"from"`       // when the overlap began
+	OverlapMS      float64    `json:"overlap_ms"` // to the microsecond
+	Tick           *time.Time `json:"tick"`       // a tick both runs ran, else null
 	Cause          string     `json:"cause"`
 }
 
@@ -29,7 +29,7 @@ func findingsJSON(fs []pglease.OverlapInfo) []findingJSON {
 	out := make([]findingJSON, 0, len(fs))
 	for _, f := range fs {
 		out = append(out, findingJSON{Key: f.Key, Fence: f.Fence, Holder: f.Holder, OverlapsFence: f.OverlapsFence,
-			OverlapsHolder: f.OverlapsHolder, From: f.From.UTC(), OverlapMS: f.Overlap.Milliseconds(),
+			OverlapsHolder: f.OverlapsHolder, From: f.From.UTC(), OverlapMS: float64(f.Overlap.Microseconds()) / 1000,
 			Tick: utcPtr(f.SameTick), Cause: f.Cause})
 	}
 	return out
@@ -49,9 +49,13 @@ func printFindings(w io.Writer, res pglease.AuditResult) {
 	}
 	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(len(res.Findings)), res.Runs, window)
 	for _, f := range res.Findings {
-		what := fmt.Sprintf("overlap %v from %s", f.Overlap.Round(time.Millisecond), f.From.UTC().Format(tsFormat))
+		overlap := f.Overlap.Round(time.Microsecond)
+		if f.Overlap >= time.Second {
+			overlap = roundDur(f.Overlap)
+		}
+		what := fmt.Sprintf("overlap %v from %s", overlap, f.From.UTC().Format(tsFormat))
 		if f.SameTick != nil {
-			what = fmt.Sprintf("both ran tick %s (overlap %v)", f.SameTick.UTC().Format(tsFormat), f.Overlap.Round(time.Millisecond))
+			what = fmt.Sprintf("both ran tick %s (overlap %v)", f.SameTick.UTC().Format(tsFormat), overlap)
 		}
 		fmt.Fprintf(w, "  %s: fence %d (%s) granted while fence %d (%s) still ran: %s; likely cause: %s\n",
 			oneLine(f.Key), f.Fence, oneLine(f.Holder), f.OverlapsFence, oneLine(f.OverlapsHolder), what, f.Cause)

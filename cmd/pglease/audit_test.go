@@ -23,6 +23,7 @@ func TestAuditCommand(t *testing.T) {
 			}
 		}
 	}
+	// Also the history the docs show: the runs of the key, evicted one included.
 	r := cli(t, ctx, f.env, "audit", "--table", f.table)
 	if r.code != exitOK || r.stdout != "no overlaps: 6 runs in the whole journal\n" || r.stderr != "" {
 		t.Fatalf("audit of a clean run: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
@@ -60,13 +61,15 @@ func TestAuditCommand(t *testing.T) {
 	r = cli(t, ctx, f.env, "audit", "--table", f.table)
 	wantError(t, cliResult{stderr: r.stderr, code: r.code}, exitError, "audit found overlapping runs: 1 finding in 8 runs")
 	if !strings.HasPrefix(r.stdout, "1 finding in 8 runs in the whole journal:\n") ||
-		!strings.Contains(r.stdout, `nightly: fence 9 (b) granted while fence 7 (a) still ran: overlap `) ||
+		!strings.Contains(r.stdout, `nightly: fence 9 (worker-2) granted while fence 7 (worker-1) still ran: overlap `) ||
 		!strings.HasSuffix(r.stdout, "; likely cause: force-release\n") {
 		t.Fatalf("audit text:\n%s", r.stdout)
 	}
 	t.Logf("pglease audit:\n%s", r.stdout)
+	t.Logf("pglease history --limit 3 nightly:\n%s", cli(t, ctx, f.env, "history", "--table", f.table, "--limit", "3", "nightly").stdout)
 
 	r = cli(t, ctx, f.env, "audit", "--table", f.table, "--json")
+	t.Logf("pglease audit --json:\n%s", r.stdout)
 	if r.code != exitError {
 		t.Fatalf("audit --json with a finding: code %d", r.code)
 	}
@@ -75,11 +78,11 @@ func TestAuditCommand(t *testing.T) {
 		t.Fatalf("audit --json: %v\n%s", err, r.stdout)
 	}
 	got := fs[0]
-	if got["key"] != "nightly" || got["fence"] != 9.0 || got["overlaps_fence"] != 7.0 || got["holder"] != "b" ||
-		got["overlaps_holder"] != "a" || got["cause"] != "force-release" || got["overlap_ms"] == nil || got["tick"] != nil {
+	if got["key"] != "nightly" || got["fence"] != 9.0 || got["overlaps_fence"] != 7.0 || got["holder"] != "worker-2" ||
+		got["overlaps_holder"] != "worker-1" || got["cause"] != "force-release" || got["overlap_ms"] == nil || got["tick"] != nil {
 		t.Fatalf("finding: %v", got)
 	}
-	if ms, _ := got["overlap_ms"].(float64); ms < 0 {
+	if ms, _ := got["overlap_ms"].(float64); ms <= 0 {
 		t.Fatalf("overlap_ms %v", got["overlap_ms"])
 	}
 	wantError(t, cli(t, ctx, f.env, "audit", "--table", f.table, "extra"), exitUsage, "takes no arguments")

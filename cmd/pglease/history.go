@@ -69,7 +69,7 @@ func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
 			outcome = string(r.Outcome)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s", r.Fence, oneLine(r.Holder), r.AcquiredAt.UTC().Format(tsFormat),
-			ended, roundDur(r.Duration), r.End, outcome)
+			ended, durCell(r.Duration), r.End, outcome)
 		if ticks {
 			tick := "-"
 			if r.Tick != nil {
@@ -80,6 +80,15 @@ func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+}
+
+// durCell shows a duration to the millisecond under a second (runs and
+// overlaps are often that short), else as roundDur does.
+func durCell(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return roundDur(d)
 }
 
 // parseSince reads --since: a duration back from now (90m, 24h, 7d) or a

@@ -29,13 +29,13 @@ func newJournalFixture(t *testing.T) *journalFixture {
 	if err := pglease.Migrate(ctx, db, pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range []string{"a", "b"} {
+	for _, h := range []string{"worker-1", "worker-2"} {
 		l, err := pglease.New(db, pglease.WithTable(f.table), pglease.WithHolder(h), pglease.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = l.Close() })
-		if h == "a" {
+		if h == "worker-1" {
 			f.a = l
 		} else {
 			f.b = l
@@ -88,7 +88,7 @@ func TestHistoryCommand(t *testing.T) {
 		}
 		return want{m["fence"].(float64), m["holder"].(string), m["end"].(string), m["outcome"], ended}
 	}
-	wants := []want{{3, "a", "running", nil, nil}, {2, "b", "released", "error", "set"}, {1, "a", "released", "ok", "set"}}
+	wants := []want{{3, "worker-1", "running", nil, nil}, {2, "worker-2", "released", "error", "set"}, {1, "worker-1", "released", "ok", "set"}}
 	for i, w := range wants {
 		if g := got(runs[i]); g != w {
 			t.Fatalf("run %d: %+v, want %+v", i, g, w)
@@ -98,9 +98,10 @@ func TestHistoryCommand(t *testing.T) {
 		t.Fatalf("acquired_at: %v", err)
 	}
 
+	t.Logf("pglease history --json nightly:\n%s", r.stdout)
 	r = cli(t, ctx, f.env, "history", "--table", f.table, "--limit", "2", "nightly")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != exitOK || len(lines) != 3 || !strings.HasPrefix(lines[0], "FENCE  HOLDER  ACQUIRED AT") ||
+	if r.code != exitOK || len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != "FENCE HOLDER ACQUIRED AT ENDED AT DURATION END OUTCOME" ||
 		!strings.Contains(lines[1], "running") || !strings.Contains(lines[2], "released") || !strings.Contains(lines[2], "error") {
 		t.Fatalf("history --limit 2: code %d\n%s", r.code, r.stdout)
 	}
