@@ -38,7 +38,11 @@ func (l *Locker) undoClaim(key string, token int64) {
 // met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
 	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
-		_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
+		args := []any{le.key, l.holder, le.fence, le.token}
+		if !l.cfg.journalOff {
+			args = append(args, le.ExpiresAt())
+		}
+		_, err := l.db.exec(ctx, l.sql.releaseLost, args...)
 		if err == nil && !l.cfg.journalOff {
 			l.obs.journaled(1)
 		}

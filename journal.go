@@ -81,6 +81,26 @@ func (l *Locker) releaseArgs(le *Lease, o Outcome) []any {
 	return append(args, out)
 }
 
+// witnessTold journals, in the background, when the holder learned from
+// the server that its lease was gone (a renew or a fenced transaction found
+// it gone): the earliest its run can have stopped. A loss at the local
+// deadline is journaled by the background release (releaseLostSQL), one
+// found by the release by the release itself; a read-only server refuses
+// writes; a lease superseded by this Locker's own new claim of the key was
+// lost earlier, and is not witnessed now.
+func (le *Lease) witnessTold(why lossReason) {
+	switch why {
+	case lossRenew, lossNotified, lossFailover, lossGuard:
+	default:
+		return
+	}
+	l := le.locker
+	if l.cfg.journalOff {
+		return
+	}
+	l.background(func() { le.writeWitness(context.Background(), "") })
+}
+
 // witnessLoss journals, once per lease, that its holder unlocked it after
 // losing it: the time its run really ended (journalLostSQL). Bounded by the
 // release timeout; a failure is logged and otherwise ignored (the journal
@@ -97,6 +117,13 @@ func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	if done {
 		return
 	}
+	le.writeWitness(ctx, o)
+}
+
+// writeWitness writes one lost row dated now (journalLostSQL), with
+// OutcomeLost if the run records an outcome.
+func (le *Lease) writeWitness(ctx context.Context, o Outcome) {
+	l := le.locker
 	var out any
 	if o != "" {
 		out = string(OutcomeLost)

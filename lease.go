@@ -204,6 +204,7 @@ func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string,
 	le.locker.remove(le)
 	le.untie()
 	le.locker.obs.lost(le, why)
+	le.witnessTold(why)
 	return err
 }
 

@@ -366,17 +366,26 @@ r AS (
 SELECT r.fence, {NOTIFY:r} FROM r`
 
 // releaseLostJournal journals releaseLostSQL: a lost row, whether or not
-// the row was still the holder's (the holder gave the lease up at this time).
+// the row was still the holder's. The holder stopped at its local deadline,
+// which comes before the server's expiry of the lease ($5, its expires_at
+// as last reported to the holder): the row is dated at that expiry, or now
+// if earlier — not at the time this statement runs, which may be much later
+// (it is retried in the background until the server can be reached).
+//
+//	$5 the lease's expires_at as last reported (journal on only)
 const releaseLostJournal = `,
 journal AS (
 	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
-	SELECT $1, $3, $2, $4, 'lost', now.ts, r.expires_at FROM now LEFT JOIN r ON true
+	SELECT $1, $3, $2, $4, 'lost', LEAST(now.ts, $5::timestamptz), r.expires_at FROM now LEFT JOIN r ON true
 )`
 
-// journalLostSQL is the witness a holder leaves when it unlocks a lease it
-// had already been told it lost (renew found it gone, local deadline,
-// eviction): a lost row dated now, the time its run really ended. It is the
-// only journal row written by a statement of its own; it changes no lease.
+// journalLostSQL is the witness a holder leaves of a loss the server told
+// it of (a renew or a fenced transaction found the lease gone, after an
+// eviction, a failover or a takeover), dated when it learned; and again
+// when it unlocks a lease it had already been told it lost, dated then: the
+// time its run really ended (for Do, exact; for a caller of Lock, when it
+// called Unlock). It is the only journal row written by a statement of its
+// own, only after a loss; it changes no lease.
 //
 //	$1 key, $2 holder, $3 fence, $4 token, $5 outcome (lost or NULL)
 //
