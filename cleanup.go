@@ -40,7 +40,7 @@ func (l *Locker) releaseInBackground(le *Lease) {
 	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
 		args := []any{le.key, l.holder, le.fence, le.token}
 		if !l.cfg.journalOff {
-			args = append(args, le.ExpiresAt())
+			args = append(args, le.serverTime(le.Deadline()))
 		}
 		_, err := l.db.exec(ctx, l.sql.releaseLost, args...)
 		if err == nil && !l.cfg.journalOff {

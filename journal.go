@@ -68,7 +68,8 @@ func outcomeOfRun(le *Lease, panicked bool, err error) Outcome {
 }
 
 // releaseArgs are the release statement's arguments: with the journal on,
-// the outcome ($6, NULL for none) follows the scope.
+// the outcome ($6, NULL for none) and the server time now as the holder
+// estimates it ($7) follow the scope.
 func (l *Locker) releaseArgs(le *Lease, o Outcome) []any {
 	args := []any{le.key, l.holder, le.fence, le.token, le.minHold.Microseconds()}
 	if l.cfg.journalOff {
@@ -78,7 +79,23 @@ func (l *Locker) releaseArgs(le *Lease, o Outcome) []any {
 	if o != "" {
 		out = string(o)
 	}
-	return append(args, out)
+	return append(args, out, le.serverTime(time.Now()))
+}
+
+// serverTime estimates the server's clock at local time t from the last
+// claim or renew: that statement set the expiry to its server time S plus
+// the lease duration, and was sent at deadline - duration + margin (local),
+// so the server's time at t is about S + (t - sent). It errs late by the
+// statement's transit to the server (S is after the send), never early with
+// clocks that run at the same rate. It keeps working after a loss (the
+// expiry and the deadline no longer change).
+func (le *Lease) serverTime(t time.Time) time.Time {
+	le.mu.Lock()
+	exp, dl := le.expiresAt, le.deadline
+	le.mu.Unlock()
+	c := le.locker.cfg
+	sent := dl.Add(-c.duration + c.margin)
+	return exp.Add(-c.duration).Add(t.Sub(sent))
 }
 
 // witnessTold journals, in the background, when the holder learned from
@@ -98,7 +115,8 @@ func (le *Lease) witnessTold(why lossReason) {
 	if l.cfg.journalOff {
 		return
 	}
-	l.background(func() { le.writeWitness(context.Background(), "") })
+	at := le.serverTime(time.Now())
+	l.background(func() { le.writeWitness(context.Background(), "", at) })
 }
 
 // witnessLoss journals, once per lease, that its holder unlocked it after
@@ -117,12 +135,12 @@ func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	if done {
 		return
 	}
-	le.writeWitness(ctx, o)
+	le.writeWitness(ctx, o, le.serverTime(time.Now()))
 }
 
-// writeWitness writes one lost row dated now (journalLostSQL), with
+// writeWitness writes one lost row dated at (journalLostSQL), with
 // OutcomeLost if the run records an outcome.
-func (le *Lease) writeWitness(ctx context.Context, o Outcome) {
+func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) {
 	l := le.locker
 	var out any
 	if o != "" {
@@ -130,7 +148,7 @@ func (le *Lease) writeWitness(ctx context.Context, o Outcome) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
-	if _, err := l.db.exec(ctx, l.sql.journalLost, le.key, l.holder, le.fence, le.token, out); err != nil {
+	if _, err := l.db.exec(ctx, l.sql.journalLost, le.key, l.holder, le.fence, le.token, out, at); err != nil {
 		l.log.Warn("pglease: journaling the end of a run whose lease was lost failed",
 			"key", le.key, "holder", l.holder, "fence", le.fence, "error", l.table.wrapDB("journal", err))
 		return

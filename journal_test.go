@@ -295,3 +295,32 @@ func (f *fixture) expireNow(key string) {
 		f.t.Fatal(err)
 	}
 }
+
+// The holder's estimate of the server's time tracks the server's clock:
+// between two server readings taken around it.
+func TestServerTimeEstimate(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	le, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after time.Time
+	if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	est := le.serverTime(time.Now())
+	if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	// The estimate errs late by the claim's transit to the server, never
+	// early: it is after the first reading; and it is no later than the
+	// second plus the claim's own round trip (bounded by the whole test).
+	if est.Before(before) {
+		t.Fatalf("estimate %v before the server's reading %v", est, before)
+	}
+	if est.After(after.Add(time.Since(le.Deadline().Add(-l.cfg.duration + l.cfg.margin)))) {
+		t.Fatalf("estimate %v too late (server %v)", est, after)
+	}
+}

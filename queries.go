@@ -212,12 +212,19 @@ SELECT r.fence, r.hold_until, {NOTIFY:r} FROM r`
 
 // releaseJournal journals a release (releaseSQL): released when it ended
 // the lease, lost when it found the lease gone — the witness of when the
-// holder really stopped. The outcome ($6: ok, error, panic or NULL) is
-// recorded on a released row; a lost row with an outcome records lost.
+// holder really stopped, dated when Unlock was called ($7, the holder's
+// estimate of the server's time then: see Lease.serverTime) unless the
+// statement ran earlier than that: a release delivered late (a network
+// that held it) must not date the holder's stop after its lease's takeover.
+// The outcome ($6: ok, error, panic or NULL) is recorded on a released row;
+// a lost row with an outcome records lost.
+//
+//	$6 outcome, $7 server time estimated at the Unlock call (journal on only)
 const releaseJournal = `,
 journal AS (
 	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, outcome)
-	SELECT $1, $3, $2, $4, CASE WHEN r.fence IS NULL THEN 'lost' ELSE 'released' END, now.ts, r.expires_at,
+	SELECT $1, $3, $2, $4, CASE WHEN r.fence IS NULL THEN 'lost' ELSE 'released' END,
+	       CASE WHEN r.fence IS NULL THEN LEAST(now.ts, $7::timestamptz) ELSE now.ts END, r.expires_at,
 	       CASE WHEN r.fence IS NOT NULL THEN $6::text WHEN $6::text IS NOT NULL THEN 'lost' END
 	FROM now LEFT JOIN r ON true
 )`
@@ -243,12 +250,16 @@ r AS (
 SELECT r.key, r.fence, {NOTIFY:r} FROM r`
 
 // releaseManyJournal journals releaseManySQL: a released row for each lease
-// it ended, a lost row for each it found gone.
+// it ended, a lost row for each it found gone, dated as releaseJournal's
+// (the estimated server time at Close is each lease's 4th element, in µs
+// since the Unix epoch).
 const releaseManyJournal = `,
 journal AS (
 	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
 	SELECT e.key, (e.value ->> 0)::bigint, $2, (e.value ->> 1)::bigint,
-	       CASE WHEN r.key IS NULL THEN 'lost' ELSE 'released' END, now.ts, r.expires_at
+	       CASE WHEN r.key IS NULL THEN 'lost' ELSE 'released' END,
+	       CASE WHEN r.key IS NULL THEN LEAST(now.ts, to_timestamp((e.value ->> 3)::bigint / 1e6)) ELSE now.ts END,
+	       r.expires_at
 	FROM now, jsonb_each($1::jsonb) AS e LEFT JOIN r ON r.key = e.key
 )`
 
@@ -366,13 +377,13 @@ r AS (
 SELECT r.fence, {NOTIFY:r} FROM r`
 
 // releaseLostJournal journals releaseLostSQL: a lost row, whether or not
-// the row was still the holder's. The holder stopped at its local deadline,
-// which comes before the server's expiry of the lease ($5, its expires_at
-// as last reported to the holder): the row is dated at that expiry, or now
-// if earlier — not at the time this statement runs, which may be much later
+// the row was still the holder's. The holder stopped at its local deadline
+// ($5: the server's time then, as the holder estimates it), which comes
+// before the server's expiry of the lease: the row is dated then, or now if
+// earlier — not at the time this statement runs, which may be much later
 // (it is retried in the background until the server can be reached).
 //
-//	$5 the lease's expires_at as last reported (journal on only)
+//	$5 the server time estimated at the local deadline (journal on only)
 const releaseLostJournal = `,
 journal AS (
 	INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at)
@@ -384,16 +395,19 @@ journal AS (
 // eviction, a failover or a takeover), dated when it learned; and again
 // when it unlocks a lease it had already been told it lost, dated then: the
 // time its run really ended (for Do, exact; for a caller of Lock, when it
-// called Unlock). It is the only journal row written by a statement of its
-// own, only after a loss; it changes no lease.
+// called Unlock). The date is the holder's estimate of the server's time at
+// that moment ($6, see Lease.serverTime), or the statement's own time if
+// earlier: the statement may run late (a slow or partitioned network), the
+// estimate does not move with it. It is the only journal row written by a
+// statement of its own, only after a loss; it changes no lease.
 //
-//	$1 key, $2 holder, $3 fence, $4 token, $5 outcome (lost or NULL)
+//	$1 key, $2 holder, $3 fence, $4 token, $5 outcome (lost or NULL), $6 time
 //
 // Durability: as releaseSQL.
 const journalLostSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
 INSERT INTO {J} (key, fence, holder, token, event, occurred_at, outcome)
-SELECT $1, $3, $2, $4, 'lost', now.ts, $5::text FROM now`
+SELECT $1, $3, $2, $4, 'lost', LEAST(now.ts, $6::timestamptz), $5::text FROM now`
 
 // pruneClaimSQL makes this Locker the journal's pruner for the next
 // interval, if no Locker has been for the last one: the one-row ledger's

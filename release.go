@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // errNilLease is Unlock's answer for a nil *Lease: a deferred Unlock placed
@@ -102,6 +103,10 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	}
 	released := make(map[string]int64, len(batch))
 	minHold := func(le *Lease) []int64 { return []int64{le.minHold.Microseconds()} }
+	if !l.cfg.journalOff {
+		now := time.Now()
+		minHold = func(le *Lease) []int64 { return []int64{le.minHold.Microseconds(), le.serverTime(now).UnixMicro()} }
+	}
 	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeLeases(batch, minHold), l.holder},
 		func(scan func(...any) error) error {
 			var key string

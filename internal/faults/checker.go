@@ -51,6 +51,18 @@ type Stats struct {
 	// replication: the new primary never saw the lease, or its renewals).
 	Failovers, LostGrants, LostWrites, AsyncOverlaps int
 	ViolationsByInvariant                            [9]int
+	// Overlaps are the leases whose holder stopped (loss signalled or
+	// Unlock called) at or after the grant of the key's next fence, exempt
+	// or not: the pairs the journal's Audit must find too (see CompareAudit).
+	Overlaps []Overlap
+}
+
+// Overlap is one lease whose holder stopped after the next grant of its key.
+type Overlap struct {
+	Key              string
+	Fence, NextFence int64
+	Holder, NextProc string
+	Why              string // "violation" (invariant 4), "async", "paused" or "forced"
 }
 
 // CheckConfig tunes the checker.
@@ -381,6 +393,18 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		if l.stopT() < n.grant.T && l.signalT() >= n.grant.T && l.term.Kind == EvLost {
 			st.LateDoneInUnlock++
+		}
+		if l.stopT() >= n.grant.T {
+			ov := Overlap{Key: id.key, Fence: id.fence, NextFence: n.id.fence, Holder: id.proc, NextProc: n.id.proc, Why: "violation"}
+			switch {
+			case acrossAsync(l, n):
+				ov.Why = "async"
+			case paused(id.proc, l.grant.T0, n.grant.T):
+				ov.Why = "paused"
+			case forced[id]:
+				ov.Why = "forced"
+			}
+			st.Overlaps = append(st.Overlaps, ov)
 		}
 		if l.stopT() >= n.grant.T && acrossAsync(l, n) {
 			st.AsyncOverlaps++
