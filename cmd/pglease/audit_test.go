@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pglease/pglease"
 )
@@ -50,6 +51,7 @@ func TestAuditCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(1200 * time.Millisecond) // worker-1's job goes on a while (the output in docs/cli.md)
 	close(stop)
 	if err := <-done; !errors.Is(err, pglease.ErrLeaseLost) {
 		t.Fatalf("the evicted run: %v", err)
