@@ -166,3 +166,31 @@ func TestFindOverlaps(t *testing.T) {
 		t.Fatalf("tick finding: %+v", f)
 	}
 }
+
+// An eviction the holder's own Locker learns of only by claiming the key
+// again (the old lease is superseded): the journal has the old run end when
+// the holder learned, after the new grant — Audit reports it.
+func TestAuditForceRelock(t *testing.T) {
+	f := newFixture(t)
+	a := f.replica(2, WithHolder("a"))
+	c := ctx(t)
+	if _, err := a.Lock(c, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Lock(c, "k"); err != nil { // supersedes fence 1
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil { // waits for the background witness
+		t.Fatal(err)
+	}
+	res, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Findings) != 1 || res.Findings[0].OverlapsFence != 1 || res.Findings[0].Fence != 3 || res.Findings[0].Cause != CauseForceRelease {
+		t.Fatalf("findings: %+v", res.Findings)
+	}
+}

@@ -100,14 +100,14 @@ func (le *Lease) serverTime(t time.Time) time.Time {
 
 // witnessTold journals, in the background, when the holder learned from
 // the server that its lease was gone (a renew or a fenced transaction found
-// it gone): the earliest its run can have stopped. A loss at the local
-// deadline is journaled by the background release (releaseLostSQL), one
-// found by the release by the release itself; a read-only server refuses
-// writes; a lease superseded by this Locker's own new claim of the key was
-// lost earlier, and is not witnessed now.
+// it gone, or this Locker's own new claim of the key found it released,
+// expired or evicted): the earliest its run can have stopped. A loss at the
+// local deadline is journaled by the background release (releaseLostSQL),
+// one found by the release by the release itself; a read-only server
+// refuses writes.
 func (le *Lease) witnessTold(why lossReason) {
 	switch why {
-	case lossRenew, lossNotified, lossFailover, lossGuard:
+	case lossRenew, lossNotified, lossFailover, lossGuard, lossSuperseded:
 	default:
 		return
 	}
