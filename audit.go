@@ -54,18 +54,20 @@ type AuditResult struct {
 }
 
 // Audit reads the journal's runs with a row at or after since (the zero
-// time: all the journal holds) and returns every pair of runs of one key
-// that overlapped in time — a run granted before the previous one ended —
-// and every tick run by two runs. It writes nothing.
+// time: all the journal holds), one key at a time, and returns every pair
+// of runs of one key that overlapped in time — a run granted before the
+// previous one ended — and every tick run by two runs. It writes nothing.
 //
 // What it can see: a run ends, for the journal, at its last end row. A
-// holder that keeps running after an eviction or an expiry leaves its real
-// end only when it unlocks (Unlock after a loss journals it, as Do does):
-// a holder that never unlocks, or whose process dies, ends at its loss, and
-// an overlap of its run cannot be seen. Runs of Lockers with the journal off
-// are not seen, nor rows lost with a primary in an asynchronous failover
-// (the run that outlived them is then seen through its holder's later
-// rows on the new primary, if it writes any).
+// holder journals when the server told it of a loss (a renew or fenced
+// transaction found the lease gone, or its own new claim superseded it) and
+// when it unlocks after a loss (as Do does): an evicted holder that ran on
+// shows until then. A holder that stopped at its local deadline ends there
+// (before its lease's expiry, by design); one that ran on past it without
+// ever unlocking, or whose process died, cannot be seen running. Runs of
+// Lockers with the journal off are not seen, nor rows lost with a primary
+// in an asynchronous failover (a run that outlived them is seen through its
+// holder's later rows on the new primary).
 func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption) (AuditResult, error) {
 	b, err := newBackend(db)
 	if err != nil {
@@ -75,14 +77,20 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	if err != nil {
 		return AuditResult{}, err
 	}
-	runs, now, err := readRuns(ctx, b, t.statements(), since, nil, nil)
+	res := AuditResult{Since: since}
+	err = readRuns(ctx, b, t.statements(), since, nil, nil, func(runs []RunInfo, now time.Time) error {
+		res.Runs += len(runs)
+		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
+		return nil
+	})
 	if err != nil {
 		return AuditResult{}, t.wrapDB("audit", err)
 	}
-	return AuditResult{Since: since, Runs: len(runs), Findings: findOverlaps(runs, now)}, nil
+	return res, nil
 }
 
-// findOverlaps sweeps the runs (ordered by key, fence): for each run, the
+// findOverlaps sweeps the runs (ordered by key, fence; Audit passes one
+// key's at a time, the sweep takes any): for each run, the
 // earlier runs of its key still going when it began, and an earlier run of
 // the same tick.
 func findOverlaps(runs []RunInfo, now time.Time) []OverlapInfo {

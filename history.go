@@ -36,7 +36,11 @@ func History[D DB](ctx context.Context, db D, key string, since time.Time, limit
 	if limit > 0 {
 		lim = &limit
 	}
-	runs, _, err := readRuns(ctx, b, t.statements(), since, &key, lim)
+	var runs []RunInfo
+	err = readRuns(ctx, b, t.statements(), since, &key, lim, func(r []RunInfo, _ time.Time) error {
+		runs = r
+		return nil
+	})
 	if err != nil {
 		return nil, t.wrapDB(fmt.Sprintf("history %q", key), err)
 	}

@@ -77,33 +77,43 @@ type journalRow struct {
 	now                time.Time
 }
 
-// readRuns runs journalRowsSQL and assembles the runs, ordered by key and
-// fence; now is the server's time.
-func readRuns(ctx context.Context, b backend, st statements, since time.Time, key *string, limit *int) ([]RunInfo, time.Time, error) {
-	var rows []journalRow
+// readRuns runs journalRowsSQL and hands the runs to each, one key at a
+// time, ordered by fence: only one key's rows and runs are in memory at once.
+func readRuns(ctx context.Context, b backend, st statements, since time.Time, key *string, limit *int,
+	each func(runs []RunInfo, now time.Time) error) error {
+	var rows []journalRow // the current key's
+	flush := func() error {
+		if len(rows) == 0 {
+			return nil
+		}
+		err := each(assembleRuns(rows, rows[0].now), rows[0].now)
+		rows = rows[:0]
+		return err
+	}
 	err := b.query(ctx, st.journalRows, []any{since, key, limit}, func(scan func(...any) error) error {
 		var r journalRow
 		if err := scan(&r.key, &r.fence, &r.holder, &r.token, &r.event, &r.at, &r.expires, &r.tick, &r.outcome,
 			&r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now); err != nil {
 			return err
 		}
+		if len(rows) > 0 && rows[0].key != r.key {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
 		rows = append(rows, r)
 		return nil
 	})
 	if err != nil {
-		return nil, time.Time{}, err
+		return err
 	}
-	var now time.Time
-	if len(rows) > 0 {
-		now = rows[0].now
-	}
-	return assembleRuns(rows, now), now, nil
+	return flush()
 }
 
 // endRank orders the end events: the strongest one names how a run ended.
 var endRank = map[string]int{"lost": 1, "abandoned": 1, "released": 2, "expired": 3, "force-released": 4}
 
-// assembleRuns groups rows (ordered by key, fence, time) into runs.
+// assembleRuns groups rows (of one key, ordered by fence and time) into runs.
 func assembleRuns(rows []journalRow, now time.Time) []RunInfo {
 	var runs []RunInfo
 	for i := 0; i < len(rows); {
