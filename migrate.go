@@ -13,8 +13,8 @@ func SchemaVersion() int { return len(migrations) }
 // version table (<table>_version), the fence-guard table (<table>_fences,
 // see FenceTable) and the journal (<table>_journal, with its one-row pruning
 // ledger <table>_journal_pruned; see WithJournal, History, Audit). The
-// journal grows by two rows per run — a grant and its end — about 365 bytes
-// with its indexes (measured with 22-byte holder ids and short keys; longer
+// journal grows by two rows per run — a grant and its end — about 381 bytes
+// with its index (measured with 22-byte holder ids and short keys; longer
 // ones add their length), until the retention (WithJournalRetention)
 // deletes them. It is idempotent and safe to run from every replica at
 // start-up: concurrent runs are serialised by a transaction-scoped advisory

@@ -29,9 +29,9 @@ type table struct {
 	fences  string // the companion fence-guard table, quoted
 	journal string // the journal table (<table>_journal), quoted
 	pruned  string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
-	// journalKeyIdx and journalAtIdx name the journal's indexes (unqualified:
-	// an index lives in its table's schema).
-	journalKeyIdx, journalAtIdx string
+	// journalKeyIdx names the journal's index (unqualified: an index lives
+	// in its table's schema).
+	journalKeyIdx string
 
 	// lockClass is the first key of the claims' advisory locks, and
 	// channel the name releases are notified on: both derived from the
@@ -69,7 +69,6 @@ func parseTable(name string) (table, error) {
 		journal:       ident("_journal"),
 		pruned:        ident("_journal_pruned"),
 		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
-		journalAtIdx:  pgx.Identifier{parts[len(parts)-1] + "_journal_at"}.Sanitize(),
 		lockClass:     int32(uint32(sum)),
 		channel:       fmt.Sprintf("pglease_%016x", sum),
 	}, nil
