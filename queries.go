@@ -442,9 +442,13 @@ DELETE FROM {J} WHERE ctid = ANY (ARRAY(
 	LIMIT $2))`
 
 // journalRowsSQL reads the journal rows of the runs (tenures: a key and a
-// fence) that have a row at or after $1, of key $2 (NULL: every key), the
-// newest $3 runs per call (NULL: all), with the lease row of their key as
-// it is now and the server's time. History and Audit assemble the runs.
+// fence) that have a row at or after $1, of key $2 ({KEY} is bound to
+// "key = $2" for History, through the (key, occurred_at) index, and to
+// "$2::text IS NULL" for Audit, which passes NULL: a single statement with
+// "($2 IS NULL OR key = $2)" would be planned once, generically, without
+// the index), the newest $3 runs (NULL: all), with the lease row of their
+// key as it is now and the server's time. History and Audit assemble the
+// runs.
 //
 // Result rows, ordered by key, fence, time: (key, fence, holder, token,
 // event, occurred_at, expires_at, tick, outcome, lease fence, lease live,
@@ -453,7 +457,7 @@ const journalRowsSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 sel AS (
 	SELECT key, fence FROM {J}
-	WHERE occurred_at >= $1 AND ($2::text IS NULL OR key = $2::text)
+	WHERE occurred_at >= $1 AND {KEY}
 	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
 )
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
@@ -621,7 +625,7 @@ type statements struct {
 	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
 	versionTable, currentVersion, recordVersion                          string
 	guard, fenceAdvance, fenceCurrent                                    string
-	journalLost, pruneClaim, prune, journalRows                          string
+	journalLost, pruneClaim, prune, journalKeyRows, journalAllRows       string
 }
 
 var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
@@ -695,6 +699,7 @@ func (t table) statementsJournal(journal bool) statements {
 		journalLost:    b(journalLostSQL),
 		pruneClaim:     b(pruneClaimSQL),
 		prune:          b(pruneSQL),
-		journalRows:    b(journalRowsSQL),
+		journalKeyRows: b(strings.Replace(journalRowsSQL, "{KEY}", "key = $2::text", 1)),
+		journalAllRows: b(strings.Replace(journalRowsSQL, "{KEY}", "$2::text IS NULL", 1)),
 	}
 }

@@ -90,7 +90,11 @@ func readRuns(ctx context.Context, b backend, st statements, since time.Time, ke
 		rows = rows[:0]
 		return err
 	}
-	err := b.query(ctx, st.journalRows, []any{since, key, limit}, func(scan func(...any) error) error {
+	q := st.journalAllRows
+	if key != nil {
+		q = st.journalKeyRows
+	}
+	err := b.query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
 		var r journalRow
 		if err := scan(&r.key, &r.fence, &r.holder, &r.token, &r.event, &r.at, &r.expires, &r.tick, &r.outcome,
 			&r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now); err != nil {
