@@ -75,13 +75,14 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 
 // claimReply is the claim statement's answer when it did not acquire.
 type claimReply struct {
-	outcome  string // "held", "min-hold", "ran" or "failover-delay"
-	fence    int64  // for "failover-delay": the server's timeline ID
-	holder   string
-	lastTick sql.NullTime
-	freeIn   time.Duration
-	expires  time.Time // expires_at: the new lease's, or the holder's
-	freeInUS int64     // freeIn as the server sends it
+	outcome   string // "held", "min-hold", "ran" or "failover-delay"
+	fence     int64  // for "failover-delay": the server's timeline ID
+	holder    string
+	lastTick  sql.NullTime
+	freeIn    time.Duration
+	expires   time.Time // expires_at: the new lease's, or the holder's
+	freeInUS  int64     // freeIn as the server sends it
+	journaled int64     // journal rows the claim wrote
 }
 
 // err turns a reply (nil: a concurrent claim in flight) into the error Lock
@@ -111,7 +112,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	var rep claimReply // one allocation for every destination
 	err := l.db.queryRow(ctx, l.sql.claim,
 		[]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2]},
-		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS)
+		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS, &rep.journaled)
 	end(err)
 	switch {
 	case errors.Is(err, errNoRows):
@@ -136,6 +137,8 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		}
 		return nil, &rep, nil
 	}
+	l.obs.journaled(rep.journaled)
+	l.maybePrune()
 	le := newLease(l, parent, key, rep.fence, token, lc, rep.expires, sentAt)
 	if !time.Now().Before(le.Deadline()) {
 		l.releaseInBackground(le)

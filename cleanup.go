@@ -21,7 +21,10 @@ func (l *Locker) undoClaim(key string, token int64) {
 			if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
 				return err
 			}
-			_, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
+			n, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
+			if err == nil && !l.cfg.journalOff {
+				l.obs.journaled(n)
+			}
 			return err
 		})
 	})
@@ -35,7 +38,14 @@ func (l *Locker) undoClaim(key string, token int64) {
 // met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
 	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
-		_, err := l.db.exec(ctx, l.sql.releaseLost, le.key, l.holder, le.fence, le.token)
+		args := []any{le.key, l.holder, le.fence, le.token}
+		if !l.cfg.journalOff {
+			args = append(args, le.serverTime(le.Deadline()))
+		}
+		_, err := l.db.exec(ctx, l.sql.releaseLost, args...)
+		if err == nil && !l.cfg.journalOff {
+			l.obs.journaled(1)
+		}
 		return err
 	})
 }

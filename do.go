@@ -18,6 +18,10 @@ import (
 // The lease's minimum hold (MinHold, WithMinHold) applies at the unlock:
 // with Tick and a minimum hold, a scheduled job runs once per tick on any
 // number of replicas.
+//
+// With the journal on (WithJournal), the run's outcome is recorded with
+// its release: OutcomeOK, OutcomeError, OutcomePanic, or OutcomeLost when
+// the lease was lost before fn returned.
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LockOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil function", ErrInvalidOption)
@@ -37,7 +41,7 @@ func runUnder(ctx context.Context, le *Lease, fn func(context.Context, *Lease) e
 	defer stop()
 	defer func() {
 		r := recover()
-		uerr := le.Unlock(context.WithoutCancel(ctx))
+		uerr := le.unlock(context.WithoutCancel(ctx), outcomeOfRun(le, r != nil, err))
 		if r != nil {
 			panic(r)
 		}

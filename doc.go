@@ -121,6 +121,16 @@
 // grid of d, so each period runs once. The adapters for gocron v2 and
 // robfig/cron, in their own modules under contrib/, derive the ticks.
 //
+// # The journal
+//
+// Every state change of a lease — a grant, a release, an expiry taken over,
+// an eviction, a loss the holder records — appends a row to <table>_journal
+// in the statement that makes the change; renewals and skipped claims write
+// nothing. History reads a key's runs back (who held it, when, how it ended,
+// the job's outcome for Do and the scheduler adapters), Audit finds runs of
+// one key that overlapped in time and ticks run twice. WithJournal turns it
+// off, WithJournalRetention sets how long rows are kept.
+//
 // # Failover
 //
 // Fences are composed with the server's timeline ID, which grows at every

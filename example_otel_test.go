@@ -51,9 +51,11 @@ func ExampleWithMeterProvider() {
 		}
 	}
 	_ = lease.Unlock(ctx)
-	_, _ = db.Exec(`DROP TABLE example_otel_leases, example_otel_leases_version, example_otel_leases_fences, example_otel_leases_timelines`)
+	_, _ = db.Exec(`DROP TABLE example_otel_leases, example_otel_leases_version, example_otel_leases_fences,
+		example_otel_leases_journal, example_otel_leases_journal_pruned, example_otel_leases_timelines`)
 	// Unordered output:
 	// pglease.claims acquired 1
 	// pglease.claims held 1
+	// pglease.journal.writes  1
 	// pglease.lease.held  1
 }

@@ -120,11 +120,11 @@ func claimInTx(t *testing.T, c context.Context, db *sql.DB, l *Locker, key strin
 	}
 	defer tx.Rollback()
 	var holder string
-	var fence, freeUS int64
+	var fence, freeUS, journaled int64
 	var exp time.Time
 	var tick sql.NullTime
 	if err := tx.QueryRowContext(c, l.sql.claim, key, l.holder, int64(7), l.claimArgs[1], nil, l.claimArgs[2]).
-		Scan(&outcome, &fence, &exp, &holder, &tick, &freeUS); err != nil {
+		Scan(&outcome, &fence, &exp, &holder, &tick, &freeUS, &journaled); err != nil {
 		t.Fatalf("claim of %q: %v", key, err)
 	}
 	var xid *string

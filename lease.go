@@ -39,8 +39,9 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	unlockMu sync.Mutex  // serialises Unlock calls
-	stopTie  func() bool // undoes endWith, once the lease has ended
+	unlockMu  sync.Mutex  // serialises Unlock calls
+	witnessed bool        // the end of the run after a loss is journaled (under mu)
+	stopTie   func() bool // undoes endWith, once the lease has ended
 
 	mu        sync.Mutex
 	state     leaseState
@@ -203,6 +204,7 @@ func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string,
 	le.locker.remove(le)
 	le.untie()
 	le.locker.obs.lost(le, why)
+	le.witnessTold(why)
 	return err
 }
 

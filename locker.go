@@ -37,6 +37,8 @@ type Locker struct {
 	stop    context.CancelFunc
 	closed  bool
 	wg      sync.WaitGroup // the renewer and background clean-ups
+
+	prune pruner // the journal's retention (journal.go)
 }
 
 // New returns a Locker over db (a *sql.DB or a *pgxpool.Pool). It validates
@@ -57,7 +59,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		db:     b,
 		cfg:    cfg,
 		table:  t,
-		sql:    t.statements(),
+		sql:    t.statementsJournal(!cfg.journalOff),
 		holder: cfg.holder,
 		log:    cfg.logger,
 		leases: make(map[*Lease]struct{}),
@@ -65,6 +67,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		obs:    newObserver(cfg),
 	}
 	l.claimArgs = [3]any{l.holder, cfg.duration.Microseconds(), cfg.failoverDelay.Microseconds()}
+	l.prune.every, l.prune.last = pruneEvery, time.Now()
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil

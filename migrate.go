@@ -10,8 +10,13 @@ import (
 func SchemaVersion() int { return len(migrations) }
 
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
-// version table (<table>_version) and the fence-guard table (<table>_fences,
-// see FenceTable). It is idempotent and safe to run from every replica at
+// version table (<table>_version), the fence-guard table (<table>_fences,
+// see FenceTable) and the journal (<table>_journal, with its one-row pruning
+// ledger <table>_journal_pruned; see WithJournal, History, Audit). The
+// journal grows by two rows per run — a grant and its end — about 381 bytes
+// with its index (measured with 22-byte holder ids and short keys; longer
+// ones add their length), until the retention (WithJournalRetention)
+// deletes them. It is idempotent and safe to run from every replica at
 // start-up: concurrent runs are serialised by a transaction-scoped advisory
 // lock, and each applies only what is missing, in one transaction. It takes
 // only WithTable. The schema part of a "schema.table" name must exist.

@@ -60,6 +60,8 @@ type observer interface {
 	renewed(ctx context.Context, batch int, d time.Duration, err error)
 	rejected(ctx context.Context, kind string) // "guard" or "fence_table"
 	waited(ctx context.Context, key string, d time.Duration, acquired bool)
+	journaled(n int64) // journal rows written
+	pruned(n int64)    // journal rows deleted by pruning
 }
 
 type noObserver struct{}
@@ -73,5 +75,7 @@ func (noObserver) released(*Lease, int)                                {}
 func (noObserver) renewed(context.Context, int, time.Duration, error)  {}
 func (noObserver) rejected(context.Context, string)                    {}
 func (noObserver) waited(context.Context, string, time.Duration, bool) {}
+func (noObserver) journaled(int64)                                     {}
+func (noObserver) pruned(int64)                                        {}
 
 // newObserver is in otel.go.

@@ -73,6 +73,8 @@ type config struct {
 	listen         ListenMode
 	poll           time.Duration
 	failoverDelay  time.Duration // -1: the lease duration
+	journalOff     bool          // WithJournal(false)
+	retention      time.Duration // WithJournalRetention
 	errs           []error
 }
 
@@ -195,6 +197,36 @@ func WithPollInterval(d time.Duration) Option {
 	})
 }
 
+// WithJournal turns the journal on or off (default on). On, every claim
+// that takes a key, every release, every loss a holder records and every
+// eviction appends a row to <table>_journal in the statement that makes the
+// change (see History and Audit); renewals and claims that skip write
+// nothing. Off, this Locker's statements leave the journal alone (its runs
+// are then missing from History and Audit; ForceRelease still journals).
+func WithJournal(on bool) Option {
+	return optionFunc(func(c *config) { c.journalOff = !on })
+}
+
+// WithJournalRetention sets how long journal rows are kept (default
+// DefaultJournalRetention; between a minute and ten years). Older rows are
+// deleted in the background, in batches of a few hundred, by one Locker at
+// a time: after one of its claims, a Locker whose last pruning attempt (or
+// whose creation) is more than ten minutes old tries to take the journal's
+// one-row pruning ledger; the first Locker in an interval wins (an UPDATE ... WHERE
+// last_pruned_at < now - interval) and deletes old rows batch by batch, each
+// in its own short transaction, until none is left or the Locker closes.
+// Lockers sharing a table should use the same retention: each prunes with
+// its own.
+func WithJournalRetention(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d < time.Minute || d > 10*365*24*time.Hour {
+			c.errs = append(c.errs, fmt.Errorf("%w: journal retention %v must be between 1m and 10 years", ErrInvalidOption, d))
+			return
+		}
+		c.retention = d
+	})
+}
+
 // tableConfig builds the configuration of an entry point that takes a
 // narrower option type (TableOption, FenceTableOption).
 func tableConfig[O Option](opts []O) (config, table, error) {
@@ -206,7 +238,8 @@ func tableConfig[O Option](opts []O) (config, table, error) {
 }
 
 func buildConfig(opts []Option) (config, table, error) {
-	c := config{table: DefaultTable, duration: 60 * time.Second, margin: -1, releaseTimeout: 5 * time.Second, failoverDelay: -1}
+	c := config{table: DefaultTable, duration: 60 * time.Second, margin: -1, releaseTimeout: 5 * time.Second,
+		failoverDelay: -1, retention: DefaultJournalRetention}
 	for _, o := range opts {
 		if o == nil {
 			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)

@@ -50,6 +50,8 @@ type telemetryConfig struct {
 //	pglease.fence.rejections  Counter {rejection}    writes refused, by pglease.rejection.kind:
 //	                                                 guard (Guard), fence_table (FenceTable)
 //	pglease.wait.duration     Histogram s            Acquire/Campaign waits, by pglease.wait.acquired
+//	pglease.journal.writes    Counter {row}          journal rows written by this process's statements
+//	pglease.journal.pruned    Counter {row}          journal rows deleted by this process's pruning
 //
 // NewFenceTable takes it too (its rejections).
 func WithMeterProvider(mp metric.MeterProvider) FenceTableOption {
@@ -140,6 +142,8 @@ type otelMetrics struct {
 	renewBatch metric.Int64Histogram
 	rejections metric.Int64Counter
 	waits      metric.Float64Histogram
+	jWrites    metric.Int64Counter
+	jPruned    metric.Int64Counter
 
 	table     attribute.KeyValue
 	tableOnly metric.MeasurementOption            // {pglease.table}
@@ -152,7 +156,7 @@ type otelMetrics struct {
 }
 
 func newOtelMetrics(m metric.Meter, tableName string) *otelMetrics {
-	var errs [8]error
+	var errs [10]error
 	om := &otelMetrics{table: attrTable.String(tableName)}
 	om.held, errs[0] = m.Int64UpDownCounter("pglease.lease.held", metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held now by this process."))
@@ -173,6 +177,10 @@ func newOtelMetrics(m metric.Meter, tableName string) *otelMetrics {
 	om.waits, errs[7] = m.Float64Histogram("pglease.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time Acquire or Campaign waited for a key, by whether it got it."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	om.jWrites, errs[8] = m.Int64Counter("pglease.journal.writes", metric.WithUnit("{row}"),
+		metric.WithDescription("Journal rows written by this process's statements."))
+	om.jPruned, errs[9] = m.Int64Counter("pglease.journal.pruned", metric.WithUnit("{row}"),
+		metric.WithDescription("Journal rows deleted by this process's pruning."))
 	if err := errors.Join(errs[:]...); err != nil {
 		otel.Handle(err)
 	}
@@ -262,6 +270,20 @@ func (o *otelObserver) waited(ctx context.Context, key string, d time.Duration, 
 		return
 	}
 	o.m.waits.Record(ctx, d.Seconds(), o.attrs(key, attrAcquired.Bool(acquired)))
+}
+
+func (o *otelObserver) journaled(n int64) {
+	if o.m == nil || n == 0 {
+		return
+	}
+	o.m.jWrites.Add(context.Background(), n, o.m.tableOnly)
+}
+
+func (o *otelObserver) pruned(n int64) {
+	if o.m == nil || n == 0 {
+		return
+	}
+	o.m.jPruned.Add(context.Background(), n, o.m.tableOnly)
 }
 
 func noEnd(error) {}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // errNilLease is Unlock's answer for a nil *Lease: a deferred Unlock placed
@@ -26,14 +27,23 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //     longer renewed and expires by itself. Calling Unlock again retries.
 //   - On a nil *Lease (a deferred Unlock placed before the claim's error
 //     check) it returns an error instead of panicking.
+//   - With the journal on (WithJournal), an Unlock after a loss journals
+//     when the holder stopped (a lost row), once: the end of a run that
+//     outlived its lease, which Audit needs to see an overlap.
 func (le *Lease) Unlock(ctx context.Context) error {
 	if le == nil {
 		return errNilLease
 	}
+	return le.unlock(ctx, "")
+}
+
+// unlock is Unlock, recording outcome o ("" for none) in the journal.
+func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	le.unlockMu.Lock()
 	defer le.unlockMu.Unlock()
 	switch st, err := le.beginUnlock(); st {
 	case stateLost:
+		le.witnessLoss(ctx, o)
 		return err
 	case stateReleased:
 		return nil
@@ -45,8 +55,11 @@ func (le *Lease) Unlock(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
-	n, err := l.db.exec(ctx, l.sql.release, le.key, l.holder, le.fence, le.token, le.minHold.Microseconds())
+	n, err := l.db.exec(ctx, l.sql.release, l.releaseArgs(le, o)...)
 	end(rowsErr(n, err))
+	if err == nil && !l.cfg.journalOff {
+		l.obs.journaled(1)
+	}
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
@@ -90,6 +103,10 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	}
 	released := make(map[string]int64, len(batch))
 	minHold := func(le *Lease) []int64 { return []int64{le.minHold.Microseconds()} }
+	if !l.cfg.journalOff {
+		now := time.Now()
+		minHold = func(le *Lease) []int64 { return []int64{le.minHold.Microseconds(), le.serverTime(now).UnixMicro()} }
+	}
 	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeLeases(batch, minHold), l.holder},
 		func(scan func(...any) error) error {
 			var key string
@@ -101,6 +118,9 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 			released[key] = fence
 			return nil
 		})
+	if err == nil && !l.cfg.journalOff {
+		l.obs.journaled(int64(len(batch))) // a released or a lost row each
+	}
 	var lost []error
 	for _, le := range batch {
 		switch f, ok := released[le.key]; {

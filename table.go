@@ -30,6 +30,11 @@ type table struct {
 	// timelines is the companion timeline table (the failover delay),
 	// quoted.
 	timelines string
+	journal   string // the journal table (<table>_journal), quoted
+	pruned    string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
+	// journalKeyIdx names the journal's index (unqualified: an index lives
+	// in its table's schema).
+	journalKeyIdx string
 
 	// lockClass is the first key of the claims' advisory locks, and
 	// channel the name releases are notified on: both derived from the
@@ -60,13 +65,16 @@ func parseTable(name string) (table, error) {
 	h.Write([]byte(quoted))
 	sum := h.Sum64()
 	return table{
-		display:   name,
-		quoted:    quoted,
-		version:   ident("_version"),
-		fences:    ident("_fences"),
-		timelines: ident("_timelines"),
-		lockClass: int32(uint32(sum)),
-		channel:   fmt.Sprintf("pglease_%016x", sum),
+		display:       name,
+		quoted:        quoted,
+		version:       ident("_version"),
+		fences:        ident("_fences"),
+		timelines:     ident("_timelines"),
+		journal:       ident("_journal"),
+		pruned:        ident("_journal_pruned"),
+		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
+		lockClass:     int32(uint32(sum)),
+		channel:       fmt.Sprintf("pglease_%016x", sum),
 	}, nil
 }
 

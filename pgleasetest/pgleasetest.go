@@ -155,7 +155,7 @@ func Table(t testing.TB) string {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines"} {
+		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines", name + "_journal", name + "_journal_pruned"} {
 			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+n+`"`); err != nil {
 				t.Errorf("pgleasetest: drop %s: %v", n, err)
 			}

@@ -200,7 +200,7 @@ func dropDemoTables(db *sql.DB, cfg *demoConfig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	t := cfg.leaseTable
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "%s", "%s_version", "%s_fences", "%s_timelines"`, cfg.resultTable, t, t, t, t))
+	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "%s", "%s_version", "%s_fences", "%s_timelines", "%s_journal", "%s_journal_pruned"`, cfg.resultTable, t, t, t, t, t, t))
 }
 
 // progress draws the progress line on stderr: carriage-return updates on a

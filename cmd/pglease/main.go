@@ -144,6 +144,8 @@ real database, given by --database-url or $DATABASE_URL.`,
 		newListCmd(e),
 		newWatchCmd(e),
 		newReleaseCmd(e),
+		newHistoryCmd(e),
+		newAuditCmd(e),
 		newServeCmd(e),
 		newVersionCmd(e),
 	)

@@ -125,6 +125,11 @@ func WithLogger(l cron.Logger) Option {
 // ahead, when it starts or comes back, run nowhere: the ledger refuses
 // activations earlier than the last one run. Keep clocks closer than that
 // (NTP does far better).
+//
+// With the journal on (pglease.WithJournal, the default), each run is
+// journaled with its activation as the tick and its outcome (Do records
+// it): ok when the job returns, panic when it panics, lost when the lease
+// was lost during the run; see pglease.History.
 func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)

@@ -3,6 +3,7 @@ package pgleasegocron
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -37,6 +38,7 @@ type Locker struct {
 	now     func() time.Time
 	logger  gocron.Logger // nil: slog.Default()
 	offGrid *offGridLog   // keys already reported as off the second grid
+	runs    *runs         // the runs in progress, for their outcome; shared by per-job copies
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -111,7 +113,7 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	k := &Locker{l: l, minHold: -1, now: time.Now, offGrid: &offGridLog{}}
+	k := &Locker{l: l, minHold: -1, now: time.Now, offGrid: &offGridLog{}, runs: &runs{}}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: pgleasegocron: nil Option", pglease.ErrInvalidOption)
@@ -137,7 +139,7 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if err != nil {
 		return nil, err // a nil interface, not a typed nil
 	}
-	return &lock{le: le}, nil
+	return k.newLock(le), nil
 }
 
 // claimOptions returns the options of one claim of key, in the Locker's
@@ -165,10 +167,16 @@ func (k *Locker) TickAt(t time.Time) time.Time {
 	return t.Round(k.tick)
 }
 
-type lock struct{ le *pglease.Lease }
+type lock struct {
+	le      *pglease.Lease
+	k       *Locker
+	mu      sync.Mutex
+	outcome pglease.Outcome // set by OutcomeListeners, "" if none
+}
 
 // Unlock releases the run's lease (keeping the key blocked until the end of
 // the minimum hold). gocron discards the error and may pass a context that
 // is already cancelled (scheduler shutdown): pglease then still releases,
 // under a fresh context bounded by the release timeout.
-func (l *lock) Unlock(ctx context.Context) error { return l.le.Unlock(ctx) }
+// With OutcomeListeners, the run's outcome is recorded in the journal.
+func (l *lock) Unlock(ctx context.Context) error { return l.unlock(ctx) }

@@ -66,6 +66,10 @@ type Stats struct {
 	// FailoverTimes has one entry per failover, in order.
 	FailoverTimes         []FailoverTime
 	ViolationsByInvariant [9]int
+	// Overlaps are the leases whose holder stopped (loss signalled or
+	// Unlock called) at or after the grant of the key's next fence, exempt
+	// or not: the pairs the journal's Audit must find too (see CompareAudit).
+	Overlaps []Overlap
 }
 
 // FailoverTime is how long one failover took, from the fault (the kill,
@@ -78,6 +82,14 @@ type FailoverTime struct {
 	How        string // the failover event's Detail: kill, freeze, switchover…
 	Writable   time.Duration
 	FirstGrant time.Duration
+}
+
+// Overlap is one lease whose holder stopped after the next grant of its key.
+type Overlap struct {
+	Key              string
+	Fence, NextFence int64
+	Holder, NextProc string
+	Why              string // "violation" (invariant 4), "async", "paused" or "forced"
 }
 
 // CheckConfig tunes the checker.
@@ -437,6 +449,18 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		if l.stopT() < n.grant.T && l.signalT() >= n.grant.T && l.term.Kind == EvLost {
 			st.LateDoneInUnlock++
+		}
+		if l.stopT() >= n.grant.T {
+			ov := Overlap{Key: id.key, Fence: id.fence, NextFence: n.id.fence, Holder: id.proc, NextProc: n.id.proc, Why: "violation"}
+			switch {
+			case acrossAsync(l, n):
+				ov.Why = "async"
+			case paused(id.proc, l.grant.T0, n.grant.T):
+				ov.Why = "paused"
+			case forced[id]:
+				ov.Why = "forced"
+			}
+			st.Overlaps = append(st.Overlaps, ov)
 		}
 		if l.stopT() >= n.grant.T && acrossAsync(l, n) {
 			st.AsyncOverlaps++

@@ -306,6 +306,8 @@ type Result struct {
 	Stats      Stats
 	Violations []Violation
 	Elapsed    time.Duration
+	Audit      AuditComparison // the journal's Audit against the checker
+	AuditErr   error
 }
 
 // runScenario runs one scenario once: replicas, faults for the profile's
@@ -354,7 +356,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", e.table + "_timelines", ResourceTable(e.table)} {
+		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", e.table + "_timelines", e.table + "_journal", e.table + "_journal_pruned", ResourceTable(e.table)} {
 			_, _ = e.admin.ExecContext(c, `DROP TABLE IF EXISTS "`+n+`"`)
 		}
 	})
@@ -413,7 +415,17 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		saveHistory(t, path, merged)
 		t.Logf("history of this run kept in %s", path)
 	}
-	return Result{Stats: st, Violations: vs, Elapsed: time.Since(start)}
+	res := Result{Stats: st, Violations: vs, Elapsed: time.Since(start)}
+	// The second witness: the journal, on the server's clock.
+	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer acancel()
+	audit, err := pglease.Audit(actx, e.admin, time.Time{}, pglease.WithTable(e.table))
+	if err != nil {
+		res.AuditErr = err
+	} else {
+		res.Audit = CompareAudit(st, audit.Findings)
+	}
+	return res
 }
 
 func saveHistory(t *testing.T, path string, evs []Event) {

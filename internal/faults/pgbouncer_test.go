@@ -127,7 +127,7 @@ func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pgleas
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, n := range []string{table, table + "_version", table + "_fences", table + "_timelines"} {
+		for _, n := range []string{table, table + "_version", table + "_fences", table + "_timelines", table + "_journal", table + "_journal_pruned"} {
 			_, _ = admin.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+n+`"`)
 		}
 	})

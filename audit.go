@@ -1,0 +1,159 @@
+package pglease
+
+import (
+	"context"
+	"time"
+)
+
+// Likely causes of an overlap (OverlapInfo.Cause).
+const (
+	// CauseForceRelease: the earlier run was evicted by ForceRelease and its
+	// holder kept running until after the later run began.
+	CauseForceRelease = "force-release"
+	// CauseAsyncFailover: the two fences come from different server
+	// timelines (fence >> 40 differs): the later run was granted by a
+	// promoted standby that had not received the earlier run's end (or its
+	// grant) — an asynchronous failover.
+	CauseAsyncFailover = "async-failover"
+	// CausePastDeadline: the earlier run's lease expired (or its holder
+	// lost it) and its holder ran on past its deadline, until after the
+	// later run began.
+	CausePastDeadline = "past-deadline"
+	// CauseUnknown: none of the above fits (the journal is incomplete).
+	CauseUnknown = "unknown"
+)
+
+// OverlapInfo describes one finding of Audit: two runs of one key that
+// overlapped in time, or that ran the same tick.
+type OverlapInfo struct {
+	Key string
+	// Fence and Holder are the later run's: the one granted while the
+	// earlier one still ran (or that ran its tick again).
+	Fence  int64
+	Holder string
+	// OverlapsFence and OverlapsHolder are the earlier run's.
+	OverlapsFence  int64
+	OverlapsHolder string
+	// SameTick is set when both runs were claimed for this tick (Tick): a
+	// tick run twice, whether or not the runs overlapped in time.
+	SameTick *time.Time
+	// From is when the overlap began (the later run's AcquiredAt) and
+	// Overlap how long both ran (0 for a tick run twice at different times).
+	From    time.Time
+	Overlap time.Duration
+	// Cause is the likely cause: CauseForceRelease, CauseAsyncFailover,
+	// CausePastDeadline or CauseUnknown.
+	Cause string
+}
+
+// AuditResult is what Audit found.
+type AuditResult struct {
+	Since    time.Time     // the start of the audited window
+	Runs     int           // runs examined
+	Findings []OverlapInfo // by key, then by the later run's fence
+}
+
+// Audit reads the journal's runs with a row at or after since (the zero
+// time: all the journal holds), one key at a time, and returns every pair
+// of runs of one key that overlapped in time — a run granted before the
+// previous one ended — and every tick run by two runs. It writes nothing.
+//
+// What it can see: a run ends, for the journal, at its last end row. A
+// holder journals when the server told it of a loss (a renew or fenced
+// transaction found the lease gone, or its own new claim superseded it) and
+// when it unlocks after a loss (as Do does): an evicted holder that ran on
+// shows until then. A holder that stopped at its local deadline ends there
+// (before its lease's expiry, by design); one that ran on past it without
+// ever unlocking, or whose process died, cannot be seen running. Runs of
+// Lockers with the journal off are not seen, nor rows lost with a primary
+// in an asynchronous failover (a run that outlived them is seen through its
+// holder's later rows on the new primary).
+func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption) (AuditResult, error) {
+	b, err := newBackend(db)
+	if err != nil {
+		return AuditResult{}, err
+	}
+	_, t, err := tableConfig(opts)
+	if err != nil {
+		return AuditResult{}, err
+	}
+	res := AuditResult{Since: since}
+	err = readRuns(ctx, b, t.statements(), since, nil, nil, func(runs []RunInfo, now time.Time) error {
+		res.Runs += len(runs)
+		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
+		return nil
+	})
+	if err != nil {
+		return AuditResult{}, t.wrapDB("audit", err)
+	}
+	return res, nil
+}
+
+// findOverlaps sweeps the runs (ordered by key, fence; Audit passes one
+// key's at a time, the sweep takes any): for each run, the
+// earlier runs of its key still going when it began, and an earlier run of
+// the same tick.
+func findOverlaps(runs []RunInfo, now time.Time) []OverlapInfo {
+	var out []OverlapInfo
+	var active []RunInfo             // earlier runs of the key that may still overlap
+	ticks := map[time.Time]RunInfo{} // the first run of each tick of the key
+	for i, r := range runs {
+		if i == 0 || runs[i-1].Key != r.Key {
+			active, ticks = active[:0], map[time.Time]RunInfo{}
+		}
+		keep := active[:0]
+		for _, a := range active {
+			if end := runEnd(a, now); end.After(r.AcquiredAt) {
+				out = append(out, overlap(a, r, now, nil))
+				keep = append(keep, a)
+			}
+		}
+		active = append(keep, r)
+		if r.Tick != nil {
+			if a, ok := ticks[r.Tick.UTC()]; ok && !runEnd(a, now).After(r.AcquiredAt) {
+				tick := *r.Tick
+				out = append(out, overlap(a, r, now, &tick))
+			} else if !ok {
+				ticks[r.Tick.UTC()] = r
+			}
+		}
+	}
+	return out
+}
+
+// runEnd is when a run ended; now while running or when unknown.
+func runEnd(r RunInfo, now time.Time) time.Time {
+	if r.EndedAt == nil {
+		if r.End == EndRunning {
+			return now
+		}
+		return r.AcquiredAt
+	}
+	return *r.EndedAt
+}
+
+// overlap describes the finding for the earlier run a and the later run b.
+func overlap(a, b RunInfo, now time.Time, tick *time.Time) OverlapInfo {
+	f := OverlapInfo{Key: b.Key, Fence: b.Fence, Holder: b.Holder, OverlapsFence: a.Fence, OverlapsHolder: a.Holder,
+		SameTick: tick, From: b.AcquiredAt, Cause: CauseUnknown}
+	end := runEnd(a, now)
+	if bEnd := runEnd(b, now); bEnd.Before(end) {
+		end = bEnd
+	}
+	if end.After(b.AcquiredAt) {
+		f.Overlap = end.Sub(b.AcquiredAt)
+	}
+	if a.Tick != nil && b.Tick != nil && a.Tick.Equal(*b.Tick) {
+		t := *b.Tick
+		f.SameTick = &t
+	}
+	switch {
+	case a.Fence>>40 != b.Fence>>40:
+		f.Cause = CauseAsyncFailover
+	case a.End == EndForceReleased:
+		f.Cause = CauseForceRelease
+	case a.End == EndExpired || a.End == EndLost || a.End == EndSuperseded:
+		f.Cause = CausePastDeadline
+	}
+	return f
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pglease/pglease"
+)
+
+// findingJSON is one finding as `pglease audit --json` prints it.
+type findingJSON struct {
+	Key            string     `json:"key"`
+	Fence          int64      `json:"fence"` // the later run
+	Holder         string     `json:"holder"`
+	OverlapsFence  int64      `json:"overlaps_fence"` // the earlier run
+	OverlapsHolder string     `json:"overlaps_holder"`
+	From           time.Time  `json:"from"`       // when the overlap began
+	OverlapMS      float64    `json:"overlap_ms"` // to the microsecond
+	Tick           *time.Time `json:"tick"`       // a tick both runs ran, else null
+	Cause          string     `json:"cause"`
+}
+
+func findingsJSON(fs []pglease.OverlapInfo) []findingJSON {
+	out := make([]findingJSON, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, findingJSON{Key: f.Key, Fence: f.Fence, Holder: f.Holder, OverlapsFence: f.OverlapsFence,
+			OverlapsHolder: f.OverlapsHolder, From: f.From.UTC(), OverlapMS: float64(f.Overlap.Microseconds()) / 1000,
+			Tick: utcPtr(f.SameTick), Cause: f.Cause})
+	}
+	return out
+}
+
+// errFindings makes audit exit with status 1 when it found anything.
+var errFindings = errors.New("audit found overlapping runs")
+
+func printFindings(w io.Writer, res pglease.AuditResult) {
+	window := "in the whole journal"
+	if !res.Since.IsZero() {
+		window = "since " + res.Since.UTC().Format(tsFormat)
+	}
+	if len(res.Findings) == 0 {
+		fmt.Fprintf(w, "no overlaps: %d runs %s\n", res.Runs, window)
+		return
+	}
+	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(len(res.Findings)), res.Runs, window)
+	for _, f := range res.Findings {
+		overlap := f.Overlap.Round(time.Microsecond)
+		if f.Overlap >= time.Second {
+			overlap = roundDur(f.Overlap)
+		}
+		what := fmt.Sprintf("overlap %v from %s", overlap, f.From.UTC().Format(tsFormat))
+		if f.SameTick != nil {
+			what = fmt.Sprintf("both ran tick %s (overlap %v)", f.SameTick.UTC().Format(tsFormat), overlap)
+		}
+		fmt.Fprintf(w, "  %s: fence %d (%s) granted while fence %d (%s) still ran: %s; likely cause: %s\n",
+			oneLine(f.Key), f.Fence, oneLine(f.Holder), f.OverlapsFence, oneLine(f.OverlapsHolder), what, f.Cause)
+	}
+}
+
+func newAuditCmd(e *env) *cobra.Command {
+	var (
+		f      dbFlags
+		since  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Find runs of one key that overlapped in time, and ticks run twice (exit 1 if any)",
+		Long: `audit reads the lease table's journal and reports every pair of runs of one
+key that overlapped in time — a run granted before the previous one ended: a
+force-release while the evicted holder still ran, an asynchronous failover, a
+holder that ran past its deadline — and every tick run twice. Each finding
+names both holders and fences, the overlap and the likely cause.
+
+Exit status: 0 when nothing is found, 1 when anything is (or on an error),
+so it can run from cron or CI.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			from, err := parseSince(since, time.Now())
+			if err != nil {
+				return err
+			}
+			db, err := f.open(cmd.Context(), e, nil)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			res, err := pglease.Audit(cmd.Context(), db, from, pglease.WithTable(f.table))
+			if err != nil {
+				return explain(err, f.table)
+			}
+			if asJSON {
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(findingsJSON(res.Findings)); err != nil {
+					return err
+				}
+			} else {
+				printFindings(e.stdout, res)
+			}
+			if len(res.Findings) > 0 {
+				return fmt.Errorf("%w: %s in %d runs", errFindings, findings(len(res.Findings)), res.Runs)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the findings as a JSON array")
+	return cmd
+}
+
+func findings(n int) string {
+	if n == 1 {
+		return "1 finding"
+	}
+	return fmt.Sprintf("%d findings", n)
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// TestAuditCommand: a clean run reports nothing and exits 0; a force-release
+// while the evicted holder keeps running is reported with both holders and
+// fences, the overlap and the cause, and exits 1 — as text and as JSON.
+func TestAuditCommand(t *testing.T) {
+	ctx := testCtx(t)
+	f := newJournalFixture(t)
+	for range 3 {
+		for _, l := range []*pglease.Locker{f.a, f.b} {
+			if err := l.Do(ctx, "nightly", func(context.Context, *pglease.Lease) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Also the history the docs show: the runs of the key, evicted one included.
+	r := cli(t, ctx, f.env, "audit", "--table", f.table)
+	if r.code != exitOK || r.stdout != "no overlaps: 6 runs in the whole journal\n" || r.stderr != "" {
+		t.Fatalf("audit of a clean run: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = cli(t, ctx, f.env, "audit", "--table", f.table, "--json", "--since", "1h")
+	if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("audit --json of a clean run: code %d %q", r.code, r.stdout)
+	}
+
+	// a runs the job and does not stop when evicted.
+	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- f.a.Do(context.Background(), "nightly", func(context.Context, *pglease.Lease) error {
+			close(started)
+			<-stop
+			return nil
+		})
+	}()
+	<-started
+	if r := cli(t, ctx, f.env, "release", "--force", "--table", f.table, "nightly"); r.code != exitOK {
+		t.Fatalf("release --force: %d %q", r.code, r.stderr)
+	}
+	le, err := f.b.Lock(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1200 * time.Millisecond) // worker-1's job goes on a while (the output in docs/cli.md)
+	close(stop)
+	if err := <-done; !errors.Is(err, pglease.ErrLeaseLost) {
+		t.Fatalf("the evicted run: %v", err)
+	}
+	if err := le.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	r = cli(t, ctx, f.env, "audit", "--table", f.table)
+	wantError(t, cliResult{stderr: r.stderr, code: r.code}, exitError, "audit found overlapping runs: 1 finding in 8 runs")
+	if !strings.HasPrefix(r.stdout, "1 finding in 8 runs in the whole journal:\n") ||
+		!strings.Contains(r.stdout, `nightly: fence 9 (worker-2) granted while fence 7 (worker-1) still ran: overlap `) ||
+		!strings.HasSuffix(r.stdout, "; likely cause: force-release\n") {
+		t.Fatalf("audit text:\n%s", r.stdout)
+	}
+	t.Logf("pglease audit:\n%s", r.stdout)
+	t.Logf("pglease history --limit 3 nightly:\n%s", cli(t, ctx, f.env, "history", "--table", f.table, "--limit", "3", "nightly").stdout)
+
+	r = cli(t, ctx, f.env, "audit", "--table", f.table, "--json")
+	t.Logf("pglease audit --json:\n%s", r.stdout)
+	if r.code != exitError {
+		t.Fatalf("audit --json with a finding: code %d", r.code)
+	}
+	var fs []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &fs); err != nil || len(fs) != 1 {
+		t.Fatalf("audit --json: %v\n%s", err, r.stdout)
+	}
+	got := fs[0]
+	if got["key"] != "nightly" || got["fence"] != 9.0 || got["overlaps_fence"] != 7.0 || got["holder"] != "worker-2" ||
+		got["overlaps_holder"] != "worker-1" || got["cause"] != "force-release" || got["overlap_ms"] == nil || got["tick"] != nil {
+		t.Fatalf("finding: %v", got)
+	}
+	if ms, _ := got["overlap_ms"].(float64); ms <= 0 {
+		t.Fatalf("overlap_ms %v", got["overlap_ms"])
+	}
+	wantError(t, cli(t, ctx, f.env, "audit", "--table", f.table, "extra"), exitUsage, "takes no arguments")
+}

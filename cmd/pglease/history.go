@@ -1,0 +1,171 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pglease/pglease"
+)
+
+// runJSON is one run as `pglease history --json` prints it.
+type runJSON struct {
+	Key        string     `json:"key"`
+	Fence      int64      `json:"fence"`
+	Holder     string     `json:"holder"`
+	Tick       *time.Time `json:"tick"` // the tick the run was claimed for, else null
+	AcquiredAt time.Time  `json:"acquired_at"`
+	EndedAt    *time.Time `json:"ended_at"` // null while running
+	DurationMS int64      `json:"duration_ms"`
+	End        string     `json:"end"`     // running, released, expired, force-released, superseded, lost
+	Outcome    *string    `json:"outcome"` // ok, error, panic, lost, or null
+}
+
+func runsJSON(runs []pglease.RunInfo) []runJSON {
+	out := make([]runJSON, 0, len(runs))
+	for _, r := range runs {
+		j := runJSON{Key: r.Key, Fence: r.Fence, Holder: r.Holder, Tick: utcPtr(r.Tick), AcquiredAt: r.AcquiredAt.UTC(),
+			EndedAt: utcPtr(r.EndedAt), DurationMS: r.Duration.Milliseconds(), End: r.End}
+		if r.Outcome != "" {
+			o := string(r.Outcome)
+			j.Outcome = &o
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+const tsFormat = "2006-01-02 15:04:05.000Z"
+
+// printRuns prints the runs as a table; the TICK column only when a run has one.
+func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
+	if len(runs) == 0 {
+		fmt.Fprintf(w, "no runs of %q in the journal\n", key)
+		return
+	}
+	ticks := false
+	for _, r := range runs {
+		ticks = ticks || r.Tick != nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	header := "FENCE\tHOLDER\tACQUIRED AT\tENDED AT\tDURATION\tEND\tOUTCOME"
+	if ticks {
+		header += "\tTICK"
+	}
+	fmt.Fprintln(tw, header)
+	for _, r := range runs {
+		ended := "-"
+		if r.EndedAt != nil {
+			ended = r.EndedAt.UTC().Format(tsFormat)
+		}
+		outcome := "-"
+		if r.Outcome != "" {
+			outcome = string(r.Outcome)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s", r.Fence, oneLine(r.Holder), r.AcquiredAt.UTC().Format(tsFormat),
+			ended, durCell(r.Duration), r.End, outcome)
+		if ticks {
+			tick := "-"
+			if r.Tick != nil {
+				tick = r.Tick.UTC().Format(tsFormat)
+			}
+			fmt.Fprintf(tw, "\t%s", tick)
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
+
+// durCell shows a duration to the millisecond under a second (runs and
+// overlaps are often that short), else as roundDur does.
+func durCell(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return roundDur(d)
+}
+
+// parseSince reads --since: a duration back from now (90m, 24h, 7d) or a
+// time (RFC 3339). Empty: the zero time (all the journal holds).
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseUint(days, 10, 16)
+		if err != nil {
+			return time.Time{}, usagef("--since %q: want a duration (90m, 24h, 7d) or a time (2006-01-02T15:04:05Z)", s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil || d <= 0 {
+			return time.Time{}, usagef("--since %q: want a positive duration (90m, 24h, 7d) or a time (2006-01-02T15:04:05Z)", s)
+		}
+	}
+	return now.Add(-d), nil
+}
+
+func newHistoryCmd(e *env) *cobra.Command {
+	var (
+		f      dbFlags
+		since  string
+		limit  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "history KEY",
+		Short: "Show the runs of KEY from the journal, newest first: who, when, how it ended",
+		Long: `history shows the runs (tenures) of KEY recorded in the lease table's journal,
+newest first: holder, fence, when the lease was acquired and when the run
+ended, how it ended (running, released, expired, force-released, superseded,
+lost) and, for runs made through Do or a scheduler adapter, the job's outcome
+(ok, error, panic, lost). Times are the server's clock.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("history takes exactly one KEY, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			from, err := parseSince(since, time.Now())
+			if err != nil {
+				return err
+			}
+			if limit < 0 {
+				return usagef("--limit %d: must be 0 (no limit) or more", limit)
+			}
+			db, err := f.open(cmd.Context(), e, nil)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			runs, err := pglease.History(cmd.Context(), db, args[0], from, limit, pglease.WithTable(f.table))
+			if err != nil {
+				return explain(err, f.table)
+			}
+			if asJSON {
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(runsJSON(runs))
+			}
+			printRuns(e.stdout, args[0], runs)
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
+	cmd.Flags().IntVar(&limit, "limit", 50, "at most this many runs (0: no limit)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the runs as a JSON array")
+	return cmd
+}

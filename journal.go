@@ -1,0 +1,239 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// This file holds what the Locker itself does for the journal: the outcome
+// a run records, the witness of a run that outlived its lease, and the
+// background pruning. The rows are written by the statements in queries.go.
+
+// DefaultJournalRetention is how long journal rows are kept unless
+// WithJournalRetention says otherwise.
+const DefaultJournalRetention = 14 * 24 * time.Hour
+
+// An Outcome is how a run made under a lease ended, as the journal records
+// it (see RunInfo.Outcome): Do records one for every run, and
+// Lease.UnlockWithOutcome lets a scheduler adapter record its own.
+type Outcome string
+
+// The outcomes of a run.
+const (
+	OutcomeOK    Outcome = "ok"    // the job returned no error
+	OutcomeError Outcome = "error" // the job returned an error
+	OutcomePanic Outcome = "panic" // the job panicked
+	OutcomeLost  Outcome = "lost"  // the lease was lost before the run ended
+)
+
+func (o Outcome) valid() bool {
+	switch o {
+	case OutcomeOK, OutcomeError, OutcomePanic, OutcomeLost:
+		return true
+	}
+	return false
+}
+
+// UnlockWithOutcome is Unlock that also records in the journal how the run
+// ended, for a scheduler that runs the job itself (Do records it for its
+// own runs). The outcome lands on the released row; if the lease turns out
+// lost (before or during the unlock) the journal records OutcomeLost
+// instead, whatever o says. With the journal off it is Unlock. An outcome
+// other than the four constants returns an error wrapping ErrInvalidOption
+// and does nothing: the lease stays held.
+func (le *Lease) UnlockWithOutcome(ctx context.Context, o Outcome) error {
+	if le == nil {
+		return errNilLease
+	}
+	if !o.valid() {
+		return fmt.Errorf("%w: outcome %q: use OutcomeOK, OutcomeError, OutcomePanic or OutcomeLost", ErrInvalidOption, string(o))
+	}
+	return le.unlock(ctx, o)
+}
+
+// outcomeOfRun is the outcome Do records: a panic, a loss, fn's error, or ok.
+func outcomeOfRun(le *Lease, panicked bool, err error) Outcome {
+	switch {
+	case panicked:
+		return OutcomePanic
+	case le.lostErr() != nil || errors.Is(err, ErrLeaseLost):
+		return OutcomeLost
+	case err != nil:
+		return OutcomeError
+	}
+	return OutcomeOK
+}
+
+// releaseArgs are the release statement's arguments: with the journal on,
+// the outcome ($6, NULL for none) and the server time now as the holder
+// estimates it ($7) follow the scope.
+func (l *Locker) releaseArgs(le *Lease, o Outcome) []any {
+	args := []any{le.key, l.holder, le.fence, le.token, le.minHold.Microseconds()}
+	if l.cfg.journalOff {
+		return args
+	}
+	var out any
+	if o != "" {
+		out = string(o)
+	}
+	return append(args, out, le.serverTime(time.Now()))
+}
+
+// serverTime estimates the server's clock at local time t from the last
+// claim or renew: that statement set the expiry to its server time S plus
+// the lease duration, and was sent at deadline - duration + margin (local),
+// so the server's time at t is about S + (t - sent). It errs late by the
+// statement's transit to the server (S is after the send), never early with
+// clocks that run at the same rate. It keeps working after a loss (the
+// expiry and the deadline no longer change).
+func (le *Lease) serverTime(t time.Time) time.Time {
+	le.mu.Lock()
+	exp, dl := le.expiresAt, le.deadline
+	le.mu.Unlock()
+	c := le.locker.cfg
+	sent := dl.Add(-c.duration + c.margin)
+	return exp.Add(-c.duration).Add(t.Sub(sent))
+}
+
+// witnessTold journals, in the background, when the holder learned from
+// the server that its lease was gone (a renew or a fenced transaction found
+// it gone, or this Locker's own new claim of the key found it released,
+// expired or evicted): the earliest its run can have stopped. A loss at the
+// local deadline is journaled by the background release (releaseLostSQL),
+// one found by the release by the release itself; a read-only server
+// refuses writes.
+func (le *Lease) witnessTold(why lossReason) {
+	switch why {
+	case lossRenew, lossNotified, lossFailover, lossGuard, lossSuperseded:
+	default:
+		return
+	}
+	l := le.locker
+	if l.cfg.journalOff {
+		return
+	}
+	at := le.serverTime(time.Now())
+	l.background(func() { le.writeWitness(context.Background(), "", at) })
+}
+
+// witnessLoss journals, once per lease, that its holder unlocked it after
+// losing it: the time its run really ended (journalLostSQL). Bounded by the
+// release timeout; a failure is logged and otherwise ignored (the journal
+// then ends the run at the loss).
+func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
+	l := le.locker
+	if l.cfg.journalOff {
+		return
+	}
+	le.mu.Lock()
+	done := le.witnessed
+	le.witnessed = true
+	le.mu.Unlock()
+	if done {
+		return
+	}
+	le.writeWitness(ctx, o, le.serverTime(time.Now()))
+}
+
+// writeWitness writes one lost row dated at (journalLostSQL), with
+// OutcomeLost if the run records an outcome.
+func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) {
+	l := le.locker
+	var out any
+	if o != "" {
+		out = string(OutcomeLost)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	defer cancel()
+	if _, err := l.db.exec(ctx, l.sql.journalLost, le.key, l.holder, le.fence, le.token, out, at); err != nil {
+		l.log.Warn("pglease: journaling the end of a run whose lease was lost failed",
+			"key", le.key, "holder", l.holder, "fence", le.fence, "error", l.table.wrapDB("journal", err))
+		return
+	}
+	l.obs.journaled(1)
+}
+
+// Pruning. pruneEvery is how often each Locker tries to become the pruner,
+// the first time that long after New (so a short-lived Locker never prunes);
+// pruneBatch is how many rows one DELETE removes.
+const (
+	pruneEvery = 10 * time.Minute
+	pruneBatch = 500
+)
+
+// pruner is a Locker's pruning state: how often it tries (pruneEvery; tests
+// shorten it), when it last tried, and whether a pruning is running.
+type pruner struct {
+	mu      sync.Mutex
+	every   time.Duration
+	last    time.Time
+	running bool
+}
+
+// start reports whether a pruning attempt is due, and if so marks one running.
+func (p *pruner) start(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running || now.Sub(p.last) < p.every {
+		return false
+	}
+	p.running, p.last = true, now
+	return true
+}
+
+func (p *pruner) interval() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.every
+}
+
+func (p *pruner) stop() {
+	p.mu.Lock()
+	p.running = false
+	p.mu.Unlock()
+}
+
+// maybePrune starts a pruning attempt on the Locker's wait group when one is
+// due (after a claim that took a key). Nothing starts once the Locker is
+// closed.
+func (l *Locker) maybePrune() {
+	if l.cfg.journalOff || !l.prune.start(time.Now()) {
+		return
+	}
+	if !l.spawn(func() { defer l.prune.stop(); l.pruneJournal() }) {
+		l.prune.stop()
+	}
+}
+
+// pruneJournal takes the pruning ledger for this interval if no other
+// Locker has, then deletes old rows batch by batch until none is left or
+// the Locker closes. Each statement borrows a connection and returns it.
+func (l *Locker) pruneJournal() {
+	stmt := func(fn func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(l.ctx, l.cfg.releaseTimeout)
+		defer cancel()
+		return fn(ctx)
+	}
+	var one int
+	err := stmt(func(ctx context.Context) error {
+		return l.db.queryRow(ctx, l.sql.pruneClaim, []any{l.prune.interval().Microseconds()}, &one)
+	})
+	for err == nil && l.ctx.Err() == nil {
+		var n int64
+		err = stmt(func(ctx context.Context) (err error) {
+			n, err = l.db.exec(ctx, l.sql.prune, l.cfg.retention.Microseconds(), pruneBatch)
+			return err
+		})
+		l.obs.pruned(n)
+		if n < pruneBatch {
+			break
+		}
+	}
+	if err != nil && !errors.Is(err, errNoRows) && l.ctx.Err() == nil {
+		l.log.Warn("pglease: pruning the journal failed; the next attempt is in "+l.prune.interval().String(),
+			"holder", l.holder, "error", l.table.wrapDB("prune journal", err))
+	}
+}

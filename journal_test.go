@@ -1,0 +1,330 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// jrow is one journal row, as the tests compare them.
+type jrow struct {
+	Event   string
+	Fence   int64
+	Holder  string
+	Outcome string // "" for NULL
+}
+
+func (r jrow) String() string {
+	return fmt.Sprintf("%s/%d/%s/%s", r.Event, r.Fence, r.Holder, r.Outcome)
+}
+
+// journal reads a key's journal rows in the order they were written.
+func (f *fixture) journal(key string) []jrow {
+	f.t.Helper()
+	rows, err := f.admin.QueryContext(ctx(f.t), `SELECT event, fence, holder, coalesce(outcome, '') FROM "`+f.table+`_journal"
+		WHERE key = $1 ORDER BY occurred_at, fence`, key)
+	if err != nil {
+		f.t.Fatalf("read journal: %v", err)
+	}
+	defer rows.Close()
+	var out []jrow
+	for rows.Next() {
+		var r jrow
+		if err := rows.Scan(&r.Event, &r.Fence, &r.Holder, &r.Outcome); err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func (f *fixture) journalCount() int {
+	f.t.Helper()
+	var n int
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT count(*) FROM "`+f.table+`_journal"`).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+func wantJournal(t *testing.T, got []jrow, want ...jrow) {
+	t.Helper()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("journal:\n got  %v\n want %v", got, want)
+	}
+}
+
+// Each state change journals one row in its own statement: a grant, a
+// release, an eviction, a release that finds the lease gone (lost), the
+// expiry of a lease taken over, an undone claim.
+func TestJournalEvents(t *testing.T) {
+	f := newFixture(t)
+	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
+	c := ctx(t)
+	le, err := a.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	le, err = b.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	// The eviction moved the fence to 3; b's release finds its lease gone.
+	if err := le.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Unlock after eviction: %v", err)
+	}
+	if _, err := a.Lock(c, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.expire("k")
+	if _, err := b.Lock(c, "k"); err != nil {
+		t.Fatal(err)
+	}
+	wantJournal(t, f.journal("k"),
+		// f.expire dated a's second lease an hour back: its expired row,
+		// dated at the expiry, comes first.
+		jrow{"expired", 4, "a", ""},
+		jrow{"granted", 1, "a", ""}, jrow{"released", 1, "a", ""},
+		jrow{"granted", 2, "b", ""}, jrow{"force-released", 2, "b", ""}, jrow{"lost", 2, "b", ""},
+		jrow{"granted", 4, "a", ""}, jrow{"granted", 5, "b", ""})
+
+	// An undone claim (its reply was lost) journals abandoned.
+	tok := int64(77)
+	var skip any
+	if err := a.db.queryRow(c, a.sql.claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0)},
+		&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
+		t.Fatal(err)
+	}
+	a.undoClaim("undo", tok)
+	waitFor(t, 30*time.Second, func() bool { return len(f.journal("undo")) == 2 })
+	wantJournal(t, f.journal("undo"), jrow{"granted", 1, "a", ""}, jrow{"abandoned", 1, "a", ""})
+}
+
+// Renewals and claims that skip write no journal row; a retried claim that
+// keeps its fence writes no second grant.
+func TestJournalQuietPaths(t *testing.T) {
+	f := newFixture(t)
+	a := f.replica(2, WithLeaseDuration(300*time.Millisecond), WithHeartbeat(50*time.Millisecond))
+	b := f.replica(2)
+	c := ctx(t)
+	le, err := a.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := le.Deadline()
+	waitFor(t, 30*time.Second, func() bool { return le.Deadline().After(deadline) }) // renewed at least once
+	if _, err := b.Lock(c, "k"); !errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("second claim: %v", err)
+	}
+	if n := f.journalCount(); n != 1 {
+		t.Fatalf("%d journal rows after a grant, renewals and a skipped claim; want 1 (the grant)", n)
+	}
+	var skip any
+	for range 2 { // the same claim twice: a retry after a lost reply
+		if err := b.db.queryRow(c, b.sql.claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0)},
+			&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantJournal(t, f.journal("retry"), jrow{"granted", 1, b.holder, ""})
+}
+
+// WithJournal(false): the Locker's statements leave the journal alone.
+func TestJournalOff(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithJournal(false))
+	c := ctx(t)
+	if err := l.Do(c, "k", func(context.Context, *Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(c, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.journalCount(); n != 0 {
+		t.Fatalf("%d journal rows with the journal off", n)
+	}
+	for _, s := range []string{l.sql.claim, l.sql.release, l.sql.releaseMany, l.sql.releaseLost, l.sql.abandon} {
+		if strings.Contains(s, "_journal") {
+			t.Fatalf("a statement of a Locker with the journal off names the journal:\n%s", s)
+		}
+	}
+}
+
+// Do records each run's outcome: ok, error, panic, lost.
+func TestDoRecordsOutcome(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithHolder("h"), WithLeaseDuration(time.Second))
+	c := ctx(t)
+	if err := l.Do(c, "ok", func(context.Context, *Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Do(c, "err", func(context.Context, *Lease) error { return errors.New("boom") }); err == nil {
+		t.Fatal("want the job's error")
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = l.Do(c, "panic", func(context.Context, *Lease) error { panic("boom") })
+	}()
+	err := l.Do(c, "lost", func(ctx context.Context, le *Lease) error {
+		if _, err := ForceRelease(c, f.admin, "lost", WithTable(f.table)); err != nil {
+			return err
+		}
+		<-ctx.Done() // the renew finds the lease gone
+		return context.Cause(ctx)
+	})
+	if !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("lost run: %v", err)
+	}
+	wantJournal(t, f.journal("ok"), jrow{"granted", 1, "h", ""}, jrow{"released", 1, "h", "ok"})
+	wantJournal(t, f.journal("err"), jrow{"granted", 1, "h", ""}, jrow{"released", 1, "h", "error"})
+	wantJournal(t, f.journal("panic"), jrow{"granted", 1, "h", ""}, jrow{"released", 1, "h", "panic"})
+	// The holder's renew found the lease gone (a lost row, in the
+	// background: Close waits for it), then Do unlocked it (a lost row with
+	// the outcome): in either order.
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lost := f.journal("lost")
+	if len(lost) != 4 || lost[0] != (jrow{"granted", 1, "h", ""}) || lost[1] != (jrow{"force-released", 1, "h", ""}) ||
+		!slices.Contains(lost, jrow{"lost", 1, "h", "lost"}) || !slices.Contains(lost, jrow{"lost", 1, "h", ""}) {
+		t.Fatalf("journal of the lost run: %v", lost)
+	}
+}
+
+// UnlockWithOutcome records the outcome; a bad outcome changes nothing.
+func TestUnlockWithOutcome(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithHolder("h"))
+	c := ctx(t)
+	le, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.UnlockWithOutcome(c, "fine"); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("bad outcome: %v", err)
+	}
+	if r, _ := f.row("k"); !r.Live || le.Err() != nil {
+		t.Fatal("a refused outcome released the lease")
+	}
+	if err := le.UnlockWithOutcome(c, OutcomeError); err != nil {
+		t.Fatal(err)
+	}
+	wantJournal(t, f.journal("k"), jrow{"granted", 1, "h", ""}, jrow{"released", 1, "h", "error"})
+	var nilLease *Lease
+	if err := nilLease.UnlockWithOutcome(c, OutcomeOK); err == nil {
+		t.Fatal("nil lease: want an error")
+	}
+}
+
+// Pruning deletes rows older than the retention, in batches, and one Locker
+// per interval takes the pruning ledger.
+func TestJournalPrune(t *testing.T) {
+	f := newFixture(t)
+	c := ctx(t)
+	l := f.replica(2, WithJournalRetention(24*time.Hour))
+	if err := l.Do(c, "old", func(context.Context, *Lease) error { return nil }); err != nil { // its lease row
+		t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `INSERT INTO "`+f.table+`_journal" (key, fence, holder, token, event, occurred_at)
+		SELECT 'old', g, 'h', 1, 'granted', clock_timestamp() - interval '30 days' FROM generate_series(100, 1333) g`); err != nil {
+		t.Fatal(err)
+	}
+	other := f.replica(2, WithJournalRetention(24*time.Hour))
+	l.prune.mu.Lock()
+	l.prune.every, l.prune.last = time.Hour, time.Time{} // due at the first claim
+	l.prune.mu.Unlock()
+	if _, err := l.Lock(c, "new"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return len(f.journal("old")) == 2 }) // 1,234 old rows gone
+	if got := f.journal("new"); len(got) != 1 {
+		t.Fatalf("a recent row was pruned: %v", got)
+	}
+	wantJournal(t, f.journal("old"), jrow{"granted", 1, l.holder, ""}, jrow{"released", 1, l.holder, "ok"})
+	// The ledger was taken for the hour: another Locker does not win it.
+	var one int
+	err := other.db.queryRow(c, other.sql.pruneClaim, []any{time.Hour.Microseconds()}, &one)
+	if !errors.Is(err, errNoRows) {
+		t.Fatalf("a second Locker took the pruning ledger within the interval: %v", err)
+	}
+	if err := l.db.queryRow(c, l.sql.pruneClaim, []any{int64(0)}, &one); err != nil {
+		t.Fatalf("the ledger is free once the interval has passed: %v", err)
+	}
+}
+
+// The journal's growth per run, logged for docs/operating.md.
+func TestJournalRowSize(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2, WithHolder("host-1234-0123456789ab"))
+	c := ctx(t)
+	const runs = 2000
+	for i := range runs {
+		if err := l.Do(c, fmt.Sprintf("job-%d", i%20), func(context.Context, *Lease) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.admin.ExecContext(c, `VACUUM ANALYZE "`+f.table+`_journal"`); err != nil {
+		t.Fatal(err)
+	}
+	var heap, total int64
+	if err := f.admin.QueryRowContext(c, `SELECT pg_relation_size($1), pg_total_relation_size($1)`, `"`+f.table+`_journal"`).
+		Scan(&heap, &total); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.journalCount(); n != 2*runs {
+		t.Fatalf("%d rows for %d runs; want 2 per run", n, runs)
+	}
+	t.Logf("journal after %d runs (2 rows each): heap %d B, with indexes %d B: %.0f B per run",
+		runs, heap, total, float64(total)/runs)
+}
+
+// expireNow ends a key's lease on the server clock now, as if its holder
+// had stopped renewing (f.expire dates the lease hours back instead).
+func (f *fixture) expireNow(key string) {
+	f.t.Helper()
+	if _, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET expires_at = clock_timestamp() WHERE key = $1`, key); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// The holder's estimate of the server's time tracks the server's clock:
+// between two server readings taken around it.
+func TestServerTimeEstimate(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	le, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after time.Time
+	if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	est := le.serverTime(time.Now())
+	if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	// The estimate errs late by the claim's transit to the server, never
+	// early: it is after the first reading; and it is no later than the
+	// second plus the claim's own round trip (bounded by the whole test).
+	if est.Before(before) {
+		t.Fatalf("estimate %v before the server's reading %v", est, before)
+	}
+	if est.After(after.Add(time.Since(le.Deadline().Add(-l.cfg.duration + l.cfg.margin)))) {
+		t.Fatalf("estimate %v too late (server %v)", est, after)
+	}
+}

@@ -1,0 +1,184 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// This file reads the journal back as runs (History, Audit).
+//
+// A run is one tenure of a key: from the claim that granted it a fence to
+// the end of that lease. Its rows share the key and the fence. The journal's
+// events, each appended by the statement named:
+//
+//	granted         a claim took the key (Lock, Acquire, Do, Campaign)
+//	released        the holder released it (Unlock, Close)
+//	expired         the lease ran out unreleased and a claim took the key
+//	                over (dated at the expiry; written by that claim, or by
+//	                ForceRelease of an expired lease)
+//	force-released  an operator evicted the live holder (ForceRelease)
+//	lost            the holder recorded that it no longer held the lease:
+//	                its local deadline passed, its release found the lease
+//	                gone, or it unlocked a lease it had been told it lost —
+//	                dated when it did, so the latest lost row of a run is
+//	                when its holder really stopped
+//	abandoned       a claim whose reply never arrived was undone
+
+// How a run ended (RunInfo.End).
+const (
+	EndRunning       = "running"        // the lease is held now
+	EndReleased      = "released"       // released by its holder
+	EndExpired       = "expired"        // ran out unreleased
+	EndForceReleased = "force-released" // evicted by ForceRelease
+	EndSuperseded    = "superseded"     // no end recorded; a later run of the key began
+	EndLost          = "lost"           // its holder gave it up or found it gone
+)
+
+// RunInfo describes one run (tenure) of a key from the journal: History
+// returns them.
+type RunInfo struct {
+	Key    string
+	Fence  int64
+	Holder string
+	Tick   *time.Time // the tick the run was claimed for (Tick), or nil
+	// AcquiredAt is when the claim took the key (server clock).
+	AcquiredAt time.Time
+	// EndedAt is when the run ended as far as the journal knows: the latest
+	// of its end rows, so a holder that kept running after an eviction or
+	// an expiry and then unlocked ends at its unlock. Nil while running, and
+	// for a superseded run with no later run in view.
+	EndedAt *time.Time
+	// Duration is EndedAt - AcquiredAt; while running, up to now.
+	Duration time.Duration
+	// End is how the run ended: EndRunning, EndReleased, EndExpired,
+	// EndForceReleased, EndSuperseded or EndLost. Superseded: the journal
+	// holds no end for this run and a later run of the key began (its end
+	// was written on a primary lost in an asynchronous failover, by a
+	// Locker with the journal off, or pruned); it is taken to end when
+	// that run began.
+	End string
+	// Outcome is the job's outcome for runs made through Do or a scheduler
+	// adapter (Lease.UnlockWithOutcome); "" if none was recorded.
+	Outcome Outcome
+}
+
+// journalRow is one row of journalRowsSQL.
+type journalRow struct {
+	key, holder, event string
+	fence, token       int64
+	at                 time.Time
+	expires, tick      sql.NullTime
+	outcome            sql.NullString
+	leaseFence         sql.NullInt64
+	leaseLive          bool
+	leaseExpires       sql.NullTime
+	leaseReleased      sql.NullBool
+	now                time.Time
+}
+
+// readRuns runs journalRowsSQL and hands the runs to each, one key at a
+// time, ordered by fence: only one key's rows and runs are in memory at once.
+func readRuns(ctx context.Context, b backend, st statements, since time.Time, key *string, limit *int,
+	each func(runs []RunInfo, now time.Time) error) error {
+	var rows []journalRow // the current key's
+	flush := func() error {
+		if len(rows) == 0 {
+			return nil
+		}
+		err := each(assembleRuns(rows, rows[0].now), rows[0].now)
+		rows = rows[:0]
+		return err
+	}
+	q := st.journalAllRows
+	if key != nil {
+		q = st.journalKeyRows
+	}
+	err := b.query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
+		var r journalRow
+		if err := scan(&r.key, &r.fence, &r.holder, &r.token, &r.event, &r.at, &r.expires, &r.tick, &r.outcome,
+			&r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now); err != nil {
+			return err
+		}
+		if len(rows) > 0 && rows[0].key != r.key {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		rows = append(rows, r)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// endRank orders the end events: the strongest one names how a run ended.
+var endRank = map[string]int{"lost": 1, "abandoned": 1, "released": 2, "expired": 3, "force-released": 4}
+
+// assembleRuns groups rows (of one key, ordered by fence and time) into runs.
+func assembleRuns(rows []journalRow, now time.Time) []RunInfo {
+	var runs []RunInfo
+	for i := 0; i < len(rows); {
+		j := i
+		for j < len(rows) && rows[j].key == rows[i].key && rows[j].fence == rows[i].fence {
+			j++
+		}
+		runs = append(runs, oneRun(rows[i:j], now))
+		i = j
+	}
+	for i := range runs {
+		r := &runs[i]
+		if r.End != EndSuperseded {
+			continue
+		}
+		if i+1 < len(runs) && runs[i+1].Key == r.Key {
+			t := runs[i+1].AcquiredAt
+			r.EndedAt = &t
+			r.Duration = t.Sub(r.AcquiredAt)
+		}
+	}
+	return runs
+}
+
+// oneRun builds the run of one key and fence from its rows.
+func oneRun(rows []journalRow, now time.Time) RunInfo {
+	first := rows[0]
+	r := RunInfo{Key: first.key, Fence: first.fence, Holder: first.holder, AcquiredAt: first.at}
+	rank := 0
+	var ended time.Time
+	for _, row := range rows {
+		if row.event == "granted" {
+			r.Holder, r.AcquiredAt, r.Tick = row.holder, row.at, timePtr(row.tick)
+			continue
+		}
+		if row.outcome.Valid {
+			r.Outcome = Outcome(row.outcome.String)
+		}
+		if row.at.After(ended) {
+			ended = row.at
+		}
+		if endRank[row.event] > rank {
+			rank = endRank[row.event]
+			r.End = row.event
+		}
+	}
+	switch {
+	case r.End == "abandoned":
+		r.End = EndLost
+	case r.End != "":
+	case first.leaseFence.Valid && first.leaseFence.Int64 == r.Fence && first.leaseLive:
+		r.End = EndRunning
+		r.Duration = now.Sub(r.AcquiredAt)
+		return r
+	case first.leaseFence.Valid && first.leaseFence.Int64 == r.Fence && !first.leaseReleased.Bool && first.leaseExpires.Valid:
+		r.End, ended = EndExpired, first.leaseExpires.Time
+	default:
+		r.End = EndSuperseded // its end, if a later run is in view, is set by assembleRuns
+		return r
+	}
+	r.EndedAt = &ended
+	r.Duration = ended.Sub(r.AcquiredAt)
+	return r
+}
