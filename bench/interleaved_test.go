@@ -55,6 +55,11 @@ var lockerVariants = []lockerVariant{
 	// The same options again: how far apart two runs of one configuration
 	// come out, the resolution of every other comparison.
 	{"aa-control", nil},
+	// Without the journal: what its row per claim and release costs.
+	{"journal-off", []pglease.Option{pglease.WithJournal(false)}},
+	// Without the failover delay: what the claim's failover gate costs
+	// on a server that never failed over (timeline 1, no delay in force).
+	{"failover-delay-off", []pglease.Option{pglease.WithFailoverDelay(0)}},
 }
 
 // EnvVariants selects the variants of BenchmarkInterleaved (empty: all).

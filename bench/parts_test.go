@@ -16,8 +16,8 @@ import (
 // interleaved like BenchmarkInterleaved (each iteration times every part
 // once, in an order that rotates; each figure is the median over the run).
 //
-// op=Skip: a SELECT 1; a statement of the claim's shape (its five arguments
-// and six reply columns, constants only: the driver's and the protocol's
+// op=Skip: a SELECT 1; a statement of the claim's shape (its six arguments
+// and seven reply columns, constants only: the driver's and the protocol's
 // share); the plain indexed read of the held row; the claim's read alone
 // (its `cur` CTE and reply, without the INSERT); the claim statement itself,
 // sent as the library sends it, under context.Background and under a
@@ -53,11 +53,14 @@ func partsSkip(b *testing.B) {
 	defer held.Unlock(ctx)
 	l := newLocker(b, pool)
 	claim := capturedClaim(b, key)
-	const shaped = `SELECT 'held'::text, $3::bigint, clock_timestamp(), $2::text, $5::timestamptz, $4::bigint WHERE $1::text IS NOT NULL`
+	const shaped = `SELECT 'held'::text, $3::bigint, clock_timestamp(), $2::text, $5::timestamptz, $4::bigint, $6::bigint
+WHERE $1::text IS NOT NULL`
 	const lookup = `SELECT holder, fence, expires_at FROM ` + pglease.DefaultTable + `
 WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 	var r claimRow
-	args := []any{key, "parts-holder", int64(12345), int64(60e6), nil}
+	// key, holder, claim token, lease duration and failover delay (µs, the
+	// defaults), tick.
+	args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6)}
 	parts := []part{
 		{"select1", "SELECT 1", func() { must(b, pool.QueryRow(ctx, `SELECT 1`).Scan(&r.fence)) }},
 		{"shaped", "WHERE $1::text IS NOT NULL", func() { must(b, r.scan(pool.QueryRow(ctx, shaped, args...))) }},
@@ -160,12 +163,13 @@ func runParts(b *testing.B, parts []part, pairs ...[2]int) map[string]float64 {
 type claimRow struct {
 	outcome, holder string
 	fence, freeIn   int64
+	journaled       int64
 	expires         time.Time
 	tick            *time.Time
 }
 
 func (r *claimRow) scan(row interface{ Scan(...any) error }) error {
-	return row.Scan(&r.outcome, &r.fence, &r.expires, &r.holder, &r.tick, &r.freeIn)
+	return row.Scan(&r.outcome, &r.fence, &r.expires, &r.holder, &r.tick, &r.freeIn, &r.journaled)
 }
 
 // capturedClaim is the text of the claim statement as the library sends it,
@@ -191,14 +195,22 @@ func capturedClaim(b *testing.B, key string) string {
 	return ""
 }
 
-// claimRead is the claim without its INSERT: the `cur` CTE and its reply,
-// all five arguments still used.
+// claimRead is the claim without its INSERT into the lease table (and
+// without the journal's, which reads it): the CTEs before it (`cur`, and
+// the failover gate's, which read nothing on a held key) and the reply's
+// other branches, all six arguments still used.
 func claimRead(claim string) string {
 	i := strings.Index(claim, "claimed AS (")
-	j := strings.Index(claim, "UNION ALL")
-	if i < 0 || j < 0 {
+	a := strings.Index(claim, "SELECT 'acquired'")
+	j := -1
+	if a >= 0 {
+		if j = strings.Index(claim[a:], "UNION ALL"); j >= 0 {
+			j += a
+		}
+	}
+	if i < 0 || a < i || j < 0 {
 		panic("the claim statement changed shape: update claimRead")
 	}
 	return strings.TrimRight(strings.TrimSpace(claim[:i]), ",") + "\n" + claim[j+len("UNION ALL"):] +
-		"\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE $4::bigint < 0 AND $3::bigint < 0"
+		"\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE $4::bigint < 0 AND $3::bigint < 0"
 }

@@ -44,9 +44,9 @@ type config struct {
 	bench        string
 	benchtime    string
 	count        int
-	rounds       int    // rounds of BenchmarkInterleaved
+	rounds       int    // rounds of BenchmarkInterleaved and BenchmarkJournal
 	variants     string // its Locker variants (names in bench's lockerVariants; empty: all)
-	roundN       int    // its iterations per round
+	roundN       int    // their iterations per round
 	health       time.Duration
 	healthLeases int
 	healthBeat   time.Duration
@@ -80,8 +80,8 @@ func main() {
 	flag.StringVar(&c.bench, "bench", ".", "regexp of the testing.B benchmarks to run (go test -bench)")
 	flag.StringVar(&c.benchtime, "benchtime", "1s", "go test -benchtime")
 	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
-	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios (median and min–max across rounds)")
-	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
+	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios (median and min–max across rounds)")
+	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
 	flag.StringVar(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants in interleaved_test.go; empty: all)")
 	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
@@ -195,10 +195,11 @@ func run(c config, args []string) error {
 			return err
 		}
 		defer raw.Close()
-		// BenchmarkInterleaved, the source of the target ratios, runs
-		// on its own: a fixed number of iterations per round, more
-		// rounds than the other benchmarks' runs.
-		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", "^BenchmarkInterleaved$", "-benchtime", c.benchtime,
+		// BenchmarkInterleaved, the source of the target ratios, and
+		// BenchmarkJournal, the journal's on/off ratios, run on their
+		// own: a fixed number of iterations per round, more rounds
+		// than the other benchmarks' runs.
+		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", roundsBench, "-benchtime", c.benchtime,
 			"-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."}
 		rep.GoTest = "go " + strings.Join(goArgs, " ")
 		logf("running %s", rep.GoTest)
@@ -207,7 +208,7 @@ func run(c config, args []string) error {
 			return err
 		}
 		rep.LoadBefore["interleaved"] = loadAvg()
-		interArgs := []string{"test", "-run", "^$", "-bench", "^BenchmarkInterleaved$", "-benchtime", fmt.Sprintf("%dx", c.roundN),
+		interArgs := []string{"test", "-run", "^$", "-bench", roundsBench, "-benchtime", fmt.Sprintf("%dx", c.roundN),
 			"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
 		rep.GoTestInterleaved = "go " + strings.Join(interArgs, " ")
 		logf("running %s", rep.GoTestInterleaved)
@@ -309,6 +310,11 @@ func run(c config, args []string) error {
 	logf("wrote %s, %s and %s in %v", c.out, c.svg, c.json, rep.Took.Round(time.Second))
 	return nil
 }
+
+// roundsBench selects the benchmarks that run in rounds (-rounds of
+// -round-n iterations) rather than with the others: the interleaved ones,
+// whose ratios are the median of their rounds.
+const roundsBench = "^(BenchmarkInterleaved|BenchmarkJournal)$"
 
 func writeMarkdown(path string, rep *report) error {
 	md, err := rep.markdown()

@@ -88,8 +88,9 @@ func bytesH(b int64) string {
 	}
 }
 
-// The report's prose: report.md.tmpl, which includes the Handoff and
-// Capacity sections (report_handoff.md.tmpl, report_capacity.md.tmpl).
+// The report's prose: report.md.tmpl, which includes the journal's,
+// Handoff and Capacity sections (report_journal.md.tmpl,
+// report_handoff.md.tmpl, report_capacity.md.tmpl).
 //
 //go:embed report*.md.tmpl
 var reportTemplates embed.FS
@@ -249,6 +250,7 @@ type reportView struct {
 	LoadedAt                       string // the 1-minute load before the interleaved rounds, when above 2
 	Load                           []loadAt
 	Inter                          *interView
+	Journal                        *journalView
 	Parts                          *partsView
 	Allocs                         *allocView
 	Counters                       []counterPhase
@@ -265,6 +267,7 @@ type reportView struct {
 	Handoff                        *handoffView
 	Capacity                       *capacityView
 	Notes                          *notesView
+	StatusPageLink                 string // docs/status-page.md's fleet figures, relative to the report
 	Settings                       [][2]string
 	PoolSize                       int
 	Peers                          [][2]string // name, version
@@ -325,6 +328,7 @@ func (r *report) view() reportView {
 		}
 	}
 	v.Inter = r.interleaved()
+	v.Journal = r.journal()
 	v.Parts = r.parts()
 	if f := strings.Fields(strings.ReplaceAll(r.LoadBefore["interleaved"], ",", " ")); len(f) > 0 {
 		if l, err := strconv.ParseFloat(f[0], 64); err == nil && l > 2 {
@@ -366,6 +370,11 @@ func (r *report) view() reportView {
 		v.Health = healthSummary(r.Health)
 	}
 	v.Notes = r.notes()
+	out := r.Config.out
+	if out == "" {
+		out = "../BENCHMARKS.md"
+	}
+	v.StatusPageLink = linkFrom(out, "../docs/status-page.md") + "#measured-with-100000-leases"
 	return v
 }
 
@@ -470,7 +479,7 @@ func (r *report) parts() *partsView {
 	}
 	for _, x := range []struct{ label, name string }{
 		{"`SELECT 1`", "select1"},
-		{"a statement of the claim's shape: its five arguments and six reply columns, constants only", "shaped"},
+		{"a statement of the claim's shape: its six arguments and seven reply columns, constants only", "shaped"},
 		{"the plain indexed read of the held row", "lookup"},
 		{"the claim's read alone: its `cur` CTE and reply, without the INSERT", "claimread"},
 		{"the claim statement, as the library sends it", "claimstmt"},

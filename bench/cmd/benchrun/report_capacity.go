@@ -71,7 +71,11 @@ type capacityView struct {
 	Sat                  []satRow
 	Knee                 *kneeView
 	PeerShapes           []shapeRow // pglease's fleet at the peers' shape
+	Target               *shapeRow  // the shape of the fleet target (targetR × targetJ), nil if it did not run
 }
+
+// The fleet target's shape: 1,000 replicas holding 100 leases each.
+const targetR, targetJ = 1000, 100
 
 type shapeRow struct {
 	shapeResult
@@ -119,6 +123,10 @@ func (r *report) capacityView() *capacityView {
 			row.WaitSamples += w.N
 		}
 		v.Shapes = append(v.Shapes, row)
+		if s.R == targetR && s.J == targetJ {
+			t := row
+			v.Target = &t
+		}
 		if len(c.Peers) > 0 && s.R == c.Peers[0].R && s.J == c.Peers[0].J {
 			v.PeerShapes = append(v.PeerShapes, row)
 		}

@@ -12,8 +12,10 @@ import (
 // sampleReport is a real run's data: the go test output of the last full
 // run (results/latest.txt), the Handoff and Capacity sections of a short
 // run (testdata/sample.json, written by benchrun -json with small flags),
-// and short runs of BenchmarkInterleaved with two Locker variants and of
-// BenchmarkParts (testdata/bench-sample.txt), in place of the full run's.
+// and short runs of BenchmarkInterleaved with its four Locker variants,
+// BenchmarkJournal and BenchmarkParts (testdata/bench-sample.txt: go test
+// -run '^$' -bench '^Benchmark(Interleaved|Journal|Parts)$' -benchtime 30x
+// -count 2), in place of the full run's.
 func sampleReport(t *testing.T) *report {
 	t.Helper()
 	raw, err := os.ReadFile("../../results/latest.txt")
@@ -59,6 +61,10 @@ func TestReportRenders(t *testing.T) {
 	r := sampleReport(t)
 	md := renderOK(t, r)
 	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds",
+		"## What the journal costs", "| `Lock`+`Unlock` with the journal on ≤ 1.15× the same with it off (same pool, interleaved) | ",
+		"run with the library's defaults (journal on): 10 claims on a held key, 0 xids assigned",
+		"**the journal is on and the failover delay is on**", "which this run did not include",
+		"](docs/status-page.md#measured-with-100000-leases)",
 		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -83,10 +89,22 @@ func TestReportRenders(t *testing.T) {
 	for _, p := range r.Capacity.Peers {
 		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", p.Peer, p.R, p.J, p.How))
 	}
-	for _, v := range []string{"aa-control"} {
+	for _, v := range []string{"aa-control", "journal-off", "failover-delay-off"} {
 		for _, pool := range []string{"pgxpool", "database/sql (pgx stdlib)"} {
 			rows = append(rows, fmt.Sprintf("| %s | %s | ", v, pool))
 		}
+	}
+	for _, driver := range []string{"pgxpool", "sqldb"} {
+		n := "Journal/driver=" + driver
+		lu := r.stat(n, "lockunlock-on/off")
+		if !lu.OK {
+			t.Fatalf("the sample has no %s", n)
+		}
+		on, _ := r.get(n, "lockunlock-on-ns")
+		off, _ := r.get(n, "lockunlock-off-ns")
+		skip := r.stat(n, "skip-on/off")
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | ", poolLabels[driver], fmtDur(on), fmtDur(off), lu),
+			fmt.Sprintf(" | %s | ", skip))
 	}
 	if s := r.Capacity.Sched; s != nil {
 		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %d | %d |", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs))
@@ -129,5 +147,22 @@ func TestReportWithoutSections(t *testing.T) {
 		if strings.Contains(md, absent) {
 			t.Errorf("report has %q, whose section did not run", absent)
 		}
+	}
+}
+
+// The fleet target is reported when its shape (1,000 replicas × 100
+// leases) ran. The sample's short run has no such shape: its last one is
+// relabelled, which checks the template, not the figures.
+func TestReportFleetTarget(t *testing.T) {
+	r := sampleReport(t)
+	last := &r.Capacity.Shapes[len(r.Capacity.Shapes)-1]
+	last.R, last.J = targetR, targetJ
+	md := renderOK(t, r)
+	want := fmt.Sprintf("| 100,000 leases held by 1,000 replicas, default beat, journal on: < 10 %% of one server core (renewals only: they write no journal row) | %.1f %% of one core", last.ServerCPU*100)
+	if !strings.Contains(md, want) {
+		t.Errorf("report lacks the fleet target row %q", want)
+	}
+	if strings.Contains(md, "which this run did not include") {
+		t.Errorf("report says the fleet target's shape did not run")
 	}
 }
