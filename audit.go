@@ -5,22 +5,25 @@ import (
 	"time"
 )
 
-// Likely causes of an overlap (OverlapInfo.Cause).
+// OverlapCause is the likely cause of an overlap (OverlapInfo.Cause).
+type OverlapCause string
+
+// Likely causes of an overlap.
 const (
 	// CauseForceRelease: the earlier run was evicted by ForceRelease and its
 	// holder kept running until after the later run began.
-	CauseForceRelease = "force-release"
+	CauseForceRelease OverlapCause = "force-release"
 	// CauseAsyncFailover: the two fences come from different server
 	// timelines (fence >> 40 differs): the later run was granted by a
 	// promoted standby that had not received the earlier run's end (or its
 	// grant) — an asynchronous failover.
-	CauseAsyncFailover = "async-failover"
+	CauseAsyncFailover OverlapCause = "async-failover"
 	// CausePastDeadline: the earlier run's lease expired (or its holder
 	// lost it) and its holder ran on past its deadline, until after the
 	// later run began.
-	CausePastDeadline = "past-deadline"
+	CausePastDeadline OverlapCause = "past-deadline"
 	// CauseUnknown: none of the above fits (the journal is incomplete).
-	CauseUnknown = "unknown"
+	CauseUnknown OverlapCause = "unknown"
 )
 
 // OverlapInfo describes one finding of Audit: two runs of one key that
@@ -43,7 +46,7 @@ type OverlapInfo struct {
 	Overlap time.Duration
 	// Cause is the likely cause: CauseForceRelease, CauseAsyncFailover,
 	// CausePastDeadline or CauseUnknown.
-	Cause string
+	Cause OverlapCause
 }
 
 // AuditResult is what Audit found.

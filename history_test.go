@@ -38,7 +38,7 @@ func TestHistory(t *testing.T) {
 	type want struct {
 		fence   int64
 		holder  string
-		end     string
+		end     RunEnd
 		outcome Outcome
 	}
 	wants := []want{{5, "b", EndRunning, ""}, {3, "a", EndForceReleased, ""}, {2, "b", EndExpired, ""}, {1, "a", EndReleased, OutcomeOK}}

@@ -25,14 +25,17 @@ import (
 //	                when its holder really stopped
 //	abandoned       a claim whose reply never arrived was undone
 
-// How a run ended (RunInfo.End).
+// RunEnd is how a run ended (RunInfo.End).
+type RunEnd string
+
+// How a run ended.
 const (
-	EndRunning       = "running"        // the lease is held now
-	EndReleased      = "released"       // released by its holder
-	EndExpired       = "expired"        // ran out unreleased
-	EndForceReleased = "force-released" // evicted by ForceRelease
-	EndSuperseded    = "superseded"     // no end recorded; a later run of the key began
-	EndLost          = "lost"           // its holder gave it up or found it gone
+	EndRunning       RunEnd = "running"        // the lease is held now
+	EndReleased             = "released"       // released by its holder
+	EndExpired              = "expired"        // ran out unreleased
+	EndForceReleased        = "force-released" // evicted by ForceRelease
+	EndSuperseded           = "superseded"     // no end recorded; a later run of the key began
+	EndLost                 = "lost"           // its holder gave it up or found it gone
 )
 
 // RunInfo describes one run (tenure) of a key from the journal: History
@@ -57,7 +60,7 @@ type RunInfo struct {
 	// was written on a primary lost in an asynchronous failover, by a
 	// Locker with the journal off, or pruned); it is taken to end when
 	// that run began.
-	End string
+	End RunEnd
 	// Outcome is the job's outcome for runs made through Do or a scheduler
 	// adapter (Lease.UnlockWithOutcome); "" if none was recorded.
 	Outcome Outcome
@@ -161,7 +164,7 @@ func oneRun(rows []journalRow, now time.Time) RunInfo {
 		}
 		if endRank[row.event] > rank {
 			rank = endRank[row.event]
-			r.End = row.event
+			r.End = RunEnd(row.event)
 		}
 	}
 	switch {

@@ -14,15 +14,15 @@ import (
 
 // findingJSON is one finding as `pglease audit --json` prints it.
 type findingJSON struct {
-	Key            string     `json:"key"`
-	Fence          int64      `json:"fence"` // the later run
-	Holder         string     `json:"holder"`
-	OverlapsFence  int64      `json:"overlaps_fence"` // the earlier run
-	OverlapsHolder string     `json:"overlaps_holder"`
-	From           time.Time  `json:"from"`       // when the overlap began
-	OverlapMS      float64    `json:"overlap_ms"` // to the microsecond
-	Tick           *time.Time `json:"tick"`       // a tick both runs ran, else null
-	Cause          string     `json:"cause"`
+	Key            string               `json:"key"`
+	Fence          int64                `json:"fence"` // the later run
+	Holder         string               `json:"holder"`
+	OverlapsFence  int64                `json:"overlaps_fence"` // the earlier run
+	OverlapsHolder string               `json:"overlaps_holder"`
+	From           time.Time            `json:"from"`       // when the overlap began
+	OverlapMS      float64              `json:"overlap_ms"` // to the microsecond
+	Tick           *time.Time           `json:"tick"`       // a tick both runs ran, else null
+	Cause          pglease.OverlapCause `json:"cause"`
 }
 
 func findingsJSON(fs []pglease.OverlapInfo) []findingJSON {

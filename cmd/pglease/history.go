@@ -16,15 +16,15 @@ import (
 
 // runJSON is one run as `pglease history --json` prints it.
 type runJSON struct {
-	Key        string     `json:"key"`
-	Fence      int64      `json:"fence"`
-	Holder     string     `json:"holder"`
-	Tick       *time.Time `json:"tick"` // the tick the run was claimed for, else null
-	AcquiredAt time.Time  `json:"acquired_at"`
-	EndedAt    *time.Time `json:"ended_at"` // null while running
-	DurationMS int64      `json:"duration_ms"`
-	End        string     `json:"end"`     // running, released, expired, force-released, superseded, lost
-	Outcome    *string    `json:"outcome"` // ok, error, panic, lost, or null
+	Key        string         `json:"key"`
+	Fence      int64          `json:"fence"`
+	Holder     string         `json:"holder"`
+	Tick       *time.Time     `json:"tick"` // the tick the run was claimed for, else null
+	AcquiredAt time.Time      `json:"acquired_at"`
+	EndedAt    *time.Time     `json:"ended_at"` // null while running
+	DurationMS int64          `json:"duration_ms"`
+	End        pglease.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost
+	Outcome    *string        `json:"outcome"` // ok, error, panic, lost, or null
 }
 
 func runsJSON(runs []pglease.RunInfo) []runJSON {
