@@ -78,13 +78,35 @@ func tallyAudit(fs []Finding, since time.Time) auditRead {
 	return a
 }
 
-// audit returns the audit of the current audit cell, shared with every
-// other caller in it (ok false: no Config.Audit).
+// auditNow returns the last audit (ok false: no Config.Audit). Only the
+// first caller ever waits for one; after that, the first caller of each
+// audit cell starts the next run in the background and every caller gets
+// the last completed run, so no page refresh or scrape waits for an audit.
 func (s *Server) auditNow(ctx context.Context) (r result[auditRead], ok bool) {
 	if s.cfg.Audit == nil {
 		return r, false
 	}
-	return s.audit.get(ctx, s.auditAt.cell(time.Now()), s.cfg.ReadTimeout, s.readAudit), true
+	cell := s.auditAt.cell(time.Now())
+	if r, ok := s.audit.lastOrRefresh(cell, s.cfg.ReadTimeout, s.readAudit, s.spawn); ok {
+		return r, true
+	}
+	return s.audit.get(ctx, cell, s.cfg.ReadTimeout, s.readAudit), true
+}
+
+// spawn runs fn in a goroutine that Close waits for; after Close it runs
+// nothing and reports false.
+func (s *Server) spawn(fn func()) bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		fn()
+	}()
+	return true
 }
 
 // auditCounts renders an audit for the page.

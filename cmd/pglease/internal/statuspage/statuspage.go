@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pglease/pglease"
@@ -79,6 +80,10 @@ type Config struct {
 	// most once per AuditInterval, and only when a page, a key's page or a
 	// scrape asks; all of them share that one result: the page's audit
 	// count, each key's findings, and the gauge pglease_audit_findings.
+	// Only the first reader waits for it; later runs start in the
+	// background, at the first read of each interval, while readers get
+	// the last one (which can therefore lag the journal by up to two
+	// intervals).
 	// Nil: no audit is shown or exported. JournalAudit reads pglease's
 	// journal.
 	Audit func(ctx context.Context, since time.Time) ([]Finding, error)
@@ -100,6 +105,9 @@ type Server struct {
 	summary *shared[Summary]
 	audit   *shared[auditRead]
 	auditAt grid // the audit's cells, AuditInterval apart
+	bgMu    sync.Mutex
+	bg      sync.WaitGroup // background audit runs
+	closed  bool
 	views   *views
 	spans   *spans
 	metrics *metrics
@@ -157,8 +165,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close releases the metrics pipeline. It does not close the database.
+// Close waits for a background audit run (bounded by ReadTimeout) and
+// releases the metrics pipeline. It does not close the database.
 func (s *Server) Close() error {
+	s.bgMu.Lock()
+	s.closed = true
+	s.bgMu.Unlock()
+	s.bg.Wait()
 	return s.metrics.shutdown(context.Background())
 }
 
