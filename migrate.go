@@ -16,8 +16,17 @@ func SchemaVersion() int { return len(migrations) }
 // journal grows by two rows per run — a grant and its end — about 381 bytes
 // with its index (measured with 22-byte holder ids and short keys; longer
 // ones add their length), until the retention (WithJournalRetention)
-// deletes them. It is idempotent and safe to run from every replica at
-// start-up: concurrent runs are serialised by a transaction-scoped advisory
+// deletes them. On the lease table it also creates the natural-order index
+// (<table>_natural_key: keys without their trailing digits, then by that
+// number, so job-2 sorts before job-10), which lets `pglease serve` read a
+// page in key order without sorting the table: one index entry per new key;
+// renewals and releases do not change the key and stay HOT updates. Adding
+// it to an existing table (the upgrade to schema version 6) builds it in
+// Migrate's transaction, which holds the table's writes until it is built
+// (measured: about 110 ms per 100,000 keys).
+//
+// Migrate is idempotent and safe to run from every replica at start-up:
+// concurrent runs are serialised by a transaction-scoped advisory
 // lock, and each applies only what is missing, in one transaction. It takes
 // only WithTable. The schema part of a "schema.table" name must exist.
 //

@@ -85,6 +85,11 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 	if err := admin.QueryRowContext(c, `SELECT count(*) FROM "`+schema+`"."MixedCase_version"`).Scan(&n); err != nil || n != SchemaVersion() {
 		t.Fatalf("version rows %d (%v)", n, err)
 	}
+	// The natural-order index is in the table's schema, named after it.
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'MixedCase' AND indexname = 'MixedCase_natural_key'`,
+		schema).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("natural-order index in %s: %d (%v)", schema, n, err)
+	}
 	// ...and the Locker works on it.
 	l, err := New(admin, WithTable(name))
 	if err != nil {
@@ -103,9 +108,10 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 	}
 }
 
-// A table migrated by the previous release (schema version 2, leases in
-// it) upgrades in place: the columns of version 3 are added, the leases and
-// their fences are kept, and claims go on from there.
+// A table migrated by an older release (schema version 2, leases in it)
+// upgrades in place: the columns of version 3 and the natural-order index
+// of version 6 are added, the leases and their fences are kept, and claims
+// go on from there.
 func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	tbl := unmigrated(t)
 	admin := pgleasetest.DB(t, 2)
@@ -140,6 +146,12 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	}
 	if v, _ := SchemaVersionOf(c, admin, WithTable(tbl)); v != SchemaVersion() {
 		t.Fatalf("after Migrate: version %d, want %d", v, SchemaVersion())
+	}
+	// v6 added the natural-order index to the upgraded table.
+	var def string
+	if err := admin.QueryRowContext(c, `SELECT indexdef FROM pg_indexes WHERE indexname = $1 AND tablename = $2`,
+		tbl+"_natural_key", tbl).Scan(&def); err != nil || !strings.Contains(def, "rtrim(key, '0123456789'::text)") {
+		t.Fatalf("natural-order index after the upgrade: %q %v", def, err)
 	}
 	l, err := New(admin, WithTable(tbl))
 	if err != nil {

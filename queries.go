@@ -642,6 +642,19 @@ CREATE TABLE IF NOT EXISTS {JP} (
 	last_pruned_at timestamptz NOT NULL
 );
 INSERT INTO {JP} (one, last_pruned_at) VALUES (true, '-infinity') ON CONFLICT DO NOTHING`,
+	// v6: the natural-key index (<table>_natural_key): keys in natural
+	// order — the key without its trailing digits (bytewise), the number
+	// of trailing digits, the key (bytewise), so job-2 sorts before job-10.
+	// It makes a page of the status page in key order an index scan of
+	// offset + limit entries instead of a sort of the table; the page's
+	// ORDER BY is exactly these expressions. Cost: one index entry per new
+	// key (the first claim of a key inserts its row); renewals, releases
+	// and later claims never change the key, so they stay HOT updates and
+	// do not touch it. On an upgrade it is built in Migrate's transaction,
+	// which holds every write to the table (claims, renewals, releases)
+	// until it is built: measured 108–116 ms for 100,000 keys.
+	`CREATE INDEX IF NOT EXISTS {NKI} ON {T}
+	((rtrim(key, '0123456789') COLLATE "C"), (length(key) - length(rtrim(key, '0123456789'))), (key COLLATE "C"))`,
 }
 
 // tableExistsSQL reports whether the lease table exists yet (Migrate, before
@@ -726,7 +739,7 @@ func fragments(sql string) string {
 // bindNames is the last step of binding: table names, lock class, channel.
 func (t table) bindNames(sql string) string {
 	return strings.NewReplacer("{T}", t.quoted, "{V}", t.version, "{F}", t.fences, "{Z}", t.timelines,
-		"{JP}", t.pruned, "{JKI}", t.journalKeyIdx, "{J}", t.journal,
+		"{JP}", t.pruned, "{JKI}", t.journalKeyIdx, "{NKI}", t.naturalKeyIdx, "{J}", t.journal,
 		"{C}", strconv.Itoa(int(t.lockClass)), "{N}", t.channel).Replace(sql)
 }
 

@@ -35,6 +35,9 @@ type table struct {
 	// journalKeyIdx names the journal's index (unqualified: an index lives
 	// in its table's schema).
 	journalKeyIdx string
+	// naturalKeyIdx names the lease table's natural-order index
+	// (unqualified).
+	naturalKeyIdx string
 
 	// lockClass is the first key of the claims' advisory locks, and
 	// channel the name releases are notified on: both derived from the
@@ -73,6 +76,7 @@ func parseTable(name string) (table, error) {
 		journal:       ident("_journal"),
 		pruned:        ident("_journal_pruned"),
 		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
+		naturalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize(),
 		lockClass:     int32(uint32(sum)),
 		channel:       fmt.Sprintf("pglease_%016x", sum),
 	}, nil

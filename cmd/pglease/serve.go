@@ -29,6 +29,8 @@ type serveFlags struct {
 	allowRelease bool
 	tokenFile    string
 	keyMetrics   bool
+	window       time.Duration
+	auditEvery   time.Duration
 }
 
 func newServeCmd(e *env) *cobra.Command {
@@ -42,17 +44,24 @@ func newServeCmd(e *env) *cobra.Command {
                  a table in natural key order (job-2 before job-10), sortable,
                  filtered by key prefix, holder and state, paged by the database,
                  with counts by state and by holder
-  /key/KEY       one key: its row now (KEY percent-encoded)
+  /key/KEY       one key: its row now, its runs from the journal as a timeline
+                 (overlaps in red) and the audit's findings on it (KEY
+                 percent-encoded), over the last --history-window
   /api/leases    one page as JSON (times RFC 3339, durations in ms); query
                  prefix, holder, state, sort, order, offset, limit (at most 500)
   /events        the same as server-sent events, every --interval
-  /metrics       Prometheus text format (OpenTelemetry gauges read at scrape time)
+  /metrics       Prometheus text format (OpenTelemetry gauges read at scrape time),
+                 with pglease_audit_findings: the overlaps of the last audit
+
+The audit (as pglease audit, over the last --history-window) runs at most once
+per --audit-interval, when a page or a scrape asks; the page's overlap count,
+every key's findings and pglease_audit_findings share that one run. It reads
+the journal rows of the window (two per run), one key at a time.
   /healthz       200 "ok" when the database answers and the table exists, else 503
 
 Every read is bounded by the page shown: counts are computed in SQL, and all
-open pages share one read per view per --interval. On a large table, create the
-natural-order index that docs/status-page.md gives: a page in key order is then
-an index scan instead of a sort of the table.
+open pages share one read per view per --interval. A page in key order is an
+index scan of the natural-order index that migrate creates (schema version 6).
 
 It listens on 127.0.0.1 by default and refuses any non-loopback address unless
 --allow-remote is given: the server has no login of its own, so expose it only
@@ -72,6 +81,8 @@ requests are refused.`,
 	fl.BoolVar(&f.allowRelease, "allow-force-release", false, "enable force release from the page (needs a token)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the force-release token (default $"+serveTokenEnv+")")
 	fl.BoolVar(&f.keyMetrics, "key-metrics", false, "export pglease.lease.time_left, one series per key")
+	fl.DurationVar(&f.window, "history-window", 24*time.Hour, "how far back a key's timeline and the audit look")
+	fl.DurationVar(&f.auditEvery, "audit-interval", time.Minute, "how often the audit may run (at least --interval)")
 	return cmd
 }
 
@@ -82,6 +93,9 @@ func (f *serveFlags) check(e *env) (token string, err error) {
 	}
 	if f.interval < statuspage.MinInterval {
 		return "", usagef("--interval %v: must be at least %v", f.interval, statuspage.MinInterval)
+	}
+	if f.window <= 0 || f.auditEvery <= 0 {
+		return "", usagef("--history-window and --audit-interval must be positive")
 	}
 	if f.tokenFile != "" {
 		b, err := os.ReadFile(f.tokenFile)
@@ -147,6 +161,9 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	srv, err := statuspage.New(statuspage.Config{
 		DB: db, Table: f.db.table, Interval: f.interval,
 		AllowForceRelease: f.allowRelease, Token: token, KeyMetrics: f.keyMetrics,
+		History:       statuspage.JournalHistory(db, f.db.table),
+		Audit:         statuspage.JournalAudit(db, f.db.table),
+		HistoryWindow: f.window, AuditInterval: f.auditEvery,
 		LoopbackHostsOnly: !f.allowRemote, // no DNS rebinding onto a local server
 		Logger:            slog.New(slog.NewTextHandler(e.stderr, nil)),
 	})

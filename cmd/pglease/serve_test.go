@@ -81,7 +81,8 @@ func (w *serveLineWriter) Write(p []byte) (int, error) {
 }
 
 // TestServeServesUntilInterrupted: serve prints its address, answers
-// /healthz, /api/leases (with a real lease), / and /metrics, refuses force
+// /healthz, /api/leases (with a real lease), /, /metrics and the key's page
+// (its run from the journal, the audit's findings: none), refuses force
 // release (read-only), and exits 0 when its context ends, even with an
 // event stream open.
 func TestServeServesUntilInterrupted(t *testing.T) {
@@ -127,6 +128,10 @@ func TestServeServesUntilInterrupted(t *testing.T) {
 		"/api/leases": `"key": "served-key"`,
 		"/":           "served-key",
 		"/metrics":    `pglease_leases{pglease_lease_state="held"} 1`,
+		// The journal is wired in: the key's run, and an audit that found nothing.
+		"/key/served-key":  `data-fence="`,
+		"/key/served-key?": "No overlap found.",
+		"/metrics?":        `pglease_audit_findings{pglease_audit_cause="force-release"} 0`,
 	} {
 		code, body := serveGet(t, base+path)
 		if code != 200 || !strings.Contains(body, want) {

@@ -43,13 +43,15 @@ type keyData struct {
 	HistoryError string
 	HasAudit     bool
 	Findings     []Finding
+	Audit        *AuditCounts // the shared audit these findings come from
 	AuditError   string
 	Nonce        string
 }
 
 // handleKey serves GET /key/{key}: the key's row now, its history as a
-// timeline (Config.History) and the audit's findings on it (Config.Audit),
-// each over the last HistoryWindow.
+// timeline (Config.History, read for this request, at most maxTenures+1
+// runs) and the findings on it of the shared audit (Config.Audit), each
+// over the last HistoryWindow.
 func (s *Server) handleKey(w http.ResponseWriter, r *http.Request, key string) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -77,18 +79,16 @@ func (s *Server) handleKey(w http.ResponseWriter, r *http.Request, key string) {
 	now := k.now // the database's clock: the timeline ends there
 	since := now.Add(-s.cfg.HistoryWindow)
 	if s.cfg.History != nil && err == nil {
-		ts, herr := s.cfg.History(ctx, key, since)
+		ts, herr := s.cfg.History(ctx, key, since, maxTenures+1)
 		if herr != nil {
 			d.HistoryError = s.explain(herr)
 		}
 		d.Timeline = layoutTimeline(ts, now)
 	}
-	if s.cfg.Audit != nil && err == nil {
-		fs, aerr := s.cfg.Audit(ctx, key, since)
-		if aerr != nil {
-			d.AuditError = s.explain(aerr)
-		}
-		d.Findings = fs
+	if a, ok := s.auditNow(ctx); ok && err == nil {
+		d.Audit = s.auditCounts(a)
+		d.AuditError = d.Audit.Error
+		d.Findings = a.v.byKey[key]
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")

@@ -42,17 +42,18 @@ func TestKeyPage(t *testing.T) {
 	}
 }
 
-// TestKeyPageTimeline: with a History and an Audit (as the journal will give
-// them), the key page draws one bar per tenure, the overlapping pair marked
-// with its shared span, and lists the findings; the providers are asked for
-// the configured window, on the database's clock.
+// TestKeyPageTimeline: with a History and an Audit (Go values), the key
+// page draws one bar per tenure, the overlapping pair marked with its
+// shared span, and lists the findings of this key only; History is asked
+// for the configured window, on the database's clock, with a limit.
 func TestKeyPageTimeline(t *testing.T) {
 	var asked time.Time
 	var askedKey string
+	var askedLimit int
 	f := newFixture(t, statuspage.Config{
 		HistoryWindow: time.Hour,
-		History: func(_ context.Context, key string, since time.Time) ([]statuspage.Tenure, error) {
-			askedKey, asked = key, since
+		History: func(_ context.Context, key string, since time.Time, limit int) ([]statuspage.Tenure, error) {
+			askedKey, asked, askedLimit = key, since, limit
 			now := since.Add(time.Hour)
 			end := func(d time.Duration) *time.Time { t := now.Add(d); return &t }
 			return []statuspage.Tenure{
@@ -61,8 +62,8 @@ func TestKeyPageTimeline(t *testing.T) {
 				{Holder: "replica-3", Fence: 9, Start: now.Add(-time.Minute), Ended: "running"},
 			}, nil
 		},
-		Audit: func(context.Context, string, time.Time) ([]statuspage.Finding, error) {
-			return []statuspage.Finding{{Fence: 8, Holder: "replica-2", OverlapsFence: 7, OverlapsHolder: "replica-1", OverlapMS: 600000, Cause: "force-release while the holder ran"}}, nil
+		Audit: func(context.Context, time.Time) ([]statuspage.Finding, error) {
+			return []statuspage.Finding{{Key: "other", Fence: 3, Cause: "unknown"}, {Key: "nightly", Fence: 8, Holder: "replica-2", OverlapsFence: 7, OverlapsHolder: "replica-1", OverlapMS: 600000, Cause: "force-release while the holder ran"}}, nil
 		},
 	})
 	f.lock(t, "nightly")
@@ -74,11 +75,17 @@ func TestKeyPageTimeline(t *testing.T) {
 	if askedKey != "nightly" || asked.Before(before.Add(-time.Hour-time.Minute)) || asked.After(time.Now().Add(-time.Hour+time.Minute)) {
 		t.Errorf("history asked for %q since %v", askedKey, asked)
 	}
+	if askedLimit < 2 {
+		t.Errorf("history asked for at most %d runs", askedLimit)
+	}
 	if n := strings.Count(body, `class="tenure`); n != 3 {
 		t.Errorf("%d tenure bars, want 3", n)
 	}
 	if n := strings.Count(body, `class="tenure overlap ended"`); n != 2 {
 		t.Errorf("%d overlapping bars, want 2 (fences 7 and 8)", n)
+	}
+	if n := strings.Count(body, `<tr class="finding">`); n != 1 {
+		t.Errorf("%d findings shown, want nightly's only", n)
 	}
 	if n := strings.Count(body, `class="seg"`); n != 2 {
 		t.Errorf("%d overlap segments, want one on each of the two bars", n)

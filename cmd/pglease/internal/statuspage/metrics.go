@@ -63,6 +63,16 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 		return err
 	}
 	instruments := []metric.Observable{leases, readDur}
+	var findings metric.Int64ObservableGauge
+	if s.cfg.Audit != nil {
+		findings, err = meter.Int64ObservableGauge("pglease.audit.findings", metric.WithUnit("{finding}"),
+			metric.WithDescription("Overlaps found by the last audit of the journal (pglease audit) over the history window, by likely cause. "+
+				"The audit runs at most once per audit interval, shared with the status page."))
+		if err != nil {
+			return err
+		}
+		instruments = append(instruments, findings)
+	}
 	var timeLeft metric.Float64ObservableGauge
 	if s.cfg.KeyMetrics {
 		timeLeft, err = meter.Float64ObservableGauge("pglease.lease.time_left", metric.WithUnit("s"),
@@ -87,6 +97,11 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 			took += time.Since(start)
 		}
 		o.ObserveFloat64(readDur, took.Seconds())
+		if a, ok := s.auditNow(ctx); ok && a.err == nil { // a failed audit exports nothing stale
+			for cause, n := range a.v.byCause {
+				o.ObserveInt64(findings, n, metric.WithAttributes(attribute.String(AttrCause, cause)))
+			}
+		}
 		if sum.err != nil {
 			return fmt.Errorf("pglease serve: metrics: %s", s.explain(sum.err))
 		}

@@ -24,6 +24,7 @@ var funcs = template.FuncMap{
 	"add":    func(a, b int) int { return a + b },
 	"sub":    func(a, b int) int { return a - b },
 	"int64":  func(n int) int64 { return int64(n) },
+	"msdur":  func(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond },
 }
 
 // page is the status page. html/template escapes every value by context;

@@ -16,8 +16,9 @@ import (
 // page's rows (LIMIT) and aggregate rows, never the table. The server scans
 // the table for the aggregates (one pass) and, without the natural-order
 // index below, for each page's sort (a top-N heapsort over the rows that
-// match the filters). With the index, a page in key order is an index scan
-// of offset+limit entries.
+// match the filters). With the natural-order index (NaturalIndex), which
+// Migrate creates, a page in key order is an index scan of offset+limit
+// entries.
 
 // Every statement reads the server's clock once, in its `now` CTE, and
 // refers to it as nowRef: a scalar subquery that PostgreSQL evaluates once
@@ -38,7 +39,8 @@ const stateFrag = `(CASE WHEN l.released_at IS NULL AND l.expires_at > ` + nowRe
 // digits, then the key (bytewise). Keys that differ only in their trailing
 // number therefore sort by that number: job-2 before job-10. Numbers inside
 // a key (shard-10/job-1) compare as text. It is exactly the expression list
-// of NaturalIndexSQL, so that the planner can use that index.
+// of the natural-order index that Migrate creates (NaturalIndex), so that
+// the planner can use that index.
 const naturalFrag = `rtrim(l.key, '0123456789') COLLATE "C" {DIR}, length(l.key) - length(rtrim(l.key, '0123456789')) {DIR}, l.key COLLATE "C" {DIR}`
 
 // filterFrag keeps the rows of a view: $1 key prefix (” for all), $2
@@ -95,8 +97,8 @@ LIMIT $1`
 //
 // Result: the page's rows (columnsFrag), each preceded by the count (NULL
 // unless $6); a page past the end is one row of NULL columns after the
-// count. Cost: without $6, the page alone (an index scan with
-// NaturalIndexSQL's index in key order, else one scan and a top-N sort);
+// count. Cost: without $6, the page alone (an index scan of NaturalIndex
+// in key order, else one scan and a top-N sort);
 // with $6, one more scan.
 const pageSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
@@ -138,18 +140,15 @@ var orders = map[string]string{
 	"expires":  `coalesce(l.hold_until, l.expires_at) {DIR}, ` + naturalFrag,
 }
 
-// NaturalIndexSQL is the index that makes a page in key order an index
-// scan instead of a sort of the whole table: a B-tree on naturalFrag's
-// expressions. pglease's Migrate does not create it; `pglease serve` uses
-// it when it exists. Renewals and releases do not touch it (the key does
-// not change: those updates stay HOT); each new key adds one entry.
-func NaturalIndexSQL(table string) string {
+// NaturalIndex is the quoted, schema-qualified name of the table's
+// natural-order index, which pglease's Migrate creates (schema version 6):
+// a B-tree on naturalFrag's expressions, which makes a page in key order an
+// index scan of offset+limit entries instead of a sort of the table.
+func NaturalIndex(table string) string {
 	parts := strings.Split(table, ".")
-	index := pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize() // created in the table's schema
-	return strings.ReplaceAll(strings.ReplaceAll(naturalIndexSQL, "{T}", QuoteTable(table)), "{I}", index)
+	parts[len(parts)-1] += "_natural_key" // an index lives in its table's schema
+	return pgx.Identifier(parts).Sanitize()
 }
-
-const naturalIndexSQL = `CREATE INDEX IF NOT EXISTS {I} ON {T} ((rtrim(key, '0123456789') COLLATE "C"), (length(key) - length(rtrim(key, '0123456789'))), (key COLLATE "C"))`
 
 // QuoteTable quotes a lease table's name, "name" or "schema.name" (as
 // pglease accepts it), as an SQL identifier.

@@ -45,6 +45,10 @@ func (vs *views) get(v View, idle time.Time) *shared[pageRows] {
 type refresh struct {
 	sum  result[Summary]
 	page result[pageRows]
+	// audit is the current audit cell's (hasAudit false: no Config.Audit);
+	// its failure is shown on the page, not the refresh's.
+	audit    result[auditRead]
+	hasAudit bool
 }
 
 func (r refresh) err() error {
@@ -63,7 +67,8 @@ func (s *Server) read(ctx context.Context, v View, notBefore time.Time) refresh 
 			s.spans.apply(p.leases, time.Now())
 			return p, err
 		})
-	return refresh{sum: sum, page: page}
+	audit, hasAudit := s.auditNow(ctx)
+	return refresh{sum: sum, page: page, audit: audit, hasAudit: hasAudit}
 }
 
 func (s *Server) readSummaryOnce(ctx context.Context) (Summary, error) {
@@ -100,6 +105,9 @@ func (s *Server) snapshot(v View, r refresh) Snapshot {
 		View:         v,
 		Matching:     r.page.v.matching,
 		Leases:       r.page.v.leases,
+	}
+	if r.hasAudit {
+		snap.Audit = s.auditCounts(r.audit)
 	}
 	if snap.Summary.States == nil {
 		snap.Summary = Summary{States: map[string]int64{}, Holders: []HolderCount{}}

@@ -109,3 +109,26 @@ func (g grid) cell(t time.Time) time.Time {
 	n := t.Sub(g.epoch) / g.interval
 	return g.epoch.Add(n * g.interval)
 }
+
+// lastOrRefresh returns the last completed read without waiting (ok false
+// when none has completed yet: the caller then waits with get). When that
+// read started before notBefore and none is in flight, it starts the next
+// one through spawn, which runs it in the background; callers meanwhile
+// keep getting the last one.
+func (s *shared[T]) lastOrRefresh(notBefore time.Time, timeout time.Duration,
+	read func(context.Context) (T, error), spawn func(func()) bool) (result[T], bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.used = now
+	if s.last.at.IsZero() {
+		return result[T]{}, false
+	}
+	if s.last.at.Before(notBefore) && s.flight == nil {
+		f := &flight[T]{at: now, done: make(chan struct{})}
+		if spawn(func() { s.run(context.Background(), f, timeout, read) }) {
+			s.flight = f
+		}
+	}
+	return s.last, true
+}

@@ -70,3 +70,50 @@ func TestSharedCoalesces(t *testing.T) {
 		t.Errorf("%d reads in flight at once, want 1", m)
 	}
 }
+
+// TestSharedLastOrRefresh: before any read completed, lastOrRefresh gives
+// nothing; afterwards it returns the last read at once, and when that read
+// is older than asked starts exactly one next read in the background,
+// whatever the number of callers while it runs; once it ends, callers get
+// it and start nothing.
+func TestSharedLastOrRefresh(t *testing.T) {
+	var sh shared[int]
+	var reads atomic.Int32
+	gate := make(chan struct{})
+	read := func(context.Context) (int, error) {
+		n := reads.Add(1)
+		if n == 2 {
+			<-gate // the background read waits until the callers have asked
+		}
+		return int(n), nil
+	}
+	var spawned sync.WaitGroup
+	var spawns int
+	spawn := func(fn func()) bool {
+		spawns++
+		spawned.Add(1)
+		go func() { defer spawned.Done(); fn() }()
+		return true
+	}
+	if _, ok := sh.lastOrRefresh(time.Now(), time.Minute, read, spawn); ok {
+		t.Fatal("a result before any read")
+	}
+	if r := sh.get(context.Background(), time.Now(), time.Minute, read); r.v != 1 {
+		t.Fatalf("first read %d", r.v)
+	}
+	newer := time.Now()
+	for i := 0; i < 5; i++ {
+		r, ok := sh.lastOrRefresh(newer, time.Minute, read, spawn)
+		if !ok || r.v != 1 {
+			t.Fatalf("caller %d while the next read runs: %v %v, want the last read (1) at once", i, r.v, ok)
+		}
+	}
+	if spawns != 1 {
+		t.Fatalf("%d background reads started, want 1", spawns)
+	}
+	close(gate)
+	spawned.Wait()
+	if r, ok := sh.lastOrRefresh(newer, time.Minute, read, spawn); !ok || r.v != 2 || spawns != 1 {
+		t.Errorf("after the background read: %v %v, %d started; want 2 and no new read", r.v, ok, spawns)
+	}
+}

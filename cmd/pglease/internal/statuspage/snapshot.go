@@ -73,6 +73,9 @@ type Snapshot struct {
 	View         View      `json:"view"`
 	Matching     int64     `json:"matching"` // rows that match the view's filters
 	Leases       []Lease   `json:"leases"`   // the page: at most View.Limit rows from View.Offset
+	// Audit is the last audit of the journal (absent without Config.Audit):
+	// shared by every view, key page and scrape until the next one.
+	Audit *AuditCounts `json:"audit,omitempty"`
 }
 
 // pageRows is one page read: the rows and the count of matching rows

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pglease/pglease"
@@ -69,14 +70,29 @@ type Config struct {
 	ReadTimeout time.Duration
 
 	// History, when set, gives each key's page its timeline: the key's
-	// tenures since a time, newest first. Nil: the page says that this
-	// server has no history to show.
-	History func(ctx context.Context, key string, since time.Time) ([]Tenure, error)
-	// Audit, when set, gives each key's page the overlaps found on the key
-	// since a time. Nil: the page says that no audit is available.
-	Audit func(ctx context.Context, key string, since time.Time) ([]Finding, error)
-	// HistoryWindow is how far back a key's page looks; 24h when zero.
+	// newest runs (at most limit) with a journal row at or after since,
+	// newest first. It is read once per request of a key's page, bounded by
+	// limit. Nil: the page says that this server has no history to show.
+	// JournalHistory reads pglease's journal.
+	History func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error)
+	// Audit, when set, finds the overlaps of every key with a journal row
+	// at or after since. The server runs it over the last HistoryWindow at
+	// most once per AuditInterval, and only when a page, a key's page or a
+	// scrape asks; all of them share that one result: the page's audit
+	// count, each key's findings, and the gauge pglease_audit_findings.
+	// Only the first reader waits for it; later runs start in the
+	// background, at the first read of each interval, while readers get
+	// the last one (which can therefore lag the journal by up to two
+	// intervals).
+	// Nil: no audit is shown or exported. JournalAudit reads pglease's
+	// journal.
+	Audit func(ctx context.Context, since time.Time) ([]Finding, error)
+	// HistoryWindow is how far back a key's page and the audit look; 24h
+	// when zero.
 	HistoryWindow time.Duration
+	// AuditInterval is how often the audit may run; 1 min when zero, never
+	// less than Interval. Between two runs, every reader gets the last one.
+	AuditInterval time.Duration
 
 	Logger *slog.Logger // nil: slog.Default()
 }
@@ -87,6 +103,11 @@ type Server struct {
 	st      statements
 	grid    grid
 	summary *shared[Summary]
+	audit   *shared[auditRead]
+	auditAt grid // the audit's cells, AuditInterval apart
+	bgMu    sync.Mutex
+	bg      sync.WaitGroup // background audit runs
+	closed  bool
 	views   *views
 	spans   *spans
 	metrics *metrics
@@ -117,6 +138,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.HistoryWindow <= 0 {
 		cfg.HistoryWindow = 24 * time.Hour
 	}
+	if cfg.AuditInterval <= 0 {
+		cfg.AuditInterval = time.Minute
+	}
+	cfg.AuditInterval = max(cfg.AuditInterval, cfg.Interval)
 	cfg.Token = strings.TrimSpace(cfg.Token)
 	switch {
 	case cfg.AllowForceRelease && len(cfg.Token) < MinTokenLen:
@@ -129,7 +154,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, st: newStatements(cfg.Table),
 		grid:    grid{epoch: time.Now(), interval: cfg.Interval},
-		summary: &shared[Summary]{}, views: newViews(), spans: newSpans()}
+		summary: &shared[Summary]{}, views: newViews(), spans: newSpans(),
+		audit: &shared[auditRead]{}, auditAt: grid{epoch: time.Now(), interval: cfg.AuditInterval}}
 	m, err := newMetrics(s)
 	if err != nil {
 		return nil, err
@@ -139,8 +165,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close releases the metrics pipeline. It does not close the database.
+// Close waits for a background audit run (bounded by ReadTimeout) and
+// releases the metrics pipeline. It does not close the database.
 func (s *Server) Close() error {
+	s.bgMu.Lock()
+	s.closed = true
+	s.bgMu.Unlock()
+	s.bg.Wait()
 	return s.metrics.shutdown(context.Background())
 }
 

@@ -22,14 +22,17 @@ type Tenure struct {
 }
 
 // Finding is one overlap found on a key (a finding of `pglease audit`):
-// the tenure of Fence began before the tenure of OverlapsFence ended.
+// the tenure of Fence began before the tenure of OverlapsFence ended, or
+// both ran the same tick.
 type Finding struct {
+	Key            string
 	Fence          int64
 	Holder         string
 	OverlapsFence  int64
 	OverlapsHolder string
 	OverlapMS      int64
 	Cause          string
+	Tick           *time.Time // set when both tenures ran this tick
 }
 
 // maxTenures bounds the bars of one timeline (the newest are kept).
@@ -41,8 +44,8 @@ const maxTenures = 500
 type timeline struct {
 	From, To time.Time
 	Bars     []bar
-	Overlaps int // pairs of tenures that overlap
-	Omitted  int // older tenures left out (maxTenures)
+	Overlaps int  // pairs of tenures that overlap
+	More     bool // older tenures were left out (maxTenures)
 }
 
 // bar is one tenure on the axis; positions are percentages of its width.
@@ -70,7 +73,7 @@ func layoutTimeline(ts []Tenure, now time.Time) timeline {
 	})
 	tl := timeline{To: now}
 	if len(ts) > maxTenures {
-		tl.Omitted = len(ts) - maxTenures
+		tl.More = true
 		ts = ts[:maxTenures]
 	}
 	if len(ts) == 0 {

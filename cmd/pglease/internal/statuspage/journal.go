@@ -1,0 +1,45 @@
+package statuspage
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// JournalHistory is a Config.History that reads the runs of a key from
+// pglease's journal of table (pglease.History): one statement through the
+// journal's (key, occurred_at) index, at most limit runs.
+func JournalHistory(db *sql.DB, table string) func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
+	return func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
+		runs, err := pglease.History(ctx, db, key, since, limit, pglease.WithTable(table))
+		if err != nil {
+			return nil, err
+		}
+		ts := make([]Tenure, len(runs))
+		for i, r := range runs {
+			ts[i] = Tenure{Holder: r.Holder, Fence: r.Fence, Start: r.AcquiredAt, End: r.EndedAt,
+				Ended: r.End, Outcome: string(r.Outcome)}
+		}
+		return ts, nil
+	}
+}
+
+// JournalAudit is a Config.Audit that runs pglease.Audit on the journal of
+// table: one statement that reads every journal row of the runs with a row
+// in the window, assembled one key at a time.
+func JournalAudit(db *sql.DB, table string) func(ctx context.Context, since time.Time) ([]Finding, error) {
+	return func(ctx context.Context, since time.Time) ([]Finding, error) {
+		res, err := pglease.Audit(ctx, db, since, pglease.WithTable(table))
+		if err != nil {
+			return nil, err
+		}
+		fs := make([]Finding, len(res.Findings))
+		for i, f := range res.Findings {
+			fs[i] = Finding{Key: f.Key, Fence: f.Fence, Holder: f.Holder, OverlapsFence: f.OverlapsFence,
+				OverlapsHolder: f.OverlapsHolder, OverlapMS: f.Overlap.Milliseconds(), Cause: f.Cause, Tick: f.SameTick}
+		}
+		return fs, nil
+	}
+}
