@@ -11,7 +11,7 @@ import (
 
 // Causes are the likely causes of an overlap that the audit gauge always
 // reports, 0 included (a cause not among them is reported when found).
-var Causes = []string{pglease.CauseForceRelease, pglease.CauseAsyncFailover, pglease.CausePastDeadline, pglease.CauseUnknown}
+var Causes = []string{string(pglease.CauseForceRelease), string(pglease.CauseAsyncFailover), string(pglease.CausePastDeadline), string(pglease.CauseUnknown)}
 
 // AttrCause is the attribute key of the audit gauge's likely cause.
 const AttrCause = "pglease.audit.cause"

@@ -20,7 +20,7 @@ func JournalHistory(db *sql.DB, table string) func(ctx context.Context, key stri
 		ts := make([]Tenure, len(runs))
 		for i, r := range runs {
 			ts[i] = Tenure{Holder: r.Holder, Fence: r.Fence, Start: r.AcquiredAt, End: r.EndedAt,
-				Ended: r.End, Outcome: string(r.Outcome)}
+				Ended: string(r.End), Outcome: string(r.Outcome)}
 		}
 		return ts, nil
 	}
@@ -38,7 +38,7 @@ func JournalAudit(db *sql.DB, table string) func(ctx context.Context, since time
 		fs := make([]Finding, len(res.Findings))
 		for i, f := range res.Findings {
 			fs[i] = Finding{Key: f.Key, Fence: f.Fence, Holder: f.Holder, OverlapsFence: f.OverlapsFence,
-				OverlapsHolder: f.OverlapsHolder, OverlapMS: f.Overlap.Milliseconds(), Cause: f.Cause, Tick: f.SameTick}
+				OverlapsHolder: f.OverlapsHolder, OverlapMS: f.Overlap.Milliseconds(), Cause: string(f.Cause), Tick: f.SameTick}
 		}
 		return fs, nil
 	}
