@@ -52,7 +52,7 @@ func TestKeyPageFromJournal(t *testing.T) {
 	}
 	var beforeAudits atomic.Int32
 	before := journalServer(t, f, &beforeAudits)
-	if n := findingsMetric(t, before)[pglease.CauseForceRelease]; n != 0 {
+	if n := findingsMetric(t, before)[string(pglease.CauseForceRelease)]; n != 0 {
 		t.Errorf("before any overlap: %v force-release findings", n)
 	}
 
@@ -102,7 +102,7 @@ func TestKeyPageFromJournal(t *testing.T) {
 		t.Errorf("%d red overlap segments, want one on each of the two runs", n)
 	}
 	finding := fmt.Sprintf(`<tr class="finding"><td>%d</td><td>replica-2</td><td>%d</td><td>replica-1</td>`, successor.Fence(), evicted.Fence())
-	if !strings.Contains(body, finding) || !strings.Contains(body, pglease.CauseForceRelease) {
+	if !strings.Contains(body, finding) || !strings.Contains(body, string(pglease.CauseForceRelease)) {
 		t.Errorf("key page lacks the finding %s (cause %s)", finding, pglease.CauseForceRelease)
 	}
 
@@ -119,14 +119,14 @@ func TestKeyPageFromJournal(t *testing.T) {
 		t.Errorf("/api/leases audit %+v, want 1 finding on %q", a, key)
 	}
 	m := findingsMetric(t, url)
-	if m[pglease.CauseForceRelease] != 1 || m[pglease.CauseAsyncFailover] != 0 || m[pglease.CausePastDeadline] != 0 {
+	if m[string(pglease.CauseForceRelease)] != 1 || m[string(pglease.CauseAsyncFailover)] != 0 || m[string(pglease.CausePastDeadline)] != 0 {
 		t.Errorf("pglease_audit_findings %v, want force-release 1, the others 0", m)
 	}
 	if n := audits.Load(); n != 1 {
 		t.Errorf("%d audit runs for a key page, a page, an API read and a scrape; want 1 (shared)", n)
 	}
 	// The earlier server keeps its earlier audit until its next interval.
-	if n := findingsMetric(t, before)[pglease.CauseForceRelease]; n != 0 || beforeAudits.Load() != 1 {
+	if n := findingsMetric(t, before)[string(pglease.CauseForceRelease)]; n != 0 || beforeAudits.Load() != 1 {
 		t.Errorf("earlier server: %v findings after %d audits, want its one earlier audit (0)", n, beforeAudits.Load())
 	}
 }
