@@ -216,3 +216,10 @@ func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 }
 
 func sqlOpen(driver, url string) (*sql.DB, error) { return sql.Open(driver, url) }
+
+// currentState reads le's state (tests wait for a transition with it).
+func (le *Lease) currentState() leaseState {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.state
+}

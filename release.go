@@ -17,9 +17,10 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 // (Acquire, Campaign) are notified at once — unless a minimum hold (MinHold)
 // keeps the key blocked; they then wake when it ends.
 //
-//   - If ctx is already done (a scheduler shutting down), Unlock still
-//     releases, under a fresh context. Either way it is bounded by the
-//     release timeout (WithReleaseTimeout, default 5s).
+//   - ctx's cancellation does not stop the release: a scheduler shutting
+//     down cancels a run's context before or while its deferred Unlock
+//     runs, and Unlock still releases. It is bounded by the release
+//     timeout instead (WithReleaseTimeout, default 5s).
 //   - Unlock is idempotent: after a successful Unlock, it returns nil.
 //   - After a loss it returns the loss (an error wrapping ErrLeaseLost) and
 //     changes nothing; a late Unlock never touches another holder's lease.
@@ -49,10 +50,11 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 		return nil
 	}
 	l := le.locker
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)
+	// The release outlives ctx's cancellation (its values, such as a trace
+	// span, are kept): a scheduler cancels a run's context when it shuts
+	// down, possibly while the deferred Unlock is in flight, and a release
+	// cut short would leave the key blocked until the lease expires.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
 	n, err := l.db.exec(ctx, l.sql.release, l.releaseArgs(le, o)...)

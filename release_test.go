@@ -43,6 +43,39 @@ func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
 	}
 }
 
+// A context cancelled while the release is in flight (a scheduler shutting
+// down cancels the run's context as its deferred Unlock runs) does not cut
+// the release short: the key is free at once, not at the lease's expiry.
+func TestUnlockSurvivesCancelDuringRelease(t *testing.T) {
+	f := newFixture(t)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(30*time.Second))
+	le, err := l.Lock(ctx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Stall()
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- le.Unlock(runCtx) }()
+	for le.currentState() != stateUnlocking { // the release is on its way
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	time.Sleep(50 * time.Millisecond) // give a cancellation time to abort the statement
+	proxy.Restore()
+	if err := <-done; err != nil {
+		t.Fatalf("Unlock with its context cancelled mid-release: %v", err)
+	}
+	if r, _ := f.row("job"); !r.Released {
+		t.Fatalf("not released: %+v", r)
+	}
+}
+
 // Invariant 3: the late Unlock of an earlier run — same holder, earlier
 // fence — touches nothing.
 func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
