@@ -31,11 +31,11 @@ type RunEnd string
 // How a run ended.
 const (
 	EndRunning       RunEnd = "running"        // the lease is held now
-	EndReleased             = "released"       // released by its holder
-	EndExpired              = "expired"        // ran out unreleased
-	EndForceReleased        = "force-released" // evicted by ForceRelease
-	EndSuperseded           = "superseded"     // no end recorded; a later run of the key began
-	EndLost                 = "lost"           // its holder gave it up or found it gone
+	EndReleased      RunEnd = "released"       // released by its holder
+	EndExpired       RunEnd = "expired"        // ran out unreleased
+	EndForceReleased RunEnd = "force-released" // evicted by ForceRelease
+	EndSuperseded    RunEnd = "superseded"     // no end recorded; a later run of the key began
+	EndLost          RunEnd = "lost"           // its holder gave it up or found it gone
 )
 
 // RunInfo describes one run (tenure) of a key from the journal: History
