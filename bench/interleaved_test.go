@@ -126,24 +126,7 @@ ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 				must(b, le.Unlock(ctx))
 			},
 		}
-		var times [4][]time.Duration
-		for i := range times {
-			times[i] = make([]time.Duration, 0, b.N)
-		}
-		measure(b, func() {
-			for i := 0; i < b.N; i++ {
-				for j := range ops {
-					k := (i + j) % len(ops)
-					t0 := time.Now()
-					ops[k]()
-					times[k] = append(times[k], time.Since(t0))
-				}
-			}
-		})
-		var med [4]float64
-		for k := range times {
-			med[k] = median(times[k])
-		}
+		med := rotatedMedians(b, ops)
 		b.ReportMetric(med[0], "select1-ns")
 		b.ReportMetric(med[1], "skip-ns")
 		b.ReportMetric(med[2], "upsert-ns")
@@ -167,4 +150,30 @@ func median(ds []time.Duration) float64 {
 		return float64(s[len(s)/2])
 	}
 	return float64(s[len(s)/2-1]+s[len(s)/2]) / 2
+}
+
+// rotatedMedians runs the four operations b.N times each inside measure, in
+// an order that rotates every iteration (so that each shares the moment's
+// fsync and CPU drift with the others), timing each call on its own, and
+// returns each operation's median time in nanoseconds.
+func rotatedMedians(b *testing.B, ops [4]func()) [4]float64 {
+	var times [4][]time.Duration
+	for i := range times {
+		times[i] = make([]time.Duration, 0, b.N)
+	}
+	measure(b, func() {
+		for i := 0; i < b.N; i++ {
+			for j := range ops {
+				k := (i + j) % len(ops)
+				t0 := time.Now()
+				ops[k]()
+				times[k] = append(times[k], time.Since(t0))
+			}
+		}
+	})
+	var med [4]float64
+	for k := range times {
+		med[k] = median(times[k])
+	}
+	return med
 }

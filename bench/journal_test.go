@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -41,24 +40,7 @@ func BenchmarkJournal(b *testing.B) {
 			}
 		}
 		ops := [4]func(){lockUnlock(on, "bench-journal-on"), lockUnlock(off, "bench-journal-off"), skip(on), skip(off)}
-		var times [4][]time.Duration
-		for i := range times {
-			times[i] = make([]time.Duration, 0, b.N)
-		}
-		measure(b, func() {
-			for i := 0; i < b.N; i++ {
-				for j := range ops {
-					k := (i + j) % len(ops)
-					t0 := time.Now()
-					ops[k]()
-					times[k] = append(times[k], time.Since(t0))
-				}
-			}
-		})
-		var med [4]float64
-		for k := range times {
-			med[k] = median(times[k])
-		}
+		med := rotatedMedians(b, ops)
 		b.ReportMetric(med[0], "lockunlock-on-ns")
 		b.ReportMetric(med[1], "lockunlock-off-ns")
 		b.ReportMetric(med[2], "skip-on-ns")
