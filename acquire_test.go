@@ -279,7 +279,7 @@ func TestEvictedHolderToldAtOnce(t *testing.T) {
 func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 	f := newFixture(t)
 	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
-	cb := &countingBackend{backend: w.db, renewSQL: w.sql.renew, count: map[string]int{}}
+	cb := &countingBackend{backend: w.db, renewSQL: w.sql.renew, claimSQL: w.sql.claim, count: map[string]int{}}
 	w.db = cb
 	holder := f.replica(2)
 	c := ctx(t)

@@ -130,7 +130,7 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool {
 		var n int
 		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity
-			WHERE state = 'active' AND query LIKE '%cur AS (%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			WHERE state = 'active' AND query LIKE '%' || $1 || '_claim"(%' AND pid <> pg_backend_pid()`, f.table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0

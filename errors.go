@@ -158,7 +158,7 @@ func (t table) wrapDB(op string, err error) error {
 		return fmt.Errorf("%w: %s on %s: %w", ErrReadOnly, op, t.display, err)
 	case "3F000": // invalid_schema_name
 		return fmt.Errorf("%w: %s on %s: the schema does not exist (create it, then run pglease.Migrate): %w", ErrNotMigrated, op, t.display, err)
-	case "42P01", "42703": // undefined_table, undefined_column
+	case "42P01", "42703", "42883": // undefined_table, undefined_column, undefined_function
 		return fmt.Errorf("%w: %s on %s (run pglease.Migrate or `pglease migrate`): %w", ErrNotMigrated, op, t.display, err)
 	}
 	return fmt.Errorf("pglease: %s on %s: %w", op, t.display, err)

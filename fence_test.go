@@ -158,7 +158,7 @@ func waitForLockWaiter(t *testing.T, admin *sql.DB, table string) {
 	waitFor(t, 20*time.Second, func() bool {
 		var n int
 		err := admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND query LIKE '%cur AS (%'`, table).Scan(&n)
+			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '_claim"(%'`, table).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

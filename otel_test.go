@@ -574,14 +574,15 @@ func TestTraceErrors(t *testing.T) {
 	if !ok || s.Status().Code != codes.Error || spanAttrs(s)["error.type"] != "lease_not_held" {
 		t.Fatalf("guard span after eviction: %v", s)
 	}
-	// A claim the server refuses: SQLSTATE 42P01 (no such table).
+	// A claim the server refuses: SQLSTATE 42883 (no claim function: the
+	// table was never migrated).
 	missing := f.table + "_missing"
 	bad := f.replica(1, WithTable(missing), WithTracerProvider(tp))
 	if _, err := bad.Lock(c, "job"); !errors.Is(err, ErrNotMigrated) {
 		t.Fatal(err)
 	}
 	s, ok = findSpan(rec, "claim "+missing)
-	if at := spanAttrs(s); !ok || s.Status().Code != codes.Error || at["db.response.status_code"] != "42P01" || at["error.type"] != "42P01" {
+	if at := spanAttrs(s); !ok || s.Status().Code != codes.Error || at["db.response.status_code"] != "42883" || at["error.type"] != "42883" {
 		t.Fatalf("claim span on a missing table: %v %v", s, at)
 	}
 }

@@ -21,6 +21,7 @@ import (
 type countingBackend struct {
 	backend
 	renewSQL string
+	claimSQL string
 	mu       sync.Mutex
 	count    map[string]int
 }
@@ -31,7 +32,7 @@ func (c *countingBackend) note(q string) {
 	switch {
 	case q == c.renewSQL:
 		c.count["renew"]++
-	case strings.Contains(q, "claimed AS"):
+	case q == c.claimSQL:
 		c.count["claim"]++
 	default:
 		c.count["other"]++
@@ -64,7 +65,7 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 	// A lease long enough that a loaded machine loses none (a loss would add
 	// clean-up statements); the beat is what is counted.
 	l := f.replica(2, WithLeaseDuration(5*time.Second), WithHeartbeat(100*time.Millisecond))
-	cb := &countingBackend{backend: l.db, renewSQL: l.sql.renew, count: map[string]int{}}
+	cb := &countingBackend{backend: l.db, renewSQL: l.sql.renew, claimSQL: l.sql.claim, count: map[string]int{}}
 	l.db = cb
 	c := ctx(t)
 	var leases []*Lease
@@ -423,6 +424,7 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 type renewLog struct {
 	backend
 	renewSQL string
+	claimSQL string
 	mu       sync.Mutex
 	outcomes []error
 }

@@ -31,6 +31,7 @@ type table struct {
 	// quoted.
 	timelines string
 	journal   string // the journal table (<table>_journal), quoted
+	claimFunc string // the claim function (<table>_claim), quoted
 	pruned    string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
 	// journalKeyIdx names the journal's index (unqualified: an index lives
 	// in its table's schema).
@@ -74,6 +75,7 @@ func parseTable(name string) (table, error) {
 		fences:        ident("_fences"),
 		timelines:     ident("_timelines"),
 		journal:       ident("_journal"),
+		claimFunc:     ident("_claim"),
 		pruned:        ident("_journal_pruned"),
 		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
 		naturalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize(),

@@ -160,6 +160,9 @@ func Table(t testing.TB) string {
 				t.Errorf("pgleasetest: drop %s: %v", n, err)
 			}
 		}
+		if _, err := db.ExecContext(ctx, `DROP FUNCTION IF EXISTS "`+name+`_claim"`); err != nil {
+			t.Errorf("pgleasetest: drop %s_claim: %v", name, err)
+		}
 	})
 	db, err := sql.Open("pgx", u)
 	if err != nil {

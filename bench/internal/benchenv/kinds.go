@@ -13,7 +13,7 @@ import (
 // Statement kinds that KindTracer tells apart, from the SQL text pglease
 // sends (see the root package's queries.go).
 const (
-	KindClaim   = "claim"   // INSERT … ON CONFLICT (key): Lock, Acquire, Campaign
+	KindClaim   = "claim"   // the call of the table's claim function: Lock, Acquire, Campaign
 	KindRenew   = "renew"   // UPDATE … SET expires_at for a jsonb list of leases
 	KindRelease = "release" // UPDATE … SET released_at (Unlock, Close, abandon)
 	KindProbe   = "probe"   // the listener's self-test notification
@@ -23,7 +23,9 @@ const (
 // Classify names the kind of a pglease statement.
 func Classify(sql string) string {
 	switch {
-	case strings.Contains(sql, "INSERT INTO") && strings.Contains(sql, "ON CONFLICT"):
+	case strings.Contains(sql, "CREATE "):
+		return KindOther
+	case strings.Contains(sql, `_claim"(`):
 		return KindClaim
 	case strings.Contains(sql, "SET released_at"):
 		return KindRelease
