@@ -15,16 +15,21 @@ import (
 )
 
 // BenchmarkInterleaved is the source of the target ratios. Each iteration
-// runs four operations on the same pool, each timed on its own: a SELECT 1,
+// runs six operations on the same pool, each timed on its own: a SELECT 1,
 // a pglease Lock on a held key (the skip path), a one-row upsert (one durable
-// commit) and a pglease Lock+Unlock of a free key. The order rotates from
+// commit), a pglease Lock+Unlock of a free key, and the two floors of a
+// lease: the plain indexed read of the held key's row (what any skip check
+// that reads the row costs) and a one-row UPDATE whose commit is not durable
+// (what any release that writes its row costs). The order rotates from
 // one iteration to the next, so that no operation always follows the same
 // one. The fsync-bound times of this shared VM drift by several times within
 // a minute; interleaved, the floor and pglease see the same drift.
 //
 // One run of the benchmark is one round: it reports, for each operation, the
 // median of its times over the round, and the two ratios of those medians
-// (skip/select1, lockunlock/upsert). A median is not moved by the few
+// (skip/select1, lockunlock/upsert), and the floors' (read/select1;
+// rowfloor/upsert, the upsert plus the non-durable UPDATE over the upsert).
+// A median is not moved by the few
 // iterations that a neighbour's burst or a checkpoint slows down, where a
 // mean is. Run it with a fixed iteration count and several rounds
 // (-benchtime 400x -count 9, as benchrun does): the report gives the median
@@ -97,8 +102,26 @@ ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 		must(b, err)
 		defer held.Unlock(ctx)
 		l := lockerOn(b, p, d, opts...)
-		var one int
-		ops := [4]func(){
+		const update = `WITH c AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE bench_floor SET n = n + 1 FROM c WHERE id = $1`
+		const read = `SELECT holder, fence, expires_at, last_tick FROM ` + pglease.DefaultTable + ` WHERE key = $1`
+		exec := func(q string, args ...any) {
+			var err error
+			if p != nil {
+				_, err = p.Exec(ctx, q, args...)
+			} else {
+				_, err = d.ExecContext(ctx, q, args...)
+			}
+			must(b, err)
+		}
+		exec(`INSERT INTO bench_floor (id, n) VALUES (7, 0) ON CONFLICT (id) DO NOTHING`)
+		var (
+			one, fence int64
+			holder     string
+			expires    time.Time
+			tick       *time.Time
+		)
+		ops := []func(){
 			func() { // SELECT 1
 				if p != nil {
 					must(b, p.QueryRow(ctx, `SELECT 1`).Scan(&one))
@@ -111,20 +134,20 @@ ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 					b.Fatalf("Lock on a held key: %v", err)
 				}
 			},
-			func() { // upsert
-				var err error
-				if p != nil {
-					_, err = p.Exec(ctx, upsert)
-				} else {
-					_, err = d.ExecContext(ctx, upsert)
-				}
-				must(b, err)
-			},
+			func() { exec(upsert) },
 			func() { // Lock+Unlock
 				le, err := l.Lock(ctx, "bench-interleaved-free")
 				must(b, err)
 				must(b, le.Unlock(ctx))
 			},
+			func() { // the plain read of the held row
+				if p != nil {
+					must(b, p.QueryRow(ctx, read, "bench-interleaved-held").Scan(&holder, &fence, &expires, &tick))
+				} else {
+					must(b, d.QueryRowContext(ctx, read, "bench-interleaved-held").Scan(&holder, &fence, &expires, &tick))
+				}
+			},
+			func() { exec(update, 7) }, // a one-row write whose commit is not durable
 		}
 		med := rotatedMedians(b, ops)
 		b.ReportMetric(med[0], "select1-ns")
@@ -136,6 +159,12 @@ ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 		// The physical floor of a job run: one durable commit and one more
 		// round trip (the release need not be durable).
 		b.ReportMetric((med[2]+med[0])/med[2], "floor/upsert")
+		// The floors of a lease: a skip check reads the key's row; a
+		// release writes it.
+		b.ReportMetric(med[4], "read-ns")
+		b.ReportMetric(med[5], "update-ns")
+		b.ReportMetric(med[4]/med[0], "read/select1")
+		b.ReportMetric((med[2]+med[5])/med[2], "rowfloor/upsert")
 	})
 }
 
@@ -152,12 +181,12 @@ func median(ds []time.Duration) float64 {
 	return float64(s[len(s)/2-1]+s[len(s)/2]) / 2
 }
 
-// rotatedMedians runs the four operations b.N times each inside measure, in
+// rotatedMedians runs the operations b.N times each inside measure, in
 // an order that rotates every iteration (so that each shares the moment's
 // fsync and CPU drift with the others), timing each call on its own, and
 // returns each operation's median time in nanoseconds.
-func rotatedMedians(b *testing.B, ops [4]func()) [4]float64 {
-	var times [4][]time.Duration
+func rotatedMedians(b *testing.B, ops []func()) []float64 {
+	times := make([][]time.Duration, len(ops))
 	for i := range times {
 		times[i] = make([]time.Duration, 0, b.N)
 	}
@@ -171,7 +200,7 @@ func rotatedMedians(b *testing.B, ops [4]func()) [4]float64 {
 			}
 		}
 	})
-	var med [4]float64
+	med := make([]float64, len(ops))
 	for k := range times {
 		med[k] = median(times[k])
 	}

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,9 +17,9 @@ import (
 //
 // op=Skip: a SELECT 1; a statement of the claim's shape (its six arguments
 // and seven reply columns, constants only: the driver's and the protocol's
-// share); the plain indexed read of the held row; the claim's read alone
-// (its `cur` CTE and reply, without the INSERT); the claim statement itself,
-// sent as the library sends it, under context.Background and under a
+// share); the plain indexed read of the held row; the claim statement
+// itself (the call of the table's claim function, which reads the row and
+// returns), sent as the library sends it, under context.Background and under a
 // context with a deadline as the library's (pgx watches a context that can
 // end, and skips that for one that cannot); and Lock on the held key.
 //
@@ -65,8 +64,7 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 		{"select1", "SELECT 1", func() { must(b, pool.QueryRow(ctx, `SELECT 1`).Scan(&r.fence)) }},
 		{"shaped", "WHERE $1::text IS NOT NULL", func() { must(b, r.scan(pool.QueryRow(ctx, shaped, args...))) }},
 		{"lookup", "WHERE key = $1 AND released_at IS NULL", func() { must(b, pool.QueryRow(ctx, lookup, key).Scan(&r.holder, &r.fence, &r.expires)) }},
-		{"claimread", "$4::bigint <", func() { must(b, r.scan(pool.QueryRow(ctx, claimRead(claim), args...))) }},
-		{"claimstmt", "ON CONFLICT (key) DO UPDATE", func() { must(b, r.scan(pool.QueryRow(ctx, claim, args...))) }},
+		{"claimstmt", claimCall, func() { must(b, r.scan(pool.QueryRow(ctx, claim, args...))) }},
 		{"claimdeadline", "", func() {
 			c, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
@@ -79,7 +77,7 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 		}},
 	}
 	med := runParts(b, parts)
-	for _, n := range []string{"shaped", "lookup", "claimread", "claimstmt", "claimdeadline", "skip"} {
+	for _, n := range []string{"shaped", "lookup", "claimstmt", "claimdeadline", "skip"} {
 		b.ReportMetric(med[n]/med["select1"], n+"/select1")
 	}
 }
@@ -100,7 +98,7 @@ UPDATE bench_floor SET n = n + 1 FROM c WHERE id = 6`
 		{"select1", "SELECT 1", func() { must(b, pool.QueryRow(ctx, `SELECT 1`).Scan(&one)) }},
 		{"upsert", "INSERT INTO bench_floor", func() { _, err := pool.Exec(ctx, upsert); must(b, err) }},
 		{"update", "UPDATE bench_floor", func() { _, err := pool.Exec(ctx, update); must(b, err) }},
-		{"lock", "ON CONFLICT (key) DO UPDATE", func() {
+		{"lock", claimCall, func() {
 			var err error
 			le, err = l.Lock(ctx, "bench-parts-free")
 			must(b, err)
@@ -195,22 +193,6 @@ func capturedClaim(b *testing.B, key string) string {
 	return ""
 }
 
-// claimRead is the claim without its INSERT into the lease table (and
-// without the journal's, which reads it): the CTEs before it (`cur`, and
-// the failover gate's, which read nothing on a held key) and the reply's
-// other branches, all six arguments still used.
-func claimRead(claim string) string {
-	i := strings.Index(claim, "claimed AS (")
-	a := strings.Index(claim, "SELECT 'acquired'")
-	j := -1
-	if a >= 0 {
-		if j = strings.Index(claim[a:], "UNION ALL"); j >= 0 {
-			j += a
-		}
-	}
-	if i < 0 || a < i || j < 0 {
-		panic("the claim statement changed shape: update claimRead")
-	}
-	return strings.TrimRight(strings.TrimSpace(claim[:i]), ",") + "\n" + claim[j+len("UNION ALL"):] +
-		"\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE $4::bigint < 0 AND $3::bigint < 0"
-}
+// claimCall is how pg_stat_statements finds the claim: the call of the
+// table's claim function.
+const claimCall = `_claim"(`

@@ -153,6 +153,7 @@ func (s stat) String() string {
 type interPool struct {
 	Name                 string
 	Skip, LU, Floor      stat    // the ratios
+	Read, RowFloor       stat    // the lease's floors: read/select1, rowfloor/upsert
 	Sel, SkipT, Ups, LUT float64 // median of the rounds' median times, ns
 }
 
@@ -385,9 +386,10 @@ func (r *report) interleaved() *interView {
 		return nil
 	}
 	v := &interView{P: p, S: s, Pools: []interPool{p, s}, Variants: r.variants(p, s)}
-	verdict := func(limit float64, a, b stat) string {
+	// verdict judges each pool's ratio against its limit (pgxpool's first).
+	verdict := func(limits [2]float64, a, b stat) string {
 		var parts []string
-		for _, x := range []struct {
+		for i, x := range []struct {
 			name string
 			s    stat
 		}{{"pgxpool", a}, {"database/sql", b}} {
@@ -395,15 +397,15 @@ func (r *report) interleaved() *interView {
 				continue
 			}
 			w := "**missed**"
-			if x.s.Med <= limit {
+			if x.s.Med <= limits[i] {
 				w = "**met**"
 			}
 			parts = append(parts, x.name+": "+w)
 		}
 		return strings.Join(parts, "; ")
 	}
-	v.SkipVerdict = verdict(1.3, p.Skip, s.Skip)
-	v.LUVerdict = verdict(1.35, p.LU, s.LU)
+	v.SkipVerdict = verdict([2]float64{1.2, 1.3}, p.Skip, s.Skip)
+	v.LUVerdict = verdict([2]float64{1.35, 1.35}, p.LU, s.LU)
 	v.SkipSQLvsPgx, v.LUSQLvsPgx, v.SQLVerdict = "—", "—", "—"
 	if p.Skip.OK && s.Skip.OK && p.LU.OK && s.LU.OK {
 		a, b := s.Skip.Med/p.Skip.Med, s.LU.Med/p.LU.Med
@@ -424,6 +426,7 @@ func (r *report) interPool(prefix, driver string) interPool {
 	n := prefix + "driver=" + driver
 	med := func(unit string) float64 { v, _ := r.get(n, unit); return v }
 	return interPool{Name: poolLabels[driver], Skip: r.stat(n, "skip/select1"), LU: r.stat(n, "lockunlock/upsert"), Floor: r.stat(n, "floor/upsert"),
+		Read: r.stat(n, "read/select1"), RowFloor: r.stat(n, "rowfloor/upsert"),
 		Sel: med("select1-ns"), SkipT: med("skip-ns"), Ups: med("upsert-ns"), LUT: med("lockunlock-ns")}
 }
 

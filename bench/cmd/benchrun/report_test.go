@@ -60,7 +60,7 @@ func renderOK(t *testing.T, r *report) string {
 func TestReportRenders(t *testing.T) {
 	r := sampleReport(t)
 	md := renderOK(t, r)
-	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.3× `SELECT 1` | ", "median of 9 rounds",
+	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.2× `SELECT 1` (pgxpool), ≤ 1.3× (database/sql) | ", "*floor of a job run whose release writes its row*", "median of 9 rounds",
 		"## What the journal costs", "| `Lock`+`Unlock` with the journal on ≤ 1.15× the same with it off (same pool, interleaved) | ",
 		"run with the library's defaults (journal on): 10 claims on a held key, 0 xids assigned",
 		"**the journal is on and the failover delay is on**", "which this run did not include",
