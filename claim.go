@@ -83,6 +83,7 @@ type claimReply struct {
 	expires   time.Time // expires_at: the new lease's, or the holder's
 	freeInUS  int64     // freeIn as the server sends it
 	journaled int64     // journal rows the claim wrote
+	args      [6]any    // the claim's arguments: no allocation of their own
 }
 
 // err turns a reply (nil: a concurrent claim in flight) into the error Lock
@@ -109,9 +110,9 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	var rep claimReply // one allocation for every destination
-	err := l.db.queryRow(ctx, l.sql.claim,
-		[]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2]},
+	var rep claimReply // one allocation for every destination and the arguments
+	rep.args = [6]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2]}
+	err := l.db.queryRow(ctx, l.sql.claim, rep.args[:],
 		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS, &rep.journaled)
 	end(err)
 	switch {
