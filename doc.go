@@ -26,9 +26,11 @@
 // sending the release), released, lost, or abandoned (the release failed;
 // the row expires by itself). The moves:
 //
-//   - Lock, Acquire, Do, Election.Campaign: free → held (the claim
-//     statement). The fence becomes
-//     max(fence + 1, timeline base + 1); a retry of the same claim keeps it.
+//   - Lock, Acquire, Do, Election.Campaign: free → held (the claim: one
+//     statement, a call of the table's claim function, which reads the
+//     key's row first and writes only when the key looks free). The fence
+//     becomes max(fence + 1, timeline base + 1); a retry of the same claim
+//     keeps it.
 //   - The renewer (one goroutine per Locker, one statement per
 //     beat for all its leases, the newest of each key only): held → held with
 //     a later expiry, or → lost if the row is no longer this claim's.

@@ -424,7 +424,6 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 type renewLog struct {
 	backend
 	renewSQL string
-	claimSQL string
 	mu       sync.Mutex
 	outcomes []error
 }
