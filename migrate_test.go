@@ -164,6 +164,55 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	}
 }
 
+// A Locker of this version on a table still at schema version 6 (no claim
+// function yet: replicas upgraded before Migrate ran) fails its claims with
+// ErrNotMigrated and a message that says what to do, and changes nothing;
+// after Migrate the same Locker claims.
+func TestLockBeforeMigrateToVersion7(t *testing.T) {
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 2)
+	c := ctx(t)
+	tb, err := parseTable(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tb.statements()
+	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
+		t.Fatal(err)
+	}
+	for v, m := range migrations[:6] {
+		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := New(admin, WithTable(tbl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, err = l.Lock(c, "job")
+	if !errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), "run pglease.Migrate") {
+		t.Fatalf("Lock on a version-6 table: %v", err)
+	}
+	var rows int
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.quoted).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("the refused claim wrote %d rows (%v)", rows, err)
+	}
+	if err := Migrate(c, admin, WithTable(tbl)); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatalf("Lock after Migrate: %v", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // SchemaVersionOf reports the version of a migrated table, 0 for a missing one.
 func TestSchemaVersionOf(t *testing.T) {
 	f := newFixture(t)
