@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -116,22 +117,7 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	tbl := unmigrated(t)
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
-	tb, err := parseTable(tbl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := tb.statements()
-	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
-		t.Fatal(err)
-	}
-	for v, m := range migrations[:2] {
-		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := migrateTo(t, admin, tbl, 2)
 	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
 		VALUES ('job', 'old', 1, 5, now() - interval '1 minute', now() - interval '30 seconds', now() - interval '40 seconds')`); err != nil {
 		t.Fatal(err)
@@ -172,22 +158,7 @@ func TestLockBeforeMigrateToVersion7(t *testing.T) {
 	tbl := unmigrated(t)
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
-	tb, err := parseTable(tbl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := tb.statements()
-	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
-		t.Fatal(err)
-	}
-	for v, m := range migrations[:6] {
-		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := migrateTo(t, admin, tbl, 6)
 	l, err := New(admin, WithTable(tbl))
 	if err != nil {
 		t.Fatal(err)
@@ -223,4 +194,28 @@ func TestSchemaVersionOf(t *testing.T) {
 	if v, err := SchemaVersionOf(c, f.admin, WithTable("never_migrated_here")); err != nil || v != 0 {
 		t.Fatalf("SchemaVersionOf of a missing table: %d %v", v, err)
 	}
+}
+
+// migrateTo brings the unmigrated table tbl to schema version n as an older
+// pglease would have left it: the first n migrations, each recorded.
+func migrateTo(t *testing.T, admin *sql.DB, tbl string, n int) table {
+	t.Helper()
+	c := ctx(t)
+	tb, err := parseTable(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tb.statements()
+	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
+		t.Fatal(err)
+	}
+	for v, m := range migrations[:n] {
+		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tb
 }
