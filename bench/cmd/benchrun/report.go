@@ -484,8 +484,7 @@ func (r *report) parts() *partsView {
 		{"`SELECT 1`", "select1"},
 		{"a statement of the claim's shape: its six arguments and seven reply columns, constants only", "shaped"},
 		{"the plain indexed read of the held row", "lookup"},
-		{"the claim's read alone: its `cur` CTE and reply, without the INSERT", "claimread"},
-		{"the claim statement, as the library sends it", "claimstmt"},
+		{"the claim statement, as the library sends it (the call of the table's claim function)", "claimstmt"},
 		{"the same under a context with a deadline, as the library's claim (pgx watches a context that can end)", "claimdeadline"},
 		{"pglease `Lock` on the held key", "skip"},
 	} {
