@@ -9,10 +9,12 @@ import (
 // This file holds every SQL statement pglease runs, so that they can be read
 // (and reviewed) in one place. Each is a single round trip. `{T}` is the
 // quoted lease table, `{V}` its version table, `{F}` the fence-guard table,
-// `{Z}` the timeline table (the first claim seen on each timeline).
+// `{Z}` the timeline table (the first claim seen on each timeline), `{J}`
+// the journal, `{CF}` the table's claim function (claimFuncSQL).
 //
 // Every expiry decision uses the server's clock_timestamp(), read once per
-// statement in the `now` CTE: no client clock enters any decision.
+// statement (in the `now` CTE; in the claim function, its `ts`): no client
+// clock enters any decision.
 
 // Shared fragments, substituted by bind before anything else:
 //
