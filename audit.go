@@ -1,7 +1,11 @@
 package pglease
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -49,17 +53,42 @@ type OverlapInfo struct {
 	Cause OverlapCause
 }
 
+// MissedTickInfo describes a tick of a scheduled key (Locker.RegisterSchedule)
+// that came due and ran zero times: every replica was down across it, or
+// none could reach the database, or the run before it was still going.
+type MissedTickInfo struct {
+	Key string
+	// Due is the tick that came due with no run: the next tick the key's
+	// last run before it recorded (NextTick), or the one recorded when its
+	// schedule was registered.
+	Due time.Time
+	// LastRun is the key's latest run before Due in the audited window, or
+	// nil if there is none.
+	LastRun *RunInfo
+	// NextRun is the key's first run after Due: the catch-up run
+	// (NextRun.CatchUp) or a later tick's; nil while there is none yet —
+	// the tick is overdue now, past its grace (JobSchedule.Grace).
+	NextRun *RunInfo
+}
+
 // AuditResult is what Audit found.
 type AuditResult struct {
 	Since    time.Time     // the start of the audited window
 	Runs     int           // runs examined
 	Findings []OverlapInfo // by key, then by the later run's fence
+	// Missed lists the ticks of scheduled keys that ran zero times, by
+	// key, then by due time.
+	Missed []MissedTickInfo
 }
 
 // Audit reads the journal's runs with a row at or after since (the zero
 // time: all the journal holds), one key at a time, and returns every pair
 // of runs of one key that overlapped in time — a run granted before the
-// previous one ended — and every tick run by two runs. It writes nothing.
+// previous one ended — and every tick run by two runs. It also returns the
+// ticks of scheduled keys (Locker.RegisterSchedule) that ran zero times
+// (AuditResult.Missed): a tick that came due between two runs in the window
+// and got none, and a key's next due tick when it is overdue now, past its
+// grace, with no run claimed for it. It writes nothing.
 //
 // What it can see: a run ends, for the journal, at its last end row. A
 // holder journals when the server told it of a loss (a renew or fenced
@@ -80,16 +109,78 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	if err != nil {
 		return AuditResult{}, err
 	}
+	st := t.statements()
+	overdue, err := readOverdue(ctx, b, st)
+	if err != nil {
+		return AuditResult{}, t.wrapDB("audit", err)
+	}
 	res := AuditResult{Since: since}
-	err = readRuns(ctx, b, t.statements(), since, nil, nil, func(runs []RunInfo, now time.Time) error {
+	err = readRuns(ctx, b, st, since, nil, nil, func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error {
 		res.Runs += len(runs)
 		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
+		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
+		if m, ok := overdue[runs[0].Key]; ok {
+			last := runs[len(runs)-1]
+			m.LastRun = &last
+			overdue[m.Key] = m
+		}
 		return nil
 	})
 	if err != nil {
 		return AuditResult{}, t.wrapDB("audit", err)
 	}
+	for _, m := range overdue {
+		res.Missed = append(res.Missed, m)
+	}
+	slices.SortStableFunc(res.Missed, func(a, b MissedTickInfo) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), a.Due.Compare(b.Due))
+	})
 	return res, nil
+}
+
+// readOverdue reads the scheduled keys whose next due tick is overdue now
+// (overdueSQL), by key.
+func readOverdue(ctx context.Context, b backend, st statements) (map[string]MissedTickInfo, error) {
+	out := map[string]MissedTickInfo{}
+	err := b.query(ctx, st.overdue, nil, func(scan func(...any) error) error {
+		var m MissedTickInfo
+		var spec string
+		var last sql.NullTime
+		var now time.Time
+		if err := scan(&m.Key, &spec, &m.Due, &last, &now); err != nil {
+			return err
+		}
+		out[m.Key] = m
+		return nil
+	})
+	return out, err
+}
+
+// findMissed returns the ticks of one key's runs (ordered by fence) that
+// came due between two runs and got none: a run recorded its next due tick
+// (NextTick) and the key's next run with a tick claimed a later one. Only
+// runs claimed since the key's current schedule became known are compared:
+// across a schedule change, the old schedule's next tick is not due.
+func findMissed(runs []RunInfo, scheduledSince *time.Time) []MissedTickInfo {
+	if scheduledSince == nil {
+		return nil
+	}
+	var out []MissedTickInfo
+	var prev *RunInfo // the latest run that recorded its next due tick
+	for i := range runs {
+		r := &runs[i]
+		if r.Tick == nil {
+			continue
+		}
+		if prev != nil && r.Tick.After(*prev.NextTick) {
+			out = append(out, MissedTickInfo{Key: r.Key, Due: *prev.NextTick, LastRun: prev, NextRun: r})
+		}
+		prev = nil
+		if r.NextTick != nil && !r.AcquiredAt.Before(*scheduledSince) {
+			prev = r
+		}
+	}
+	return out
 }
 
 // findOverlaps sweeps the runs (ordered by key, fence; Audit passes one

@@ -83,7 +83,7 @@ type claimReply struct {
 	expires   time.Time // expires_at: the new lease's, or the holder's
 	freeInUS  int64     // freeIn as the server sends it
 	journaled int64     // journal rows the claim wrote
-	args      [6]any    // the claim's arguments: no allocation of their own
+	args      [8]any    // the claim's arguments: no allocation of their own
 }
 
 // err turns a reply (nil: a concurrent claim in flight) into the error Lock
@@ -111,7 +111,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
 	var rep claimReply // one allocation for every destination and the arguments
-	rep.args = [6]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2]}
+	rep.args = [8]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2], lc.nextTickArg(), lc.catchUp}
 	err := l.db.queryRow(ctx, l.sql.claim, rep.args[:],
 		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS, &rep.journaled)
 	end(err)

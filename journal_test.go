@@ -101,7 +101,7 @@ func TestJournalEvents(t *testing.T) {
 	// An undone claim (its reply was lost) journals abandoned.
 	tok := int64(77)
 	var skip any
-	if err := a.db.queryRow(c, a.sql.claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0)},
+	if err := a.db.queryRow(c, a.sql.claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0), nil, false},
 		&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestJournalQuietPaths(t *testing.T) {
 	}
 	var skip any
 	for range 2 { // the same claim twice: a retry after a lost reply
-		if err := b.db.queryRow(c, b.sql.claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0)},
+		if err := b.db.queryRow(c, b.sql.claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0), nil, false},
 			&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 			t.Fatal(err)
 		}

@@ -15,10 +15,12 @@ const MaxTickAhead = time.Hour
 type LockOption func(*lockConfig)
 
 type lockConfig struct {
-	minHold time.Duration
-	tick    time.Time
-	hasTick bool
-	err     error
+	minHold  time.Duration
+	tick     time.Time
+	hasTick  bool
+	nextTick time.Time // zero: none
+	catchUp  bool
+	err      error
 }
 
 // MinHold keeps the key blocked until acquired_at + d on the server's clock
@@ -64,6 +66,32 @@ func Tick(t time.Time) LockOption {
 	}
 }
 
+// NextTick records, with Tick, when the key's next tick is due: t, the
+// activation of the job's schedule after this run's tick. A claim that
+// takes the key stores it as the key's next due tick (if the key's schedule
+// was registered with Locker.RegisterSchedule) and in the run's journal
+// row (RunInfo.NextTick): a tick that comes due and gets no run is then
+// reported by Audit (AuditResult.Missed). The scheduler adapters pass it
+// for every run. t must be after the tick; without Tick, the claim fails
+// with ErrInvalidOption.
+func NextTick(t time.Time) LockOption {
+	return func(c *lockConfig) {
+		if t.IsZero() {
+			c.err = fmt.Errorf("%w: zero next tick", ErrInvalidOption)
+			return
+		}
+		c.nextTick = t.Truncate(time.Microsecond)
+	}
+}
+
+// CatchUp marks the claim, with Tick, as the catch-up run of a tick that
+// was missed (see Locker.RegisterSchedule): the journal records it
+// (RunInfo.CatchUp). It changes nothing else: the tick ledger still grants
+// the tick once. Without Tick, the claim fails with ErrInvalidOption.
+func CatchUp() LockOption {
+	return func(c *lockConfig) { c.catchUp = true }
+}
+
 func checkMinHold(d time.Duration) error {
 	if d < 0 || d > MaxLeaseDuration {
 		return fmt.Errorf("%w: minimum hold %v must be between 0 and %v", ErrInvalidOption, d, MaxLeaseDuration)
@@ -85,7 +113,27 @@ func (l *Locker) lockConfig(opts []LockOption) (lockConfig, error) {
 			return c, c.err
 		}
 	}
-	return c, nil
+	return c, c.checkSchedule()
+}
+
+// checkSchedule validates NextTick and CatchUp against Tick.
+func (c lockConfig) checkSchedule() error {
+	switch {
+	case (c.catchUp || !c.nextTick.IsZero()) && !c.hasTick:
+		return fmt.Errorf("%w: NextTick and CatchUp need Tick", ErrInvalidOption)
+	case !c.nextTick.IsZero() && !c.nextTick.After(c.tick):
+		return fmt.Errorf("%w: next tick %s is not after the tick %s", ErrInvalidOption,
+			c.nextTick.UTC().Format(time.RFC3339Nano), c.tick.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// nextTickArg is the claim's $7: the next due tick, or NULL.
+func (c lockConfig) nextTickArg() any {
+	if c.nextTick.IsZero() {
+		return nil
+	}
+	return c.nextTick
 }
 
 // tickArg is the claim's $5: the tick, or NULL.

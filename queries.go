@@ -10,7 +10,8 @@ import (
 // (and reviewed) in one place. Each is a single round trip. `{T}` is the
 // quoted lease table, `{V}` its version table, `{F}` the fence-guard table,
 // `{Z}` the timeline table (the first claim seen on each timeline), `{J}`
-// the journal, `{CF}` the table's claim function (claimFuncSQL).
+// the journal, `{CF}` the table's claim function (claimFunc8SQL), `{S}`
+// the scheduled keys (registerScheduleSQL).
 //
 // Every expiry decision uses the server's clock_timestamp(), read once per
 // statement (in the `now` CTE; in the claim function, its `ts`): no client
@@ -48,7 +49,9 @@ const (
 //
 //	$1 key, $2 holder, $3 token, $4 lease duration in microseconds,
 //	$5 tick (timestamptz, NULL for a claim not tied to a tick),
-//	$6 failover delay in microseconds (0: none)
+//	$6 failover delay in microseconds (0: none),
+//	$7 the key's next tick due (NextTick; NULL: not scheduled),
+//	$8 true for the catch-up of a missed tick (CatchUp)
 //
 // Result: (outcome, fence, expires_at, holder, last_tick, free_in_us,
 // journaled) with outcome 'acquired', 'held' (someone else holds the key:
@@ -59,12 +62,15 @@ const (
 // fence is the timeline ID, expires_at the delay's end, holder empty);
 // journaled is the number of journal rows written. No row at all: a
 // concurrent claim of the same key is in flight (it holds {LOCK}).
-const claimSQL = `SELECT * FROM {CF}($1, $2, $3, $4, $5, $6, {JON}) AS c WHERE c.r_outcome <> 'busy'`
+const claimSQL = `SELECT * FROM {CF}($1, $2, $3, $4, $5, $6, {JON}, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
 
-// claimFuncSQL is the table's claim function (schema version 7), with the
-// arguments of claimSQL and $7 true to journal the claim (WithJournal). It
-// returns one row, as claimSQL describes, with outcome 'busy' for a
-// concurrent claim in flight.
+// claimFuncSQL is the table's claim function of schema version 7, with the
+// arguments $1 to $6 of claimSQL and $7 true to journal the claim
+// (WithJournal). It returns one row, as claimSQL describes, with outcome
+// 'busy' for a concurrent claim in flight. Schema version 8 added an
+// overload with two more arguments (claimFunc8SQL), which this version of
+// pglease calls; this one stays for replicas of the previous version
+// during a rolling upgrade.
 //
 // Why a function. The skip path — the key is held, or its tick already ran
 // — is what every replica but one does on every tick. As one SQL statement
@@ -223,6 +229,151 @@ $claim$`
 // sameClaim: the row is this very claim, still live (a retry keeps its fence).
 const sameClaimFrag = `(l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
 		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at)`
+
+// claimFunc8SQL is the claim function of schema version 8: claimFuncSQL's
+// body, with two more arguments for scheduled jobs, $8 the key's next tick
+// due (NextTick, or NULL) and $9 true for the catch-up of a missed tick
+// (CatchUp). A claim that takes the key with $8 set also records it as the
+// key's next due tick in {S}, if the key's schedule is registered there
+// (registerScheduleSQL); its journal's granted row carries $8 (due) and
+// $9 (catch_up, NULL when false). Everything else — outcomes, gate, lock,
+// fence and journal rules — is claimFuncSQL's, which explains them. The
+// skip path is the same read, and returns before $8 or $9 is looked at.
+//
+// Never edit it once shipped: a change is a new migration.
+const claimFunc8SQL = `
+CREATE OR REPLACE FUNCTION {CF}(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean,
+	OUT r_outcome text, OUT r_fence bigint, OUT r_expires_at timestamptz, OUT r_holder text,
+	OUT r_last_tick timestamptz, OUT r_free_in_us bigint, OUT r_journaled bigint)
+LANGUAGE plpgsql AS $claim$
+DECLARE
+	ts  timestamptz := clock_timestamp();
+	p   record;
+	tl  bigint;
+	at  timestamptz;
+	nf  bigint;
+	ne  timestamptz;
+	acq timestamptz;
+BEGIN
+	r_journaled := 0;
+	r_free_in_us := 0;
+	SELECT l.holder, l.token, l.fence, l.expires_at, l.released_at, l.hold_until, l.last_tick INTO p
+	FROM {T} AS l WHERE l.key = $1;
+	IF FOUND AND NOT (p.holder = $2 AND p.token = $3)
+	   AND ({HELD:p:ts} OR coalesce(p.last_tick >= $5, false)) THEN
+		r_fence := p.fence; r_expires_at := p.expires_at; r_holder := p.holder; r_last_tick := p.last_tick;
+		IF {HELD:p:ts} THEN
+			r_free_in_us := (extract(epoch FROM CASE WHEN p.released_at IS NULL THEN p.expires_at ELSE p.hold_until END - ts)
+			                 * 1000000)::bigint;
+		END IF;
+		r_outcome := CASE WHEN coalesce(p.last_tick >= $5, false) THEN 'ran'
+		                  WHEN p.released_at IS NOT NULL THEN 'min-hold' ELSE 'held' END;
+		RETURN;
+	END IF;
+	IF $6 > 0 THEN
+		tl := {TLID};
+		IF tl > 1 THEN
+			SELECT z.first_claim_at INTO at FROM {Z} AS z WHERE z.timeline = tl;
+			IF NOT FOUND THEN
+				INSERT INTO {Z} (timeline, first_claim_at) VALUES (tl, ts) ON CONFLICT (timeline) DO NOTHING;
+				at := ts;
+			END IF;
+			IF at + $6 * interval '1 microsecond' > ts THEN
+				r_outcome := 'failover-delay'; r_fence := tl; r_holder := '';
+				r_expires_at := at + $6 * interval '1 microsecond';
+				r_free_in_us := (extract(epoch FROM r_expires_at - ts) * 1000000)::bigint;
+				RETURN;
+			END IF;
+		END IF;
+	END IF;
+	IF NOT {LOCK} THEN
+		r_outcome := 'busy';
+		RETURN;
+	END IF;
+	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at, last_tick)
+	VALUES ($1, $2, $3, {BASE} + 1, ts, ts + $4 * interval '1 microsecond', $5)
+	ON CONFLICT (key) DO UPDATE SET
+		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE
+		holder      = EXCLUDED.holder,
+		token       = EXCLUDED.token,
+		fence       = CASE WHEN {SAME} THEN l.fence ELSE greatest(l.fence + 1, EXCLUDED.fence) END,
+		acquired_at = CASE WHEN {SAME} THEN l.acquired_at ELSE clock_timestamp() END,
+		expires_at  = clock_timestamp() + $4 * interval '1 microsecond',
+		released_at = NULL,
+		hold_until  = NULL,
+		last_tick   = coalesce(EXCLUDED.last_tick, l.last_tick)
+	WHERE (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
+	   OR (NOT {HELD:l:EXCLUDED.acquired_at}
+	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false))
+	RETURNING l.fence, l.expires_at, l.acquired_at INTO nf, ne, acq;
+	IF NOT FOUND THEN
+		r_outcome := 'busy';
+		RETURN;
+	END IF;
+	IF $8 IS NOT NULL THEN
+		UPDATE {S} AS s SET next_due = $8 WHERE s.key = $1;
+	END IF;
+	IF $7 AND p.released_at IS NULL AND p.fence <> nf THEN
+		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick)
+		VALUES ($1, p.fence, p.holder, p.token, 'expired', p.expires_at, p.expires_at, NULL);
+		r_journaled := r_journaled + 1;
+	END IF;
+	IF $7 AND p.fence IS DISTINCT FROM nf THEN
+		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick, due, catch_up)
+		VALUES ($1, nf, $2, $3, 'granted', acq, ne, $5, $8, nullif($9, false));
+		r_journaled := r_journaled + 1;
+	END IF;
+	r_outcome := 'acquired'; r_fence := nf; r_expires_at := ne; r_holder := $2;
+END
+$claim$`
+
+// registerScheduleSQL records the schedule of a scheduled key in {S}
+// (Locker.RegisterSchedule): a key not yet there is added with its next
+// due tick; a key whose schedule text changed gets the new schedule, its
+// next due tick and known_since reset (ticks of the old schedule are
+// neither missed nor caught up); a key whose schedule is the same keeps its
+// next due tick (only its grace follows the caller). It returns the row as
+// it was before, and the key's last tick in the lease table: the caller
+// decides from them whether a tick was missed.
+//
+//	$1 key, $2 schedule text, $3 next due tick, $4 grace in µs
+//
+// Result: one row (schedule or NULL, next_due or NULL, last_tick or NULL).
+// The reads see the snapshot the statement started with, before its write.
+//
+// Durability: not durable (synchronous_commit off): a registration lost in
+// a crash is made again at the next start.
+const registerScheduleSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+old AS (SELECT s.schedule, s.next_due FROM {S} AS s WHERE s.key = $1),
+up AS (
+	INSERT INTO {S} AS s (key, schedule, next_due, grace_us, known_since)
+	SELECT $1, $2, $3, $4, now.ts FROM now
+	ON CONFLICT (key) DO UPDATE SET
+		schedule    = EXCLUDED.schedule,
+		next_due    = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.next_due ELSE EXCLUDED.next_due END,
+		known_since = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.known_since ELSE EXCLUDED.known_since END,
+		grace_us    = EXCLUDED.grace_us
+	WHERE s.schedule <> EXCLUDED.schedule OR s.grace_us <> EXCLUDED.grace_us
+	RETURNING 1
+)
+SELECT old.schedule, old.next_due, (SELECT l.last_tick FROM {T} AS l WHERE l.key = $1)
+FROM (SELECT 1) AS one LEFT JOIN old ON true`
+
+// overdueSQL lists the scheduled keys whose next due tick has passed by
+// more than their grace with no run claimed for it: a tick that ran zero
+// times (Audit, and the status page's overdue count). A run still going
+// past the due tick (one longer than its period) makes it overdue too: that
+// tick is skipped, not queued.
+//
+// Result rows, by key: (key, schedule, next_due, last_tick, now).
+const overdueSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT s.key, s.schedule, s.next_due, l.last_tick, now.ts
+FROM {S} AS s CROSS JOIN now LEFT JOIN {T} AS l ON l.key = s.key
+WHERE s.next_due + s.grace_us * interval '1 microsecond' < now.ts
+  AND (l.last_tick IS NULL OR l.last_tick < s.next_due)
+ORDER BY s.key`
 
 // renewSQL extends, in one statement, every listed lease that is still held
 // under the same holder, fence and claim token, and not expired
@@ -528,8 +679,9 @@ DELETE FROM {J} WHERE ctid = ANY (ARRAY(
 // runs.
 //
 // Result rows, ordered by key, fence, time: (key, fence, holder, token,
-// event, occurred_at, expires_at, tick, outcome, lease fence, lease live,
-// lease expires_at, lease released, now).
+// event, occurred_at, expires_at, tick, outcome, due, catch_up, lease
+// fence, lease live, lease expires_at, lease released, now, the key's
+// schedule's known_since or NULL).
 const journalRowsSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 sel AS (
@@ -538,9 +690,11 @@ sel AS (
 	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
 )
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
-       l.released_at IS NOT NULL, now.ts
+       l.released_at IS NOT NULL, now.ts, s.known_since
 FROM {J} AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN {T} AS l ON l.key = j.key
+LEFT JOIN {S} AS s ON s.key = j.key
 ORDER BY j.key, j.fence, j.occurred_at`
 
 // guardSQL checks, inside the caller's transaction, that the lease is still
@@ -689,6 +843,22 @@ INSERT INTO {JP} (one, last_pruned_at) VALUES (true, '-infinity') ON CONFLICT DO
 	// reads the key's row first and plans its writes only when the key
 	// looks free, so a claim of a held key costs about a read.
 	claimFuncSQL,
+	// v8: scheduled keys (Locker.RegisterSchedule): {S} holds each key's
+	// schedule, as the text its adapter registered, its next due tick
+	// (moved on by every claim with NextTick), the grace after which a due
+	// tick with no run is missed, and when the schedule became known; the
+	// journal's granted rows record the run's next due tick and whether it
+	// caught up a missed tick; the claim function gains the two arguments
+	// (an overload: version 7's stays for replicas not yet upgraded).
+	`CREATE TABLE IF NOT EXISTS {S} (
+	key         text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
+	schedule    text        NOT NULL,
+	next_due    timestamptz NOT NULL,
+	grace_us    bigint      NOT NULL CHECK (grace_us >= 0),
+	known_since timestamptz NOT NULL
+);
+ALTER TABLE {J} ADD COLUMN IF NOT EXISTS due timestamptz, ADD COLUMN IF NOT EXISTS catch_up boolean;
+` + claimFunc8SQL,
 }
 
 // tableExistsSQL reports whether the lease table exists yet (Migrate, before
@@ -746,6 +916,7 @@ type statements struct {
 	versionTable, currentVersion, recordVersion, timelineCreated         string
 	guard, fenceAdvance, fenceCurrent                                    string
 	journalLost, pruneClaim, prune, journalKeyRows, journalAllRows       string
+	registerSchedule, overdue                                            string
 }
 
 var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
@@ -773,7 +944,7 @@ func fragments(sql string) string {
 // bindNames is the last step of binding: table names, lock class, channel.
 func (t table) bindNames(sql string) string {
 	return strings.NewReplacer("{T}", t.quoted, "{CF}", t.claimFunc, "{V}", t.version, "{F}", t.fences, "{Z}", t.timelines,
-		"{JP}", t.pruned, "{JKI}", t.journalKeyIdx, "{NKI}", t.naturalKeyIdx, "{J}", t.journal,
+		"{JP}", t.pruned, "{S}", t.schedules, "{JKI}", t.journalKeyIdx, "{NKI}", t.naturalKeyIdx, "{J}", t.journal,
 		"{C}", strconv.Itoa(int(t.lockClass)), "{N}", t.channel).Replace(sql)
 }
 
@@ -797,30 +968,32 @@ func (t table) statementsJournal(journal bool) statements {
 	b := t.bind
 	j := func(sql, cte string) string { return b(withJournal(sql, cte, journal)) }
 	return statements{
-		claim:           j(claimSQL, ""),
-		renew:           b(renewSQL),
-		release:         j(releaseSQL, releaseJournal),
-		releaseMany:     j(releaseManySQL, releaseManyJournal),
-		releaseLost:     j(releaseLostSQL, releaseLostJournal),
-		abandonLock:     b(abandonLockSQL),
-		abandon:         j(abandonSQL, abandonJournal),
-		notifyProbe:     b(notifyProbeSQL),
-		leader:          b(leaderSQL),
-		timelineBase:    b(timelineBaseSQL),
-		lockTimeout:     b(lockTimeoutSQL),
-		forceRelease:    j(forceReleaseSQL, forceReleaseJournal),
-		list:            b(listSQL),
-		versionTable:    b(versionTableSQL),
-		currentVersion:  b(currentVersionSQL),
-		recordVersion:   b(recordVersionSQL),
-		timelineCreated: b(timelineCreatedSQL),
-		guard:           b(guardSQL),
-		fenceAdvance:    b(fenceAdvanceSQL),
-		fenceCurrent:    b(fenceCurrentSQL),
-		journalLost:     b(journalLostSQL),
-		pruneClaim:      b(pruneClaimSQL),
-		prune:           b(pruneSQL),
-		journalKeyRows:  b(strings.Replace(journalRowsSQL, "{KEY}", "key = $2::text", 1)),
-		journalAllRows:  b(strings.Replace(journalRowsSQL, "{KEY}", "$2::text IS NULL", 1)),
+		claim:            j(claimSQL, ""),
+		renew:            b(renewSQL),
+		release:          j(releaseSQL, releaseJournal),
+		releaseMany:      j(releaseManySQL, releaseManyJournal),
+		releaseLost:      j(releaseLostSQL, releaseLostJournal),
+		abandonLock:      b(abandonLockSQL),
+		abandon:          j(abandonSQL, abandonJournal),
+		notifyProbe:      b(notifyProbeSQL),
+		leader:           b(leaderSQL),
+		timelineBase:     b(timelineBaseSQL),
+		lockTimeout:      b(lockTimeoutSQL),
+		forceRelease:     j(forceReleaseSQL, forceReleaseJournal),
+		list:             b(listSQL),
+		versionTable:     b(versionTableSQL),
+		currentVersion:   b(currentVersionSQL),
+		recordVersion:    b(recordVersionSQL),
+		timelineCreated:  b(timelineCreatedSQL),
+		guard:            b(guardSQL),
+		fenceAdvance:     b(fenceAdvanceSQL),
+		fenceCurrent:     b(fenceCurrentSQL),
+		journalLost:      b(journalLostSQL),
+		pruneClaim:       b(pruneClaimSQL),
+		prune:            b(pruneSQL),
+		journalKeyRows:   b(strings.Replace(journalRowsSQL, "{KEY}", "key = $2::text", 1)),
+		journalAllRows:   b(strings.Replace(journalRowsSQL, "{KEY}", "$2::text IS NULL", 1)),
+		registerSchedule: b(registerScheduleSQL),
+		overdue:          b(overdueSQL),
 	}
 }

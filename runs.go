@@ -45,6 +45,11 @@ type RunInfo struct {
 	Fence  int64
 	Holder string
 	Tick   *time.Time // the tick the run was claimed for (Tick), or nil
+	// NextTick is when the key's next tick was due as the run was claimed
+	// (NextTick), or nil.
+	NextTick *time.Time
+	// CatchUp is set for the catch-up run of a missed tick (CatchUp).
+	CatchUp bool
 	// AcquiredAt is when the claim took the key (server clock).
 	AcquiredAt time.Time
 	// EndedAt is when the run ended as far as the journal knows: the latest
@@ -73,6 +78,9 @@ type journalRow struct {
 	at                 time.Time
 	expires, tick      sql.NullTime
 	outcome            sql.NullString
+	due                sql.NullTime
+	catchUp            bool
+	knownSince         sql.NullTime // the key's schedule's, if registered
 	leaseFence         sql.NullInt64
 	leaseLive          bool
 	leaseExpires       sql.NullTime
@@ -81,15 +89,17 @@ type journalRow struct {
 }
 
 // readRuns runs journalRowsSQL and hands the runs to each, one key at a
-// time, ordered by fence: only one key's rows and runs are in memory at once.
+// time, ordered by fence, with the server's time and when the key's
+// schedule became known (nil if it is not registered): only one key's rows
+// and runs are in memory at once.
 func readRuns(ctx context.Context, b backend, st statements, since time.Time, key *string, limit *int,
-	each func(runs []RunInfo, now time.Time) error) error {
+	each func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error) error {
 	var rows []journalRow // the current key's
 	flush := func() error {
 		if len(rows) == 0 {
 			return nil
 		}
-		err := each(assembleRuns(rows, rows[0].now), rows[0].now)
+		err := each(assembleRuns(rows, rows[0].now), rows[0].now, timePtr(rows[0].knownSince))
 		rows = rows[:0]
 		return err
 	}
@@ -100,7 +110,7 @@ func readRuns(ctx context.Context, b backend, st statements, since time.Time, ke
 	err := b.query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
 		var r journalRow
 		if err := scan(&r.key, &r.fence, &r.holder, &r.token, &r.event, &r.at, &r.expires, &r.tick, &r.outcome,
-			&r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now); err != nil {
+			&r.due, &r.catchUp, &r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now, &r.knownSince); err != nil {
 			return err
 		}
 		if len(rows) > 0 && rows[0].key != r.key {
@@ -154,6 +164,7 @@ func oneRun(rows []journalRow, now time.Time) RunInfo {
 	for _, row := range rows {
 		if row.event == "granted" {
 			r.Holder, r.AcquiredAt, r.Tick = row.holder, row.at, timePtr(row.tick)
+			r.NextTick, r.CatchUp = timePtr(row.due), row.catchUp
 			continue
 		}
 		if row.outcome.Valid {

@@ -33,6 +33,7 @@ type table struct {
 	journal   string // the journal table (<table>_journal), quoted
 	claimFunc string // the claim function (<table>_claim), quoted
 	pruned    string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
+	schedules string // the scheduled keys (<table>_schedules), quoted
 	// journalKeyIdx names the journal's index (unqualified: an index lives
 	// in its table's schema).
 	journalKeyIdx string
@@ -77,6 +78,7 @@ func parseTable(name string) (table, error) {
 		journal:       ident("_journal"),
 		claimFunc:     ident("_claim"),
 		pruned:        ident("_journal_pruned"),
+		schedules:     ident("_schedules"),
 		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
 		naturalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize(),
 		lockClass:     int32(uint32(sum)),

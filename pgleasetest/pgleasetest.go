@@ -155,12 +155,12 @@ func Table(t testing.TB) string {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines", name + "_journal", name + "_journal_pruned"} {
+		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines", name + "_journal", name + "_journal_pruned", name + "_schedules"} {
 			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+n+`"`); err != nil {
 				t.Errorf("pgleasetest: drop %s: %v", n, err)
 			}
 		}
-		if _, err := db.ExecContext(ctx, `DROP FUNCTION IF EXISTS "`+name+`_claim"`); err != nil {
+		if _, err := db.ExecContext(ctx, `DROP FUNCTION IF EXISTS "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`); err != nil {
 			t.Errorf("pgleasetest: drop %s_claim: %v", name, err)
 		}
 	})

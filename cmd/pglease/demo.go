@@ -201,7 +201,7 @@ func dropDemoTables(db *sql.DB, cfg *demoConfig) {
 	defer cancel()
 	t := cfg.leaseTable
 	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "%s", "%s_version", "%s_fences", "%s_timelines", "%s_journal", "%s_journal_pruned"`, cfg.resultTable, t, t, t, t, t, t))
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%s_claim"`, t))
+	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`, t))
 }
 
 // progress draws the progress line on stderr: carriage-return updates on a

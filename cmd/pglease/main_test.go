@@ -23,7 +23,9 @@ func unmigrated(t *testing.T) string {
 	t.Helper()
 	name := pgleasetest.Table(t)
 	db := pgleasetest.DB(t, 1)
-	if _, err := db.ExecContext(testCtx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences", "`+name+`_timelines", "`+name+`_journal", "`+name+`_journal_pruned"; DROP FUNCTION "`+name+`_claim"`); err != nil {
+	if _, err := db.ExecContext(testCtx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences", "`+name+`_timelines", "`+name+`_journal", "`+name+`_journal_pruned", "`+name+`_schedules"; `+
+		`DROP FUNCTION "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), `+
+		`"`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`); err != nil {
 		t.Fatal(err)
 	}
 	return name

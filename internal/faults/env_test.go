@@ -359,7 +359,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		for _, n := range []string{e.table, e.table + "_version", e.table + "_fences", e.table + "_timelines", e.table + "_journal", e.table + "_journal_pruned", ResourceTable(e.table)} {
 			_, _ = e.admin.ExecContext(c, `DROP TABLE IF EXISTS "`+n+`"`)
 		}
-		_, _ = e.admin.ExecContext(c, `DROP FUNCTION IF EXISTS "`+e.table+`_claim"`)
+		_, _ = e.admin.ExecContext(c, `DROP FUNCTION IF EXISTS "`+e.table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "`+e.table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`)
 	})
 	for i := 0; i < sc.replicas; i++ {
 		e.spawn()

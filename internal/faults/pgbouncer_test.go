@@ -130,7 +130,7 @@ func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pgleas
 		for _, n := range []string{table, table + "_version", table + "_fences", table + "_timelines", table + "_journal", table + "_journal_pruned"} {
 			_, _ = admin.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+n+`"`)
 		}
-		_, _ = admin.ExecContext(context.Background(), `DROP FUNCTION IF EXISTS "`+table+`_claim"`)
+		_, _ = admin.ExecContext(context.Background(), `DROP FUNCTION IF EXISTS "`+table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "`+table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`)
 	})
 	const lease, hb = 20 * time.Second, 6 * time.Second
 	holder, err := pglease.New(openDB(t, url, 2), pglease.WithTable(table), pglease.WithHolder("holder"),

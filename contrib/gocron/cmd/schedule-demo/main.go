@@ -258,7 +258,7 @@ func dropScheduleTable(db *sql.DB, table string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_version", "%s_fences", "%s_timelines", "%s_journal", "%s_journal_pruned"`, table, table, table, table, table, table))
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%s_claim"`, table))
+	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`, table))
 }
 
 // runScheduleFleet starts the replicas, each running the job once per mode,

@@ -1,0 +1,145 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// This file is the fleet's memory of scheduled keys: what each key's
+// schedule is and when its next tick is due, so that a tick that ran zero
+// times — every replica was down across it — is caught up once or at
+// least reported (Audit's Missed).
+
+// A Schedule gives the activations ("ticks") of a scheduled job. A
+// robfig/cron cron.Schedule is one.
+type Schedule interface {
+	// Next returns the first activation strictly after t, or the zero
+	// time if there is none.
+	Next(t time.Time) time.Time
+}
+
+// LatestTick returns the latest activation of s at or before now and no
+// more than within before it; ok is false if there is none. It calls
+// s.Next a number of times that grows with the logarithm of within over
+// the schedule's period, not with their ratio.
+func LatestTick(s Schedule, now time.Time, within time.Duration) (t time.Time, ok bool) {
+	if s == nil || within < 0 {
+		return time.Time{}, false
+	}
+	// Find a start before the latest activation by doubling the look-back,
+	// then walk forward to the last activation at or before now.
+	for back := time.Second; ; back *= 2 {
+		if back > within {
+			back = within
+		}
+		t = s.Next(now.Add(-back - time.Nanosecond))
+		if !t.IsZero() && !t.After(now) {
+			break
+		}
+		if back == within {
+			return time.Time{}, false
+		}
+	}
+	for {
+		n := s.Next(t)
+		if n.IsZero() || n.After(now) || !n.After(t) {
+			return t, true
+		}
+		t = n
+	}
+}
+
+// JobSchedule describes a scheduled key to RegisterSchedule.
+type JobSchedule struct {
+	// Spec identifies the schedule: the cron expression or the period, as
+	// text, the same on every replica. A key registered with another Spec
+	// has a new schedule: its earlier ticks are neither missed nor caught
+	// up.
+	Spec string
+	// Schedule gives the ticks. Its ticks are those the job's runs claim
+	// (Tick).
+	Schedule Schedule
+	// Grace is how late a tick's run may start and still be on time: a due
+	// tick with no run claimed for it after Grace is missed (Audit). At
+	// least 0, at most 24 hours.
+	Grace time.Duration
+	// CatchUpWithin turns on catch-up: a tick missed no more than
+	// CatchUpWithin ago is returned by RegisterSchedule, to be run now. 0
+	// turns catch-up off; at most 366 days.
+	CatchUpWithin time.Duration
+}
+
+// maxGrace bounds JobSchedule.Grace.
+const maxGrace = 24 * time.Hour
+
+// maxCatchUpWithin bounds JobSchedule.CatchUpWithin.
+const maxCatchUpWithin = 366 * 24 * time.Hour
+
+func (js JobSchedule) check() error {
+	switch {
+	case js.Spec == "":
+		return fmt.Errorf("%w: empty schedule spec", ErrInvalidOption)
+	case js.Schedule == nil:
+		return fmt.Errorf("%w: nil Schedule", ErrInvalidOption)
+	case js.Grace < 0 || js.Grace > maxGrace:
+		return fmt.Errorf("%w: grace %v must be between 0 and %v", ErrInvalidOption, js.Grace, maxGrace)
+	case js.CatchUpWithin < 0 || js.CatchUpWithin > maxCatchUpWithin:
+		return fmt.Errorf("%w: catch-up window %v must be between 0 and %v", ErrInvalidOption, js.CatchUpWithin, maxCatchUpWithin)
+	}
+	return nil
+}
+
+// RegisterSchedule records key's schedule for the fleet and returns the
+// tick to catch up, if one was missed: the zero time otherwise. A
+// scheduler adapter calls it once per job when its replica starts, in one
+// statement; every run then claims its tick with Tick and NextTick.
+//
+// The first registration of a key records the next tick due after now
+// (on the local clock): no tick before it counts as missed, so a job
+// deployed for the first time does not run at once. A registration with
+// another Spec (the schedule changed) does the same, so no burst of
+// catch-ups follows. A registration with the same Spec changes nothing
+// but the grace, and compares: if the latest tick at or before now lies
+// within js.CatchUpWithin, is at or after the key's next due tick (it came
+// due after the fleet knew the schedule) and is later than the key's last
+// tick claimed, no run claimed it: that tick is returned. Run it with
+// Tick(t), NextTick(js.Schedule.Next(t)) and CatchUp(): the tick ledger
+// grants it to one replica of all those that find it missed, and the
+// others get ErrAlreadyRun. Only the latest missed tick is returned, never
+// one per missed tick.
+//
+// Invalid arguments fail with ErrInvalidKey or ErrInvalidOption and write
+// nothing.
+func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedule) (time.Time, error) {
+	if err := checkKey(key); err != nil {
+		return time.Time{}, err
+	}
+	if err := js.check(); err != nil {
+		return time.Time{}, err
+	}
+	if l.isClosed() {
+		return time.Time{}, ErrClosed
+	}
+	now := time.Now()
+	next := js.Schedule.Next(now)
+	if next.IsZero() {
+		return time.Time{}, fmt.Errorf("%w: schedule %q has no tick after %s", ErrInvalidOption, js.Spec, now.Format(time.RFC3339))
+	}
+	var spec sql.NullString
+	var due, last sql.NullTime
+	err := l.db.queryRow(ctx, l.sql.registerSchedule,
+		[]any{key, js.Spec, next.Truncate(time.Microsecond), js.Grace.Microseconds()}, &spec, &due, &last)
+	if err != nil {
+		return time.Time{}, l.table.wrapDB(fmt.Sprintf("register schedule of %q", key), err)
+	}
+	if js.CatchUpWithin == 0 || !spec.Valid || spec.String != js.Spec {
+		return time.Time{}, nil // catch-up off, or a new schedule: nothing was due yet
+	}
+	tick, ok := LatestTick(js.Schedule, now, js.CatchUpWithin)
+	if !ok || tick.Truncate(time.Microsecond).Before(due.Time) || (last.Valid && !last.Time.Before(tick.Truncate(time.Microsecond))) {
+		return time.Time{}, nil
+	}
+	return tick, nil
+}
