@@ -2,7 +2,6 @@ package pgleasegocron
 
 import (
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -36,19 +35,14 @@ import (
 // wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name)
 // and adds nothing.
 func (k *Locker) NewDurationJob(s gocron.Scheduler, name string, period time.Duration, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
-	if s == nil || task == nil {
-		return nil, fmt.Errorf("%w: pgleasegocron: nil scheduler or task", pglease.ErrInvalidOption)
-	}
-	if name == "" {
-		return nil, fmt.Errorf("%w: pgleasegocron: empty job name (the name is the lease key)", pglease.ErrInvalidKey)
+	if err := checkJob(s, name, task); err != nil {
+		return nil, err
 	}
 	if period <= 0 {
 		return nil, fmt.Errorf("%w: pgleasegocron: period %v must be positive", pglease.ErrInvalidOption, period)
 	}
-	jk := *k
-	jk.every, jk.tick, jk.minHold = period, 0, 0
-	all := append(append([]gocron.JobOption(nil), opts...), gocron.WithName(name), gocron.WithDistributedJobLocker(&jk))
-	return s.NewJob(gocron.DurationJob(period), task, all...)
+	js := &jobSchedule{spec: "every " + period.String(), sched: grid(period), period: period}
+	return k.addJob(s, name, gocron.DurationJob(period), js, task, opts)
 }
 
 // WithLogger sets where the Locker reports a configuration that cannot give
@@ -73,22 +67,22 @@ const offGridSlack = 250 * time.Millisecond
 // once per Locker (and its per-job copies).
 type offGridLog struct{ reported sync.Map }
 
-// reportOffGrid logs, once per key, a job claimed in minimum-hold mode that
-// fires more than offGridSlack past a whole second: a duration job (or a
-// random-interval one), whose replicas fire at phases set by their start
-// times. A minimum hold keeps such a job from running twice only if every
-// replica happens to fire within it, which nothing ensures.
-func (k *Locker) reportOffGrid(key string, now time.Time) {
-	if now.Sub(now.Truncate(time.Second)) < offGridSlack {
-		return
-	}
+// reportUnknownSchedule logs, once per key, a job claimed in minimum-hold
+// mode: the Locker does not know its schedule, so a replica whose clock or
+// dispatch is further behind than the minimum hold runs the same tick
+// again, and a tick that runs nowhere is not reported. A job that fires
+// more than offGridSlack past a whole second (a duration job, whose
+// replicas fire at phases set by their start times) is called out: no
+// minimum hold can keep it once per period.
+func (k *Locker) reportUnknownSchedule(key string, now time.Time) {
 	if _, dup := k.offGrid.reported.LoadOrStore(key, true); dup {
 		return
 	}
-	log := k.logger
-	if log == nil {
-		log = slog.Default()
+	if now.Sub(now.Truncate(time.Second)) >= offGridSlack {
+		k.log().Warn("pgleasegocron: job fires off the second grid (a DurationJob?): a minimum hold cannot keep replicas started at different times from running it more than once per period; add it with Locker.NewDurationJob",
+			"job", key, "fired_at", now.Format("15:04:05.000"), "min_hold", k.minHold)
+		return
 	}
-	log.Warn("pgleasegocron: job fires off the second grid (a DurationJob?): a minimum hold cannot keep replicas started at different times from running it more than once per period; add it with Locker.NewDurationJob",
-		"job", key, "fired_at", now.Format("15:04:05.000"), "min_hold", k.minHold)
+	k.log().Warn("pgleasegocron: the Locker does not know this job's schedule and relies on a minimum hold: replicas whose clocks differ by more than it run a tick twice, and missed ticks are not reported; add the job with Locker.NewCronJob (or NewDurationJob)",
+		"job", key, "min_hold", k.minHold)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
+	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -173,6 +174,9 @@ type scenario struct {
 	aheadLeads bool
 	// locker builds replica i's gocron.Locker over its pglease.Locker.
 	locker func(l *pglease.Locker, clock skewedClock) (gocron.Locker, error)
+	// newCronJob adds the job with the Locker's NewCronJob (locker must
+	// return a *pgleasegocron.Locker), not with s.NewJob(gocron.CronJob).
+	newCronJob bool
 }
 
 func defaultScenario() scenario {
@@ -223,8 +227,13 @@ func startReplica(t *testing.T, sc scenario, table string, i int, log *runLog) *
 		log.fired(clock.Now().Round(sc.period), i)
 		log.skipped(err)
 	}
-	if _, err := s.NewJob(gocron.CronJob(sc.cronSpec, true), gocron.NewTask(job), gocron.WithName("report"),
-		gocron.WithEventListeners(gocron.AfterLockError(skipped))); err != nil {
+	listeners := gocron.WithEventListeners(gocron.AfterLockError(skipped))
+	if sc.newCronJob {
+		_, err = k.(*pgleasegocron.Locker).NewCronJob(s, "report", sc.cronSpec, true, gocron.NewTask(job), listeners)
+	} else {
+		_, err = s.NewJob(gocron.CronJob(sc.cronSpec, true), gocron.NewTask(job), gocron.WithName("report"), listeners)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	s.Start()

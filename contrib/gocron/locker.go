@@ -34,8 +34,14 @@ type Locker struct {
 	l       *pglease.Locker
 	minHold time.Duration
 	tick    time.Duration // 0: minimum-hold mode
-	every   time.Duration // >0: the period of the one job (NewDurationJob)
-	now     func() time.Time
+	job     *jobSchedule  // the schedule of the one job (NewCronJob, NewDurationJob), or nil
+	// catchUpTick is the missed tick the one-time catch-up job's Locker
+	// claims (zero for every other Locker).
+	catchUpTick time.Time
+	catchUp     time.Duration  // the catch-up window; -1: DefaultCatchUpWithin
+	grace       time.Duration  // -1: the job's period, at most a minute
+	loc         *time.Location // nil: time.Local
+	now         func() time.Time
 	logger  gocron.Logger // nil: slog.Default()
 	offGrid *offGridLog   // keys already reported as off the second grid
 	runs    *runs         // the runs in progress, for their outcome; shared by per-job copies
@@ -113,7 +119,7 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	k := &Locker{l: l, minHold: -1, now: time.Now, offGrid: &offGridLog{}, runs: &runs{}}
+	k := &Locker{l: l, minHold: -1, catchUp: -1, grace: -1, now: time.Now, offGrid: &offGridLog{}, runs: &runs{}}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: pgleasegocron: nil Option", pglease.ErrInvalidOption)
@@ -135,7 +141,11 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 // lease is renewed until gocron calls Unlock. On error the returned Lock is
 // nil.
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	le, err := k.l.Lock(ctx, key, k.claimOptions(key)...)
+	opts, err := k.claimOptions(key)
+	if err != nil {
+		return nil, err
+	}
+	le, err := k.l.Lock(ctx, key, opts...)
 	if err != nil {
 		return nil, err // a nil interface, not a typed nil
 	}
@@ -143,19 +153,19 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 }
 
 // claimOptions returns the options of one claim of key, in the Locker's
-// mode: a tick of the job's period (NewDurationJob), a tick of the interval
-// (WithTicks), or a minimum hold alone, reported once per key when the job
-// fires off the second grid (see reportOffGrid).
-func (k *Locker) claimOptions(key string) []pglease.LockOption {
+// mode: the job's scheduled tick (NewCronJob, NewDurationJob), a tick of
+// the interval (WithTicks), or a minimum hold alone, reported once per key
+// (see reportUnknownSchedule).
+func (k *Locker) claimOptions(key string) ([]pglease.LockOption, error) {
 	now := k.now()
 	switch {
-	case k.every > 0:
-		return []pglease.LockOption{pglease.MinHold(0), pglease.Tick(now.Truncate(k.every))}
+	case k.job != nil:
+		return k.scheduledClaim(key, now)
 	case k.tick > 0:
-		return []pglease.LockOption{pglease.MinHold(k.minHold), pglease.Tick(k.TickAt(now))}
+		return []pglease.LockOption{pglease.MinHold(k.minHold), pglease.Tick(k.TickAt(now))}, nil
 	}
-	k.reportOffGrid(key, now)
-	return []pglease.LockOption{pglease.MinHold(k.minHold)}
+	k.reportUnknownSchedule(key, now)
+	return []pglease.LockOption{pglease.MinHold(k.minHold)}, nil
 }
 
 // TickAt is the tick tick mode derives from the time t: t rounded to the

@@ -1,0 +1,244 @@
+package pgleasegocron
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/robfig/cron/v3"
+
+	"github.com/pglease/pglease"
+)
+
+// DefaultCatchUpWithin is how long after a missed tick a replica that
+// starts still runs it (WithCatchUp): an hour covers a deploy, a node drain
+// or a crash loop across a tick; a fleet down for longer is an incident,
+// which pglease audit and the status page's overdue count report, and a
+// job then run at an hour nobody chose may do more harm than good.
+const DefaultCatchUpWithin = time.Hour
+
+// registerTimeout bounds the statement that records a job's schedule when
+// the job is added.
+const registerTimeout = 5 * time.Second
+
+// lookBack bounds how far before now a run's tick is looked for: a year
+// covers every cron expression.
+const lookBack = 366 * 24 * time.Hour
+
+// WithCatchUp sets how long after a missed tick — one that ran nowhere,
+// because every replica was down across it — a replica that starts still
+// runs it, once across the fleet (see NewCronJob); default
+// DefaultCatchUpWithin; 0 turns catch-up off (missed ticks are still
+// reported by pglease audit). It applies to the jobs added with NewCronJob
+// and NewDurationJob.
+func WithCatchUp(within time.Duration) Option {
+	return func(k *Locker) error {
+		if within < 0 || within > lookBack {
+			return fmt.Errorf("%w: pgleasegocron: catch-up window %v must be between 0 and %v", pglease.ErrInvalidOption, within, lookBack)
+		}
+		k.catchUp = within
+		return nil
+	}
+}
+
+// WithGrace sets how late a tick's run may start before pglease audit
+// reports the tick missed (default: the job's period, at most a minute).
+// It applies to the jobs added with NewCronJob and NewDurationJob.
+func WithGrace(d time.Duration) Option {
+	return func(k *Locker) error {
+		if d < 0 || d > 24*time.Hour {
+			return fmt.Errorf("%w: pgleasegocron: grace %v must be between 0 and 24h", pglease.ErrInvalidOption, d)
+		}
+		k.grace = d
+		return nil
+	}
+}
+
+// WithLocation sets the time zone NewCronJob reads cron expressions in
+// (unless they start with TZ= or CRON_TZ=): give the scheduler's
+// gocron.WithLocation (default time.Local, gocron's default).
+func WithLocation(loc *time.Location) Option {
+	return func(k *Locker) error {
+		if loc == nil {
+			return fmt.Errorf("%w: pgleasegocron: nil location", pglease.ErrInvalidOption)
+		}
+		k.loc = loc
+		return nil
+	}
+}
+
+// jobSchedule is what the Locker of one job (NewCronJob, NewDurationJob)
+// knows of its schedule.
+type jobSchedule struct {
+	spec       string
+	sched      pglease.Schedule
+	period     time.Duration // between two ticks, for the default grace
+	registered atomic.Bool   // RegisterSchedule succeeded
+}
+
+// grid is the schedule of a duration job: a tick at every multiple of the
+// period since the Unix epoch.
+type grid time.Duration
+
+func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).Add(time.Duration(g)) }
+
+// NewCronJob adds to s a job named name that runs task at each activation
+// of crontab (gocron.CronJob(crontab, withSeconds)) and, across all
+// replicas running the same call, once per activation, whatever the spread
+// of their clocks (up to the period). The name is the lease key: the same
+// on every replica, unique per job.
+//
+// The job gets a Locker of its own that knows the schedule: each run claims
+// its scheduled activation as its tick (the latest activation at or before
+// the Locker's clock, WithClock), and the database refuses a tick already
+// claimed (pglease.ErrAlreadyRun) to every other replica. A run still going
+// when the next activation fires holds the key: that activation is skipped
+// (pglease.ErrAlreadyLocked), not queued. The job's Locker applies no
+// minimum hold.
+//
+// Adding the job records its schedule in the database (one statement,
+// bounded by 5 s; on failure it is logged and retried at the first run),
+// so that a tick that ran nowhere is reported (pglease audit). With
+// catch-up on (WithCatchUp; on by default), if the latest activation before
+// now ran nowhere, came due after the schedule was first recorded with
+// this crontab and lies within the catch-up window, the replica also adds a
+// gocron one-time job, with the same name, task and options, that runs it
+// once when the scheduler starts: of all replicas starting together, one
+// runs it, the others are refused (pglease.ErrAlreadyRun). Only the latest
+// missed activation runs, never one per missed activation; a job added for
+// the first time, or with a changed crontab, has nothing to catch up.
+//
+// opts are gocron's job options; a gocron.WithName or
+// gocron.WithDistributedJobLocker among them is overridden. A crontab that
+// does not parse, a nil s or task or an empty name fail with an error
+// wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name)
+// and add nothing.
+func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSeconds bool, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
+	if err := checkJob(s, name, task); err != nil {
+		return nil, err
+	}
+	sched, err := k.parseCron(crontab, withSeconds)
+	if err != nil {
+		return nil, err
+	}
+	next := sched.Next(k.now())
+	js := &jobSchedule{spec: fmt.Sprintf("cron %q (seconds: %v)", crontab, withSeconds), sched: sched, period: sched.Next(next).Sub(next)}
+	return k.addJob(s, name, gocron.CronJob(crontab, withSeconds), js, task, opts)
+}
+
+// parseCron reads crontab as gocron does, in the Locker's location unless
+// it names its own.
+func (k *Locker) parseCron(crontab string, withSeconds bool) (cron.Schedule, error) {
+	spec := crontab
+	if !strings.HasPrefix(crontab, "TZ=") && !strings.HasPrefix(crontab, "CRON_TZ=") {
+		spec = "CRON_TZ=" + k.location().String() + " " + crontab
+	}
+	p := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	if withSeconds {
+		p = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	}
+	sched, err := p.Parse(spec)
+	if err == nil && sched.Next(k.now()).IsZero() {
+		err = errors.New("it never fires")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: pgleasegocron: crontab %q: %v", pglease.ErrInvalidOption, crontab, err)
+	}
+	return sched, nil
+}
+
+func (k *Locker) location() *time.Location {
+	if k.loc == nil {
+		return time.Local
+	}
+	return k.loc
+}
+
+func checkJob(s gocron.Scheduler, name string, task gocron.Task) error {
+	if s == nil || task == nil {
+		return fmt.Errorf("%w: pgleasegocron: nil scheduler or task", pglease.ErrInvalidOption)
+	}
+	if name == "" {
+		return fmt.Errorf("%w: pgleasegocron: empty job name (the name is the lease key)", pglease.ErrInvalidKey)
+	}
+	return nil
+}
+
+// addJob adds the job under a Locker of its own that knows js, records the
+// schedule, and adds the one-time catch-up job if a tick was missed.
+func (k *Locker) addJob(s gocron.Scheduler, name string, def gocron.JobDefinition, js *jobSchedule, task gocron.Task, opts []gocron.JobOption) (gocron.Job, error) {
+	jk := *k
+	jk.job, jk.tick, jk.minHold, jk.catchUpTick = js, 0, 0, time.Time{}
+	own := func(l *Locker) []gocron.JobOption {
+		return append(append([]gocron.JobOption(nil), opts...), gocron.WithName(name), gocron.WithDistributedJobLocker(l))
+	}
+	j, err := s.NewJob(def, task, own(&jk)...)
+	if err != nil {
+		return nil, err
+	}
+	missed := jk.register(name)
+	if missed.IsZero() {
+		return j, nil
+	}
+	ck := jk
+	ck.catchUpTick = missed
+	if _, err := s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), task, own(&ck)...); err != nil {
+		k.log().Error("pgleasegocron: the catch-up run of a missed tick could not be added", "job", name, "tick", missed, "error", err)
+	}
+	return j, nil
+}
+
+// register records the job's schedule (pglease.Locker.RegisterSchedule)
+// and returns the tick to catch up, if any.
+func (k *Locker) register(name string) time.Time {
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	defer cancel()
+	grace := k.grace
+	if grace < 0 {
+		grace = min(k.job.period, time.Minute)
+	}
+	within := k.catchUp
+	if within < 0 {
+		within = DefaultCatchUpWithin
+	}
+	missed, err := k.l.RegisterSchedule(ctx, name, pglease.JobSchedule{Spec: k.job.spec, Schedule: k.job.sched, Grace: grace, CatchUpWithin: within})
+	if err != nil {
+		k.log().Warn("pgleasegocron: could not record the job's schedule (retried at its first run): a tick missed before then is neither caught up nor reported",
+			"job", name, "error", err)
+		return time.Time{}
+	}
+	k.job.registered.Store(true)
+	return missed
+}
+
+// scheduledClaim returns the options of a claim by a job's own Locker: the
+// run's scheduled tick (or the tick it catches up) and the next one.
+func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption, error) {
+	if !k.job.registered.Load() {
+		k.register(key) // the catch-up it may find is not run: this run is the job's own
+	}
+	tick := k.catchUpTick
+	if tick.IsZero() {
+		var ok bool
+		if tick, ok = pglease.LatestTick(k.job.sched, now, lookBack); !ok {
+			return nil, fmt.Errorf("pgleasegocron: job %q: no activation of its schedule in the year before %s", key, now.Format(time.RFC3339))
+		}
+	}
+	opts := []pglease.LockOption{pglease.MinHold(0), pglease.Tick(tick), pglease.NextTick(k.job.sched.Next(tick))}
+	if !k.catchUpTick.IsZero() {
+		opts = append(opts, pglease.CatchUp())
+	}
+	return opts, nil
+}
+
+func (k *Locker) log() gocron.Logger {
+	if k.logger == nil {
+		return slog.Default()
+	}
+	return k.logger
+}

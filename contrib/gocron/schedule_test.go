@@ -1,0 +1,353 @@
+package pgleasegocron_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/pglease/pglease"
+	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/pgleasetest"
+)
+
+// TestNewCronJobOncePerTickUnderClockSpread: the README's form (NewLocker
+// with its defaults, the job added with NewCronJob) runs a cron job once
+// per tick on 4 replicas whose clocks are spread over 0.9 of the period,
+// every second and every 2 s. The clocks are the only thing the test adds:
+// each replica's scheduler and Locker read its skewed clock.
+func TestNewCronJobOncePerTickUnderClockSpread(t *testing.T) {
+	for _, c := range []struct {
+		period time.Duration
+		spec   string
+	}{{time.Second, "* * * * * *"}, {2 * time.Second, "*/2 * * * * *"}} {
+		t.Run(c.period.String(), func(t *testing.T) {
+			sc := defaultScenario()
+			sc.period, sc.cronSpec, sc.ticks, sc.newCronJob = c.period, c.spec, 12, true
+			half := 9 * c.period / 20 // offsets from -0.45 to +0.45 periods: a spread of 0.9
+			sc.offsets = []time.Duration{-half, -half / 3, half / 3, half}
+			sc.locker = func(l *pglease.Locker, clock skewedClock) (gocron.Locker, error) {
+				return pgleasegocron.NewLocker(l, pgleasegocron.WithClock(clock.Now))
+			}
+			log, ticks, counts := sc.run(t)
+			runs, dup, missed := summarize(counts)
+			if dup != 0 || missed != 0 || runs != len(ticks) {
+				t.Fatalf("%d runs in %d ticks (%d twice, %d missed), want one per tick:\n%v", runs, len(ticks), dup, missed, log)
+			}
+		})
+	}
+}
+
+// cronFleet is a fleet of replicas of one service whose scheduler runs one
+// fast job, "nightly", added with NewCronJob on the real clock; replicas
+// stop and start as in a deploy.
+type cronFleet struct {
+	t     *testing.T
+	table string
+	mu    sync.Mutex
+	ran   int // the task's executions
+}
+
+func newCronFleet(t *testing.T) *cronFleet { return &cronFleet{t: t, table: migrate(t)} }
+
+type cronReplica struct {
+	locker *pglease.Locker
+	sched  gocron.Scheduler
+}
+
+// start starts replica i with crontab spec (with seconds) and Locker opts.
+func (f *cronFleet) start(i int, spec string, opts ...pgleasegocron.Option) *cronReplica {
+	t := f.t
+	l, err := pglease.New(pgleasetest.DB(t, 3), pglease.WithTable(f.table), pglease.WithLeaseDuration(5*time.Second),
+		pglease.WithHolder(fmt.Sprintf("replica-%d", i)), pglease.WithReleaseTimeout(2*time.Second))
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	k, err := pgleasegocron.NewLocker(l, append([]pgleasegocron.Option{pgleasegocron.WithLocation(time.UTC)}, opts...)...)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	s, err := gocron.NewScheduler(gocron.WithLocation(time.UTC), gocron.WithDistributedLocker(k), gocron.WithStopTimeout(5*time.Second))
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	task := gocron.NewTask(func() {
+		f.mu.Lock()
+		f.ran++
+		f.mu.Unlock()
+	})
+	if _, err := k.NewCronJob(s, "nightly", spec, true, task); err != nil {
+		t.Error(err)
+		return nil
+	}
+	s.Start()
+	return &cronReplica{locker: l, sched: s}
+}
+
+// startAll starts n replicas concurrently, each after a random delay below
+// spread.
+func (f *cronFleet) startAll(n int, spread time.Duration, spec string, opts ...pgleasegocron.Option) []*cronReplica {
+	reps := make([]*cronReplica, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			time.Sleep(rand.N(spread))
+			reps[i] = f.start(i, spec, opts...)
+		})
+	}
+	wg.Wait()
+	if f.t.Failed() {
+		f.t.FailNow()
+	}
+	return reps
+}
+
+func (f *cronFleet) stopAll(reps []*cronReplica) {
+	for _, r := range reps {
+		if err := r.sched.Shutdown(); err != nil {
+			f.t.Errorf("gocron shutdown: %v", err)
+		}
+		if err := r.locker.Close(); err != nil {
+			f.t.Errorf("locker close: %v", err)
+		}
+	}
+}
+
+// runs returns the job's runs from the journal, oldest first.
+func (f *cronFleet) runs() []pglease.RunInfo {
+	runs, err := pglease.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	slices.Reverse(runs)
+	return runs
+}
+
+// waitRuns waits until the job has run n times in all.
+func (f *cronFleet) waitRuns(n int) []pglease.RunInfo {
+	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if runs := f.runs(); len(runs) >= n {
+			return runs
+		}
+		if time.Now().After(end) {
+			f.t.Fatalf("the job did not reach %d runs in a minute: %d", n, len(f.runs()))
+		}
+	}
+}
+
+// sleepPastTick sleeps until after the next multiple of period plus off.
+func sleepPastTick(period, off time.Duration) time.Time {
+	at := time.Now().Truncate(period).Add(period + off)
+	time.Sleep(time.Until(at))
+	return at
+}
+
+// catchUps counts the catch-up runs.
+func catchUps(runs []pglease.RunInfo) (n int, last pglease.RunInfo) {
+	for _, r := range runs {
+		if r.CatchUp {
+			n, last = n+1, r
+		}
+	}
+	return n, last
+}
+
+// checkOncePerTick fails unless runs (oldest first) claimed distinct ticks
+// in increasing order, each tick of period from first to the last run's.
+func checkOncePerTick(t *testing.T, runs []pglease.RunInfo, period time.Duration) {
+	t.Helper()
+	for i := 1; i < len(runs); i++ {
+		if got, want := runs[i].Tick.Sub(*runs[i-1].Tick), period; got != want {
+			t.Fatalf("run %d (fence %d) claimed tick %v, %v after the previous run's, want %v", i, runs[i].Fence, runs[i].Tick, got, want)
+		}
+	}
+}
+
+// TestNewCronJobCatchesUpOnceAfterAnOutage: every replica is down across 3
+// ticks; the 4 replicas, restarted at random offsets inside the catch-up
+// window, run the latest missed tick exactly once, marked as a catch-up,
+// and then every tick once again. The ticks missed before it are reported
+// by Audit.
+func TestNewCronJobCatchesUpOnceAfterAnOutage(t *testing.T) {
+	const period, spec = 2 * time.Second, "*/2 * * * * *"
+	f := newCronFleet(t)
+	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(30 * time.Second)}
+	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
+	before := f.waitRuns(2)
+	f.stopAll(reps)
+	last := before[len(before)-1]
+	// Down across 3 ticks; restarted early in the interval after them.
+	for time.Since(*last.Tick) < 3*period+period/2 {
+		sleepPastTick(period, 100*time.Millisecond)
+	}
+	restart := time.Now()
+	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
+	missedTick := restart.Truncate(period)
+	after := f.waitRuns(len(before) + 3)
+	f.stopAll(reps)
+	after = f.runs()
+	n, cu := catchUps(after)
+	if n != 1 || !cu.Tick.Equal(missedTick) {
+		t.Fatalf("catch-up runs: %d (last %+v); want exactly one, for the tick %v", n, cu, missedTick)
+	}
+	tail := after[len(before):]
+	if !tail[0].CatchUp {
+		t.Fatalf("the first run after the outage (%+v) is not the catch-up run", tail[0])
+	}
+	checkOncePerTick(t, tail, period)
+	f.mu.Lock()
+	ran := f.ran
+	f.mu.Unlock()
+	if ran != len(after) {
+		t.Fatalf("the task ran %d times, the journal has %d runs", ran, len(after))
+	}
+	res, err := pglease.Audit(context.Background(), pgleasetest.DB(t, 1), time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Missed) != 1 || !res.Missed[0].Due.Equal(last.Tick.Add(period)) || res.Missed[0].NextRun == nil || !res.Missed[0].NextRun.CatchUp {
+		t.Fatalf("audit: missed %+v; want the first tick of the outage, then its catch-up", res.Missed)
+	}
+}
+
+// TestNewCronJobNoCatchUpPastTheWindow: restarted after the catch-up
+// window of the latest missed tick, the replicas run nothing until the next
+// tick, and Audit reports the missed ticks: overdue before that run, and
+// between the two runs after it.
+func TestNewCronJobNoCatchUpPastTheWindow(t *testing.T) {
+	const period, spec = 2 * time.Second, "*/2 * * * * *"
+	f := newCronFleet(t)
+	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(100 * time.Millisecond), pgleasegocron.WithGrace(0)}
+	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
+	before := f.waitRuns(1)
+	f.stopAll(reps)
+	last := before[len(before)-1]
+	for time.Since(*last.Tick) < 3*period+period/2 {
+		sleepPastTick(period, 300*time.Millisecond)
+	}
+	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
+	db := pgleasetest.DB(t, 1)
+	res, err := pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs := f.runs(); len(runs) == len(before) {
+		// No run yet since the restart: the tick due after the last run is overdue now.
+		if len(res.Missed) != 1 || !res.Missed[0].Due.Equal(last.Tick.Add(period)) || res.Missed[0].NextRun != nil {
+			t.Fatalf("audit before the first run after the restart: missed %+v; want the tick after %v, overdue", res.Missed, last.Tick)
+		}
+	}
+	after := f.waitRuns(len(before) + 2)
+	f.stopAll(reps)
+	if n, _ := catchUps(f.runs()); n != 0 {
+		t.Fatalf("%d catch-up runs past the window, want none", n)
+	}
+	checkOncePerTick(t, after[len(before):], period)
+	res, err = pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(res.Missed, func(m pglease.MissedTickInfo) bool { return m.Due.Equal(last.Tick.Add(period)) })
+	if i < 0 || res.Missed[i].NextRun == nil || res.Missed[i].LastRun == nil || res.Missed[i].LastRun.Fence != last.Fence {
+		t.Fatalf("audit after the restart: missed %+v; want the tick after %v, between the last run before and the first after", res.Missed, last.Tick)
+	}
+}
+
+// TestNewCronJobFirstDeploymentRunsNothing: a job added for the first time
+// has no missed tick, however long ago its latest activation was and however
+// wide the catch-up window: nothing runs before its first tick, and no
+// catch-up job is added.
+func TestNewCronJobFirstDeploymentRunsNothing(t *testing.T) {
+	f := newCronFleet(t)
+	yearly := "0 0 0 1 1 *" // the latest activation was last New Year
+	reps := f.startAll(4, 200*time.Millisecond, yearly, pgleasegocron.WithCatchUp(366*24*time.Hour))
+	for i, r := range reps {
+		if n := len(r.sched.Jobs()); n != 1 {
+			t.Errorf("replica %d has %d jobs, want the job alone", i, n)
+		}
+	}
+	f.stopAll(reps)
+	if runs := f.runs(); len(runs) != 0 {
+		t.Fatalf("runs of a job deployed for the first time: %+v", runs)
+	}
+}
+
+// TestNewCronJobScheduleChangeNoBurst: after a change of crontab, the
+// restarted fleet catches up nothing of the old schedule's ticks, even with
+// a wide window, and runs the new schedule's ticks once each.
+func TestNewCronJobScheduleChangeNoBurst(t *testing.T) {
+	f := newCronFleet(t)
+	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(time.Hour)}
+	reps := f.startAll(2, 200*time.Millisecond, "*/2 * * * * *", opts...)
+	before := f.waitRuns(1)
+	f.stopAll(reps)
+	for time.Since(*before[len(before)-1].Tick) < 7*time.Second {
+		sleepPastTick(time.Second, 100*time.Millisecond)
+	}
+	reps = f.startAll(4, 500*time.Millisecond, "* * * * * *", opts...)
+	for i, r := range reps {
+		if n := len(r.sched.Jobs()); n != 1 {
+			t.Errorf("replica %d has %d jobs after the schedule change, want the job alone (no catch-up)", i, n)
+		}
+	}
+	after := f.waitRuns(len(before) + 3)
+	f.stopAll(reps)
+	if n, _ := catchUps(f.runs()); n != 0 {
+		t.Fatalf("%d catch-up runs after a schedule change, want none", n)
+	}
+	checkOncePerTick(t, after[len(before):], time.Second)
+}
+
+// TestNewCronJobBadInput: bad input fails with a clear error and adds no
+// job.
+func TestNewCronJobBadInput(t *testing.T) {
+	k, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	task := gocron.NewTask(func() {})
+	for name, c := range map[string]struct {
+		s       gocron.Scheduler
+		name    string
+		crontab string
+		task    gocron.Task
+		want    error
+	}{
+		"nil scheduler":  {nil, "j", "* * * * *", task, pglease.ErrInvalidOption},
+		"nil task":       {s, "j", "* * * * *", nil, pglease.ErrInvalidOption},
+		"empty name":     {s, "", "* * * * *", task, pglease.ErrInvalidKey},
+		"bad crontab":    {s, "j", "not a crontab", task, pglease.ErrInvalidOption},
+		"never fires":    {s, "j", "0 0 30 2 *", task, pglease.ErrInvalidOption},
+		"seconds absent": {s, "j", "* * * * * * *", task, pglease.ErrInvalidOption},
+	} {
+		if _, err := k.NewCronJob(c.s, c.name, c.crontab, false, c.task); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+	if n := len(s.Jobs()); n != 0 {
+		t.Fatalf("%d jobs added by bad input", n)
+	}
+	for name, o := range map[string]pgleasegocron.Option{
+		"negative catch-up": pgleasegocron.WithCatchUp(-1),
+		"negative grace":    pgleasegocron.WithGrace(-1),
+		"nil location":      pgleasegocron.WithLocation(nil),
+	} {
+		if _, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"), o); !errors.Is(err, pglease.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
