@@ -42,9 +42,9 @@ type Locker struct {
 	grace       time.Duration  // -1: the job's period, at most a minute
 	loc         *time.Location // nil: time.Local
 	now         func() time.Time
-	logger  gocron.Logger // nil: slog.Default()
-	offGrid *offGridLog   // keys already reported as off the second grid
-	runs    *runs         // the runs in progress, for their outcome; shared by per-job copies
+	logger      gocron.Logger // nil: slog.Default()
+	offGrid     *offGridLog   // keys already reported as off the second grid
+	runs        *runs         // the runs in progress, for their outcome; shared by per-job copies
 }
 
 var _ gocron.Locker = (*Locker)(nil)
