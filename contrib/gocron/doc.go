@@ -21,12 +21,16 @@
 //     and refuses that tick and every earlier one (pglease.ErrAlreadyRun),
 //     whatever the skew between replicas and however short the job.
 //
-// A gocron.DurationJob fires at a phase set by each replica's start time,
-// spread over the whole period: no minimum hold separates such firings. Add
-// duration jobs with Locker.NewDurationJob, which gives the job a Locker
-// that knows its period and claims each period's tick once. A Locker in
-// minimum-hold mode warns, once per job, when a job fires off the second
-// grid.
+// The simplest way is to let the Locker know each job's schedule: add cron
+// jobs with Locker.NewCronJob and duration jobs with Locker.NewDurationJob.
+// Each run then claims its scheduled tick, once across replicas whatever
+// their clock spread (up to the period); the schedule is recorded in the
+// database, so that a tick that ran nowhere (every replica was down
+// across it) is caught up once when a replica starts (WithCatchUp) and
+// reported by pglease audit. A gocron.DurationJob fires at a phase set by
+// each replica's start time, spread over the whole period: no minimum hold
+// separates such firings. A Locker in minimum-hold mode warns, once per
+// job, that it does not know the job's schedule.
 //
 // Elector is the other gocron integration: only the replica holding an
 // election lease runs jobs, and IsLeader answers from local state.

@@ -98,3 +98,31 @@ func ExampleNewElector() {
 	defer func() { _ = s.Shutdown() }()
 	// end snippet: elector
 }
+
+// A replica that starts after a tick that ran nowhere (every replica was
+// down across it) runs that tick once, across the fleet, if it was due no
+// longer ago than the catch-up window: one hour by default, here ten
+// minutes; WithCatchUp(0) turns it off.
+func ExampleWithCatchUp() {
+	locker := openLocker()
+	defer locker.Close()
+	// snippet: catch-up
+	gl, err := pgleasegocron.NewLocker(locker, pgleasegocron.WithCatchUp(10*time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(gl))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Every day at 00:00: if the fleet was down at midnight and a replica
+	// starts before 00:10, that replica runs it (once) as soon as s starts.
+	if _, err := gl.NewCronJob(s, "nightly-billing", "0 0 * * *", false, gocron.NewTask(bill)); err != nil {
+		log.Fatal(err)
+	}
+	s.Start()
+	defer func() { _ = s.Shutdown() }()
+	// end snippet: catch-up
+}
+
+func bill() { log.Print("billing") }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/pglease/pglease"
@@ -11,8 +13,6 @@ import (
 // spec (six fields, the first one the second), once across every replica
 // that runs it.
 func newScheduler(locker *pglease.Locker, spec string, refresh func()) (gocron.Scheduler, error) {
-	// The default minimum hold (500 ms): a replica whose clock or dispatch
-	// is up to half a second behind finds the activation taken.
 	gl, err := pgleasegocron.NewLocker(locker)
 	if err != nil {
 		return nil, err
@@ -21,12 +21,12 @@ func newScheduler(locker *pglease.Locker, spec string, refresh func()) (gocron.S
 	if err != nil {
 		return nil, err
 	}
-	// withSeconds=true: gocron reads a leading seconds field. The job's name
-	// is its lease key: the same on every replica, unique per job.
-	_, err = s.NewJob(gocron.CronJob(spec, true), gocron.NewTask(refresh), gocron.WithName("refresh-cache"))
-	if err != nil {
-		_ = s.Shutdown()
-		return nil, err
+	// Not s.NewJob(gocron.CronJob(spec, true), ...): NewCronJob's locker knows
+	// the schedule, so each run claims its activation, whatever the replicas'
+	// clocks. withSeconds=true: a leading seconds field. The name is the lease
+	// key: the same on every replica, unique per job.
+	if _, err := gl.NewCronJob(s, "refresh-cache", spec, true, gocron.NewTask(refresh)); err != nil {
+		return nil, errors.Join(err, s.Shutdown())
 	}
 	return s, nil
 }
