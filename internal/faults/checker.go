@@ -9,7 +9,7 @@ import (
 
 // Violation is one broken invariant found in a history.
 type Violation struct {
-	Invariant int // 1..8, as numbered in Check
+	Invariant int // 1..9, as numbered in Check
 	Msg       string
 }
 
@@ -65,7 +65,13 @@ type Stats struct {
 	MaxOverlap time.Duration
 	// FailoverTimes has one entry per failover, in order.
 	FailoverTimes         []FailoverTime
-	ViolationsByInvariant [9]int
+	// TickGrants: grants of scheduled keys' ticks (ReplicaConfig.TickKeys),
+	// CatchUps the catch-up runs among them. AsyncTickRepeats: ticks
+	// granted again by a promoted asynchronous standby that had not
+	// received their first grant (exempt from invariant 9, as
+	// AsyncOverlaps are from 4).
+	TickGrants, CatchUps, AsyncTickRepeats int
+	ViolationsByInvariant                  [10]int
 	// Overlaps are the leases whose holder stopped (loss signalled or
 	// Unlock called) at or after the grant of the key's next fence, exempt
 	// or not: the pairs the journal's Audit must find too (see CompareAudit).
@@ -115,6 +121,25 @@ type failover struct {
 type leaseID struct {
 	proc, key string
 	fence     int64
+}
+
+type tickID struct {
+	key  string
+	tick int64
+}
+
+// checkTicks is invariant 9: each tick of a scheduled key granted once.
+func checkTicks(ticks map[tickID][]Event, cfg CheckConfig, st *Stats, add func(int, string, ...any)) {
+	for id, gs := range ticks {
+		for _, g := range gs[1:] {
+			if !cfg.SyncStandby && g.Fence>>40 != gs[0].Fence>>40 {
+				st.AsyncTickRepeats++
+				continue
+			}
+			add(9, "tick %s of %q granted twice: fence %d to %s (%s) at %s, fence %d to %s (%s) at %s", time.UnixMicro(id.tick).UTC().Format("15:04:05.000"),
+				id.key, gs[0].Fence, gs[0].Proc, gs[0].Via, ts(gs[0].T), g.Fence, g.Proc, g.Via, ts(g.T))
+		}
+	}
 }
 
 type leaseRec struct {
@@ -169,7 +194,10 @@ func (l *leaseRec) stopT() int64 {
 //     and fence, unexpired, not released). Losses at the local deadline are
 //     not counted: the deadline comes before the server's expiry by design;
 //  8. with a synchronous standby, no grant or write acknowledged before a
-//     failover is missing from the promoted standby.
+//     failover is missing from the promoted standby;
+//  9. no tick of a scheduled key was granted twice (the tick ledger, and
+//     the catch-up of a missed tick, grant each tick once), except by a
+//     promoted asynchronous standby that never received the first grant.
 //
 // Across a failover (kinds failover-async and failover-sync), invariant 2
 // holds as written: every fence granted after the promotion is above every
@@ -206,11 +234,19 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 		}
 		return f
 	}
+	ticks := map[tickID][]Event{}
 	for _, e := range events {
 		id := leaseID{e.Proc, e.Key, e.Fence}
 		switch e.Kind {
 		case EvGranted:
 			st.Grants++
+			if e.Tick != 0 {
+				st.TickGrants++
+				if e.Via == "catch-up" {
+					st.CatchUps++
+				}
+				ticks[tickID{e.Key, e.Tick}] = append(ticks[tickID{e.Key, e.Tick}], e)
+			}
 			if e.Via == "acquire" {
 				st.WaitGrants++
 			}
@@ -485,6 +521,7 @@ func Check(events []Event, cfg CheckConfig) (Stats, []Violation) {
 			add(5, "%q not acquired within %v after the faults stopped (%s: %v)", p.Key, limit, p.Kind, d.Round(time.Millisecond))
 		}
 	}
+	checkTicks(ticks, cfg, &st, add)
 	return st, vs
 }
 

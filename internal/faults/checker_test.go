@@ -353,3 +353,33 @@ func TestCheckerFailoverTimes(t *testing.T) {
 			st.Failovers, st.FailoversNoSnapshot, st.LostGrants, vs)
 	}
 }
+
+// TestCheckerTicks: a tick of a scheduled key granted twice violates
+// invariant 9, unless a promoted asynchronous standby granted it again
+// (another timeline); distinct ticks, one of them a catch-up, do not.
+func TestCheckerTicks(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	g := func(p string, f, t0, tick int64, via string) Event {
+		return Event{T0: t0 * ms, T: (t0 + 1) * ms, Proc: p, Kind: EvGranted, Key: "tick-0", Fence: f, Tick: tick, Via: via}
+	}
+	unlock := func(p string, f, t0 int64) Event {
+		return Event{T0: t0 * ms, T: (t0 + 1) * ms, Proc: p, Kind: EvUnlockOK, Key: "tick-0", Fence: f}
+	}
+	cfg := CheckConfig{Lease: 600 * time.Millisecond, Slack: time.Second}
+	clean := []Event{g("a", 1, 0, 1000, "tick"), unlock("a", 1, 100), g("b", 2, 700, 4000, "catch-up"), unlock("b", 2, 800)}
+	if st, vs := Check(Merge(clean), cfg); len(vs) != 0 || st.TickGrants != 2 || st.CatchUps != 1 {
+		t.Fatalf("distinct ticks: %+v %v", st, vs)
+	}
+	twice := []Event{g("a", 1, 0, 1000, "tick"), unlock("a", 1, 100), g("b", 2, 700, 1000, "catch-up"), unlock("b", 2, 800)}
+	if st, vs := Check(Merge(twice), cfg); st.ViolationsByInvariant[9] != 1 {
+		t.Fatalf("a tick granted twice: %+v %v", st.ViolationsByInvariant, vs)
+	}
+	async := []Event{g("a", 1, 0, 1000, "tick"), unlock("a", 1, 100), g("b", 1<<40+1, 700, 1000, "tick"), unlock("b", 1<<40+1, 800)}
+	if st, vs := Check(Merge(async), cfg); len(vs) != 0 || st.AsyncTickRepeats != 1 {
+		t.Fatalf("asynchronous failover: %+v %v", st, vs)
+	}
+	cfg.SyncStandby = true
+	if st, _ := Check(Merge(async), cfg); st.ViolationsByInvariant[9] != 1 {
+		t.Fatalf("the same with a synchronous standby must violate 9: %+v", st.ViolationsByInvariant)
+	}
+}

@@ -131,33 +131,38 @@ type handle struct {
 	hist   string
 	exited chan struct{}
 	killed bool
+	// stopped: shut down by a fault (fleet-down), its history complete
+	stopped bool
 }
 
 // env is one run of a scenario.
 type env struct {
-	t       *testing.T
-	sc      scenario
-	prof    profile
-	ctx     context.Context
-	rng     *rand.Rand
-	url     string // direct, for the admin pool and the probe
-	target  string // host:port replicas reach (server or PgBouncer)
-	extra   string // extra URL parameters for replicas
-	admin   *sql.DB
-	table   string
-	keys    []string
-	app     string
-	ctl     *Recorder
-	recs    []*Recorder
-	cluster *pgcluster.Cluster
-	fo      *foPair // failover kinds
-	pat     *patEnv // Patroni kinds
-	delay   DelaySetting
-	mu      sync.Mutex
-	handles []*handle
-	byID    map[string]*handle
-	seq     int
-	dir     string
+	t      *testing.T
+	sc     scenario
+	prof   profile
+	ctx    context.Context
+	rng    *rand.Rand
+	url    string // direct, for the admin pool and the probe
+	target string // host:port replicas reach (server or PgBouncer)
+	extra  string // extra URL parameters for replicas
+	admin  *sql.DB
+	table  string
+	keys   []string
+	// tickKeys are the scheduled keys: every replica runs a job on each,
+	// ticking every lease (ReplicaConfig.TickKeys).
+	tickKeys []string
+	app      string
+	ctl      *Recorder
+	recs     []*Recorder
+	cluster  *pgcluster.Cluster
+	fo       *foPair // failover kinds
+	pat      *patEnv // Patroni kinds
+	delay    DelaySetting
+	mu       sync.Mutex
+	handles  []*handle
+	byID     map[string]*handle
+	seq      int
+	dir      string
 }
 
 func (e *env) lease() time.Duration {
@@ -195,6 +200,7 @@ func (e *env) replicaURL(addr string) string {
 func (e *env) config(id string, seq int, addr string) ReplicaConfig {
 	c := ReplicaConfig{
 		ID: id, URL: e.replicaURL(addr), Table: e.table, Keys: e.keys,
+		TickKeys: e.tickKeys, Every: e.lease(), CatchUp: 10 * e.lease(),
 		Lease: e.lease(), Margin: e.lease() / 10,
 		Hold: 3 * e.lease(), WriteEvery: e.lease() / 20,
 		Workers: 1, PoolSize: 2, Variant: e.sc.variant, Seed: e.rng.Uint64(),
@@ -283,8 +289,9 @@ func (e *env) holder() *handle {
 				}
 				e.mu.Lock()
 				h := e.byID[li.Holder]
+				ok := h != nil && !h.killed && !h.stopped
 				e.mu.Unlock()
-				if h != nil && !h.killed {
+				if ok {
 					return h
 				}
 			}
@@ -350,7 +357,8 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	for i := 0; i < sc.keys; i++ {
 		e.keys = append(e.keys, fmt.Sprintf("job-%d", i))
 	}
-	if err := SetupTables(ctx, e.admin, e.table, e.keys); err != nil {
+	e.tickKeys = []string{"tick-0"}
+	if err := SetupTables(ctx, e.admin, e.table, append(append([]string(nil), e.keys...), e.tickKeys...)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -122,6 +122,35 @@ func kill(e *env, h *handle) string {
 	return "kill -9; replaced by " + n.id
 }
 
+// fleetDown stops every replica at once (a deploy, a node drain), leaves
+// the fleet down across 2–3 ticks of the scheduled keys, then starts as
+// many new replicas at random offsets within a third of a tick: the latest
+// missed tick must run once (a catch-up), never twice.
+func fleetDown(e *env, _ *handle) string {
+	e.mu.Lock()
+	var hs []*handle
+	for _, h := range e.handles {
+		if !h.killed && !h.stopped && h.cancel != nil {
+			hs = append(hs, h)
+		}
+	}
+	e.mu.Unlock()
+	for _, h := range hs {
+		h.cancel()
+		<-h.done
+		e.mu.Lock()
+		h.stopped = true
+		e.mu.Unlock()
+	}
+	down := 2*e.lease() + time.Duration(e.rng.IntN(int(e.lease())))
+	e.sleep(down)
+	for range hs {
+		e.sleep(time.Duration(e.rng.IntN(int(e.lease() / 3))))
+		e.spawn()
+	}
+	return fmt.Sprintf("%d replicas stopped, down %v, as many started", len(hs), down.Round(time.Millisecond))
+}
+
 // forceRelock reproduces issue 9's defect 1, four rounds in a row: an
 // operator force-releases the key h holds, and h's own Locker claims it
 // again at once (a new fence) while its renewer still holds the evicted
@@ -153,7 +182,7 @@ func forceRelock(e *env, h *handle) string {
 		h.r.rec.Add(Event{T0: t0, Proc: h.id, Kind: EvGranted, Key: key, Fence: le.Fence()})
 		rng := rand.New(rand.NewPCG(e.rng.Uint64(), uint64(round)))
 		wg.Add(1)
-		go func() { defer wg.Done(); h.r.hold(e.ctx, le, rng) }()
+		go func() { defer wg.Done(); h.r.hold(e.ctx, le, rng, h.r.cfg.Hold) }()
 		e.sleep(2 * e.lease() / 3) // two beats: the renewer sends both leases
 	}
 	return fmt.Sprintf("ForceRelease of %q, relocked by the same Locker %d times in a row", key, relocked)
@@ -202,6 +231,8 @@ func scenarios() []scenario {
 			server: "shared", process: true, replicas: 3, keys: 2, inject: throttle},
 		{name: "kill-9", what: "holder process killed with SIGKILL, a new replica process started",
 			server: "shared", process: true, replicas: 3, keys: 2, inject: kill},
+		{name: "fleet-down", what: "every replica stopped at once (a deploy), the fleet down across 2–3 ticks of the scheduled key, then as many replicas started at random offsets: the latest missed tick is caught up once",
+			server: "shared", replicas: 3, keys: 2, inject: fleetDown},
 		{name: "force-relock", what: "an operator ForceRelease of the held key, and the same Locker claims it again at once (new fence), 4 rounds in a row (issue 9, defect 1)",
 			server: "shared", replicas: 2, keys: 2, inject: forceRelock},
 		{name: "failover-async", what: "asynchronous standby (pg_basebackup, replication slot) stops receiving for 2–3 leases, primary killed (-9) or stopped (fast), standby promoted (pg_ctl promote), a new standby on the old port; replicas on a multi-host URL (target_session_attrs=read-write); long profile",
@@ -416,6 +447,9 @@ func addStats(a *Stats, b Stats) {
 	a.FailoversNoSnapshot += b.FailoversNoSnapshot
 	a.MaxOverlap = max(a.MaxOverlap, b.MaxOverlap)
 	a.FailoverTimes = append(a.FailoverTimes, b.FailoverTimes...)
+	a.TickGrants += b.TickGrants
+	a.CatchUps += b.CatchUps
+	a.AsyncTickRepeats += b.AsyncTickRepeats
 	for i := range a.ViolationsByInvariant {
 		a.ViolationsByInvariant[i] += b.ViolationsByInvariant[i]
 	}
@@ -430,8 +464,8 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelayS
 		}
 	}
 	fmt.Fprintf(&b, "## Fault suite: %s profile (lease %s, %v of faults per run; failover delay: %v), %v in all\n\n", prof.name, lease, prof.phase, delay, elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps / keys delayed (claims refused) | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps / keys delayed (claims refused) | ticks run (catch-ups; repeated by an async failover) | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		v := r.st.ViolationsByInvariant
 		viol := "0"
@@ -449,9 +483,10 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelayS
 			fo = fmt.Sprintf("%d: %d / %d / %d / %d (%d)", r.st.Failovers, r.st.LostGrants, r.st.LostWrites, r.st.AsyncOverlaps,
 				r.st.DelayedKeys, r.st.DelayedClaims)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %s | %d | %d | %v | %d | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %s | %d | %d | %v | %d | %s | %d (%d; %d) | %s |\n",
 			r.sc.name, r.runs, r.st.Faults, r.st.Grants, r.st.WaitGrants, r.st.Handoffs, r.st.Takeovers, r.st.Losses, fmt.Sprintf("%d (%d; %d)", r.st.RenewFailed, r.st.OtherWarns, r.st.ListenWarns),
-			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo, viol)
+			r.st.WritesOK, r.st.WritesRejected, r.st.MaxProbe.Round(time.Millisecond), r.st.LateDoneInUnlock, fo,
+			r.st.TickGrants, r.st.CatchUps, r.st.AsyncTickRepeats, viol)
 	}
 	writeFailoverTimes(&b, rows)
 	b.WriteString("\nFaults:\n\n")

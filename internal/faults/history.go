@@ -70,6 +70,9 @@ type Event struct {
 	// "missing", or "unknown: <error>".
 	Srv    string `json:"srv,omitempty"`
 	Detail string `json:"d,omitempty"`
+	// Tick is, for a grant of a scheduled key, the tick claimed (Unix µs);
+	// Via is then "tick" or "catch-up".
+	Tick int64 `json:"tick,omitempty"`
 }
 
 // Recorder collects events, optionally also as JSON lines on w (a

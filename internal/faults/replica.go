@@ -56,8 +56,17 @@ type ReplicaConfig struct {
 	ListenNever bool `json:"listen_never,omitempty"`
 	// FailoverDelay: the Locker's failover delay (see DelaySetting).
 	FailoverDelay DelaySetting `json:"failover_delay,omitempty"`
-	Seed          uint64       `json:"seed"`
-	History       string       `json:"history,omitempty"` // process mode: history file
+	// TickKeys are scheduled keys: besides its workers, the replica runs
+	// one scheduled job per tick key, as a scheduler adapter does — it
+	// registers the key's schedule (ticks every Every) at start, runs the
+	// tick it returns as a catch-up (CatchUp: the window, 0 none), then
+	// claims every tick with Tick and NextTick and holds a granted one for
+	// about Every/2.
+	TickKeys []string      `json:"tick_keys,omitempty"`
+	Every    time.Duration `json:"every,omitempty"`
+	CatchUp  time.Duration `json:"catch_up,omitempty"`
+	Seed     uint64        `json:"seed"`
+	History  string        `json:"history,omitempty"` // process mode: history file
 }
 
 // ResourceTable is the table fenced writes go to.
@@ -159,6 +168,10 @@ func (r *Replica) Run(ctx context.Context) {
 		r.wg.Add(1)
 		go r.worker(ctx, w)
 	}
+	for i, key := range r.cfg.TickKeys {
+		r.wg.Add(1)
+		go r.scheduled(ctx, key, r.cfg.Workers+i)
+	}
 	r.wg.Wait()
 	t0 := Mono()
 	if err := r.locker.Close(); err != nil {
@@ -232,7 +245,7 @@ func (r *Replica) worker(ctx context.Context, w int) {
 			via = "acquire"
 		}
 		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvGranted, Key: key, Fence: le.Fence(), Via: via})
-		r.hold(ctx, le, rng)
+		r.hold(ctx, le, rng, r.cfg.Hold)
 	}
 }
 
@@ -250,9 +263,10 @@ func (r *Replica) claim(ctx context.Context, key string) (*pglease.Lease, error)
 	return r.locker.Lock(cctx, key)
 }
 
-// hold keeps le for a while, writing, then unlocks it; it returns early
-// when the lease is lost (Correct variant) or ctx ends.
-func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
+// hold keeps le for about mean (0.5 to 1.5 times), writing, then unlocks
+// it; it returns early when the lease is lost (Correct variant) or ctx
+// ends.
+func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand, mean time.Duration) {
 	id, key, fence := r.cfg.ID, le.Key(), le.Fence()
 	watched := make(chan struct{})
 	go func() { // observes renewals, and the loss signal
@@ -286,7 +300,7 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand) {
 	}()
 	defer func() { <-watched }()
 
-	until := time.Now().Add(time.Duration(float64(r.cfg.Hold) * (0.5 + rng.Float64())))
+	until := time.Now().Add(time.Duration(float64(mean) * (0.5 + rng.Float64())))
 	tick := time.NewTicker(r.cfg.WriteEvery)
 	defer tick.Stop()
 	done := le.Done()
