@@ -64,7 +64,7 @@ type Stats struct {
 	// server's grant to the first holder's stop.
 	MaxOverlap time.Duration
 	// FailoverTimes has one entry per failover, in order.
-	FailoverTimes         []FailoverTime
+	FailoverTimes []FailoverTime
 	// TickGrants: grants of scheduled keys' ticks (ReplicaConfig.TickKeys),
 	// CatchUps the catch-up runs among them. AsyncTickRepeats: ticks
 	// granted again by a promoted asynchronous standby that had not
