@@ -30,7 +30,11 @@ func SchemaVersion() int { return len(migrations) }
 // which every Lock calls: it reads the key's row first and writes only when
 // the key looks free. A Locker on a table not yet upgraded to this
 // version fails its claims with ErrNotMigrated: run Migrate (or `pglease
-// migrate`) before starting replicas of a new pglease version.
+// migrate`) before starting replicas of a new pglease version. Schema
+// version 8 added the scheduled keys' table (<table>_schedules, see
+// Locker.RegisterSchedule) and an overload of the claim function with
+// two more arguments; the older overload stays for replicas of the
+// previous version during a rolling upgrade.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory

@@ -154,11 +154,31 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 // function yet: replicas upgraded before Migrate ran) fails its claims with
 // ErrNotMigrated and a message that says what to do, and changes nothing;
 // after Migrate the same Locker claims.
-func TestLockBeforeMigrateToVersion7(t *testing.T) {
+func TestLockBeforeMigrateToVersion7(t *testing.T) { lockBeforeMigrate(t, 6) }
+
+// A Locker on a table still at schema version 7 (no scheduled keys, no
+// claim function with their arguments) gets ErrNotMigrated from Lock and
+// RegisterSchedule and writes nothing; after Migrate it claims, and the
+// version-7 claim function, which replicas of the previous pglease call,
+// still answers.
+func TestLockBeforeMigrateToVersion8(t *testing.T) {
+	tbl, admin := lockBeforeMigrate(t, 7)
+	c := ctx(t)
+	var outcome string
+	err := admin.QueryRowContext(c, `SELECT r_outcome FROM "`+tbl+`_claim"('old', 'old-replica', 1, 1000000, NULL, 0, true)`).Scan(&outcome)
+	if err != nil || outcome != "acquired" {
+		t.Fatalf("the version-7 claim function after the upgrade: %q, %v", outcome, err)
+	}
+}
+
+// lockBeforeMigrate brings a table to schema version v, checks that Lock
+// and RegisterSchedule fail there with ErrNotMigrated and write nothing,
+// migrates it and checks that Lock then works.
+func lockBeforeMigrate(t *testing.T, v int) (string, *sql.DB) {
 	tbl := unmigrated(t)
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
-	tb := migrateTo(t, admin, tbl, 6)
+	tb := migrateTo(t, admin, tbl, v)
 	l, err := New(admin, WithTable(tbl))
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +186,11 @@ func TestLockBeforeMigrateToVersion7(t *testing.T) {
 	defer l.Close()
 	_, err = l.Lock(c, "job")
 	if !errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), "run pglease.Migrate") {
-		t.Fatalf("Lock on a version-6 table: %v", err)
+		t.Fatalf("Lock on a version-%d table: %v", v, err)
+	}
+	_, err = l.RegisterSchedule(c, "job", JobSchedule{Spec: "every 1s", Schedule: grid(time.Second)})
+	if !errors.Is(err, ErrNotMigrated) {
+		t.Fatalf("RegisterSchedule on a version-%d table: %v", v, err)
 	}
 	var rows int
 	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.quoted).Scan(&rows); err != nil || rows != 0 {
@@ -182,6 +206,7 @@ func TestLockBeforeMigrateToVersion7(t *testing.T) {
 	if err := le.Unlock(c); err != nil {
 		t.Fatal(err)
 	}
+	return tbl, admin
 }
 
 // SchemaVersionOf reports the version of a migrated table, 0 for a missing one.
