@@ -19,7 +19,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // "pgx"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/patroni"
+	"github.com/pglease/pglease/internal/lab/patroni"
 )
 
 func TestMain(m *testing.M) {

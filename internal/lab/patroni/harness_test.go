@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/patroni"
+	"github.com/pglease/pglease/internal/lab/patroni"
 )
 
 // The rest of the harness, and issue 21's part 4 on a real cluster: a

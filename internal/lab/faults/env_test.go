@@ -21,7 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/patroni"
+	"github.com/pglease/pglease/internal/lab/patroni"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/tcpproxy"
 	"github.com/pglease/pglease/pgleasetest"

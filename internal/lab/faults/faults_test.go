@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgbouncer"
+	"github.com/pglease/pglease/internal/lab/pgbouncer"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/tcpproxy"
 )

@@ -7,8 +7,8 @@
 // checker verifies the invariants on the merged history.
 //
 // The package holds the harness (history, replicas, checker, report); the
-// scenarios are its tests. Short profile: `go test -race ./internal/faults/`. Long
-// profile: `FAULTS_PROFILE=long go test -race -run TestFaults -timeout 60m ./internal/faults/`.
+// scenarios are its tests. Short profile: `go test -race ./faults/` in internal/lab. Long
+// profile: `FAULTS_PROFILE=long go test -race -run TestFaults -timeout 60m ./faults/` (in internal/lab).
 package faults
 
 import (

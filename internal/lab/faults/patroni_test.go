@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease/internal/patroni"
+	"github.com/pglease/pglease/internal/lab/patroni"
 )
 
 // patEnv is a Patroni kind's cluster (etcd, three Patroni nodes, HAProxy),
