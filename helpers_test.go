@@ -40,7 +40,7 @@ func unmigrated(t *testing.T) string {
 	t.Helper()
 	name := pgleasetest.Table(t)
 	db := pgleasetest.DB(t, 1)
-	if _, err := db.ExecContext(ctx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences", "`+name+`_timelines", "`+name+`_journal", "`+name+`_journal_pruned"; DROP FUNCTION "`+name+`_claim"`); err != nil {
+	if err := Drop(ctx(t), db, WithTable(name)); err != nil {
 		t.Fatal(err)
 	}
 	return name

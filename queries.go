@@ -691,8 +691,21 @@ INSERT INTO {JP} (one, last_pruned_at) VALUES (true, '-infinity') ON CONFLICT DO
 	claimFuncSQL,
 }
 
-// tableExistsSQL reports whether the lease table exists yet (Migrate, before
-// it creates it).
+// dropSQL drops everything Migrate creates for a table (Drop): the claim
+// function, then the companion tables and the lease table; their indexes go
+// with them. IF EXISTS throughout, so that a second run, or a run after a
+// partial drop by hand, finishes the job. No CASCADE: an object of the
+// application's that depends on one of them (a view, a foreign key) makes
+// the statement fail and the transaction drop nothing. The function is
+// named without its arguments: should a migration ever leave two claim
+// functions behind (a changed signature), the drop fails instead of leaving
+// one.
+const dropSQL = `
+DROP FUNCTION IF EXISTS {CF};
+DROP TABLE IF EXISTS {JP}, {J}, {Z}, {F}, {T}, {V}`
+
+// tableExistsSQL reports whether a table exists (Migrate, before it creates
+// the lease table; Drop, before it drops).
 //
 //	$1 the quoted table name
 const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
@@ -743,7 +756,7 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 type statements struct {
 	claim, renew, release, releaseMany, releaseLost, forceRelease, list  string
 	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
-	versionTable, currentVersion, recordVersion, timelineCreated         string
+	versionTable, currentVersion, recordVersion, timelineCreated, drop   string
 	guard, fenceAdvance, fenceCurrent                                    string
 	journalLost, pruneClaim, prune, journalKeyRows, journalAllRows       string
 }
@@ -814,6 +827,7 @@ func (t table) statementsJournal(journal bool) statements {
 		currentVersion:  b(currentVersionSQL),
 		recordVersion:   b(recordVersionSQL),
 		timelineCreated: b(timelineCreatedSQL),
+		drop:            b(dropSQL),
 		guard:           b(guardSQL),
 		fenceAdvance:    b(fenceAdvanceSQL),
 		fenceCurrent:    b(fenceCurrentSQL),

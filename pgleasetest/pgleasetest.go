@@ -134,7 +134,8 @@ func mustURL(t testing.TB) string {
 }
 
 // Table returns the name of a new lease table, migrated and used by no other
-// test, and drops the table and its companion tables when the test ends.
+// test, and drops it with everything pglease.Migrate created for it
+// (pglease.Drop) when the test ends.
 // Pass it to pglease with pglease.WithTable.
 func Table(t testing.TB) string {
 	t.Helper()
@@ -155,13 +156,8 @@ func Table(t testing.TB) string {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines", name + "_journal", name + "_journal_pruned"} {
-			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+n+`"`); err != nil {
-				t.Errorf("pgleasetest: drop %s: %v", n, err)
-			}
-		}
-		if _, err := db.ExecContext(ctx, `DROP FUNCTION IF EXISTS "`+name+`_claim"`); err != nil {
-			t.Errorf("pgleasetest: drop %s_claim: %v", name, err)
+		if err := testhook.Drop(ctx, db, name); err != nil {
+			t.Errorf("pgleasetest: %v", err)
 		}
 	})
 	db, err := sql.Open("pgx", u)
