@@ -64,9 +64,11 @@ var (
 func Main(m *testing.M, opts ...MainOption) {
 	var c mainConfig
 	for _, o := range opts {
-		if o != nil {
-			o.applyMain(&c)
+		if o == nil {
+			fmt.Fprintln(os.Stderr, "pgleasetest: Main: nil MainOption")
+			os.Exit(2)
 		}
+		o.applyMain(&c)
 	}
 	os.Exit(run(m, c))
 }
