@@ -51,8 +51,7 @@ func ExampleWithMeterProvider() {
 		}
 	}
 	_ = lease.Unlock(ctx)
-	_, _ = db.Exec(`DROP TABLE example_otel_leases, example_otel_leases_version, example_otel_leases_fences,
-		example_otel_leases_journal, example_otel_leases_journal_pruned, example_otel_leases_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_otel_leases"))
 	// Unordered output:
 	// pglease.claims acquired 1
 	// pglease.claims held 1

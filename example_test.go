@@ -47,7 +47,7 @@ func Example() {
 	fmt.Println("fence went up:", next.Fence() > lease.Fence())
 	_ = next.Unlock(ctx)
 
-	_, _ = db.Exec(`DROP TABLE example_leases, example_leases_version, example_leases_fences, example_leases_journal, example_leases_journal_pruned, example_leases_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_leases"))
 	// Output:
 	// B skips: true
 	// fence went up: true
@@ -79,7 +79,7 @@ func ExampleLease_Done() {
 	fmt.Println(errors.Is(lease.Err(), pglease.ErrLeaseLost))
 	fmt.Println(errors.Is(lease.Unlock(ctx), pglease.ErrLeaseLost))
 
-	_, _ = db.Exec(`DROP TABLE example_done, example_done_version, example_done_fences, example_done_journal, example_done_journal_pruned, example_done_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_done"))
 	// Output:
 	// true
 	// true
@@ -116,7 +116,8 @@ func ExampleLease_Guard() {
 	_, _ = tx.Exec(`UPDATE example_balance SET amount = amount - 10 WHERE id = 1`)
 	fmt.Println(tx.Commit())
 
-	_, _ = db.Exec(`DROP TABLE example_balance, example_guard, example_guard_version, example_guard_fences, example_guard_journal, example_guard_journal_pruned, example_guard_timelines`)
+	_, _ = db.Exec(`DROP TABLE example_balance`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_guard"))
 	// Output:
 	// <nil>
 }
@@ -147,7 +148,7 @@ func ExampleFenceTable() {
 	err := write(7)                 // the old holder, back from a pause
 	fmt.Println(errors.Is(err, pglease.ErrStaleFence))
 
-	_, _ = db.Exec(`DROP TABLE example_fg, example_fg_version, example_fg_fences, example_fg_journal, example_fg_journal_pruned, example_fg_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_fg"))
 	// Output:
 	// <nil> <nil>
 	// <nil>
@@ -179,7 +180,7 @@ func ExampleElection_Run() {
 	})
 	fmt.Println("Run:", err)
 
-	_, _ = db.Exec(`DROP TABLE example_election, example_election_version, example_election_fences, example_election_journal, example_election_journal_pruned, example_election_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_election"))
 	// Output:
 	// leading, term 1
 	// stopped leading
@@ -210,7 +211,7 @@ func ExampleLocker_Do() {
 	err := b.Do(ctx, "hourly-report", job, pglease.Tick(tick)) // B fires late: the tick has run
 	fmt.Println(errors.Is(err, pglease.ErrAlreadyRun))
 
-	_, _ = db.Exec(`DROP TABLE example_do, example_do_version, example_do_fences, example_do_journal, example_do_journal_pruned, example_do_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_do"))
 	// Output:
 	// job runs with fence 1
 	// <nil>
@@ -247,7 +248,7 @@ func ExampleTick() {
 		// end snippet: do-tick
 	}
 
-	_, _ = db.Exec(`DROP TABLE example_tick, example_tick_version, example_tick_fences, example_tick_timelines, example_tick_journal, example_tick_journal_pruned`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_tick"))
 	// Output:
 	// building the report
 	// skipped: this tick has run
@@ -279,7 +280,7 @@ func ExampleLocker_Acquire() {
 	fmt.Println("acquired, fence", lease.Fence())
 	_ = lease.Unlock(ctx)
 
-	_, _ = db.Exec(`DROP TABLE example_acquire, example_acquire_version, example_acquire_fences, example_acquire_journal, example_acquire_journal_pruned, example_acquire_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_acquire"))
 	// Output:
 	// acquired, fence 2
 }
@@ -311,7 +312,7 @@ func ExampleElection_Campaign() {
 	fmt.Println(lead.Err()) // ...the lease was released
 	_ = lead.Unlock(ctx)    // idempotent: nothing left to do
 
-	_, _ = db.Exec(`DROP TABLE example_campaign, example_campaign_version, example_campaign_fences, example_campaign_journal, example_campaign_journal_pruned, example_campaign_timelines`)
+	_ = pglease.Drop(ctx, db, pglease.WithTable("example_campaign"))
 	// Output:
 	// leading, term 1
 	// pglease: lease unlocked

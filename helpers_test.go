@@ -15,7 +15,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 // fixture: a fresh migrated table and an admin pool to inspect it.
 type fixture struct {
@@ -40,9 +40,7 @@ func unmigrated(t *testing.T) string {
 	t.Helper()
 	name := pgleasetest.Table(t)
 	db := pgleasetest.DB(t, 1)
-	if _, err := db.ExecContext(ctx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences", "`+name+`_timelines", "`+name+`_journal", "`+name+`_journal_pruned", "`+name+`_schedules"; `+
-		`DROP FUNCTION "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), `+
-		`"`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`); err != nil {
+	if err := Drop(ctx(t), db, WithTable(name)); err != nil {
 		t.Fatal(err)
 	}
 	return name

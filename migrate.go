@@ -107,6 +107,71 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	return nil
 }
 
+// Drop removes everything Migrate created for the table named by WithTable:
+// the lease table with its indexes, the version table, the fence-guard
+// table, the timeline table, the journal and its pruning ledger, the
+// scheduled keys' table, and the claim function (both overloads). Every lease, fence and journal row of the table is gone
+// with them; Lockers still using the table fail their claims with
+// ErrNotMigrated until Migrate runs again, which starts the fences from 1.
+//
+// Drop is idempotent (a table that was never migrated, or was already
+// dropped, is fine) and runs in one transaction, serialised with Migrate by
+// the same advisory lock. It takes only WithTable, and changes nothing when
+// it returns an error: on an invalid table name (ErrInvalidOption), on a
+// table migrated by a newer pglease (ErrSchemaTooNew: it may have objects
+// this version does not know), on a lease table without its version table
+// (ErrNotMigrated: not one that Migrate created), or when an object of the
+// application depends on one of the tables (a view, a foreign key).
+func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
+	b, err := newBackend(db)
+	if err != nil {
+		return err
+	}
+	_, t, err := tableConfig(opts)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pglease: drop: %w", err)
+	}
+	st := t.statements()
+	err = b.inTx(ctx, func(tx backend) error {
+		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
+			return err
+		}
+		var hasTable, hasVersion bool
+		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &hasTable); err != nil {
+			return err
+		}
+		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.version}, &hasVersion); err != nil {
+			return err
+		}
+		if hasTable && !hasVersion {
+			return fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
+				ErrNotMigrated, t.display, t.version)
+		}
+		if hasVersion {
+			var current int
+			if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
+				return err
+			}
+			if current > len(migrations) {
+				return fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d; nothing dropped",
+					ErrSchemaTooNew, t.display, current, len(migrations))
+			}
+		}
+		_, err := tx.exec(ctx, st.drop)
+		return err
+	})
+	if err != nil {
+		if sqlState(err) != "" {
+			return t.wrapDB("drop", err)
+		}
+		return fmt.Errorf("pglease: drop on %s: %w", t.display, err)
+	}
+	return nil
+}
+
 // SchemaVersionOf reports the schema version the table named by WithTable
 // was migrated to: 0 if it was never migrated, SchemaVersion() when it is
 // current. It writes nothing.

@@ -57,6 +57,10 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
 		t.Fatalf("newer schema: %v", err)
 	}
+	// Back to this version, so that the test's cleanup (Drop) accepts it.
+	if _, err := admin.ExecContext(c, `DELETE FROM "`+table+`_version" WHERE version = 99`); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestSchemaSQLAndQualifiedTable(t *testing.T) {
@@ -243,4 +247,152 @@ func migrateTo(t *testing.T, admin *sql.DB, tbl string, n int) table {
 		}
 	}
 	return tb
+}
+
+// pgleaseObjects lists the relations (tables, indexes, sequences, views),
+// types and functions in the catalogue whose name starts with table's (unqualified)
+// name, in any schema.
+func pgleaseObjects(t *testing.T, db *sql.DB, table string) []string {
+	t.Helper()
+	rows, err := db.QueryContext(ctx(t), `
+		SELECT 'relation ' || n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE starts_with(c.relname, $1)
+		UNION ALL
+		SELECT 'type ' || n.nspname || '.' || y.typname FROM pg_type y JOIN pg_namespace n ON n.oid = y.typnamespace
+		WHERE starts_with(y.typname, $1)
+		UNION ALL
+		SELECT 'function ' || n.nspname || '.' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE starts_with(p.proname, $1)
+		ORDER BY 1`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Drop leaves nothing of pglease's in the catalogue — after a table that
+// was used (leases, fences, journal rows) and in a schema of its own — and a
+// second Drop, or a Drop of a table never migrated, is fine.
+func TestDrop(t *testing.T) {
+	c := ctx(t)
+	admin := pgleasetest.DB(t, 2)
+	schema := "pglt_drop_" + strings.ToLower(pgleasetest.Table(t))[5:]
+	if _, err := admin.ExecContext(c, `CREATE SCHEMA "`+schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), `DROP SCHEMA "`+schema+`" CASCADE`) })
+	for _, name := range []string{unmigrated(t), schema + ".Leases"} {
+		short := name[strings.LastIndexByte(name, '.')+1:]
+		if err := Migrate(c, admin, WithTable(name)); err != nil {
+			t.Fatal(err)
+		}
+		l, err := New(admin, WithTable(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		le, err := l.Lock(c, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := NewFenceTable(WithTable(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := admin.BeginTx(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Check(c, tx, "resource", le.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+		// Everything Migrate creates carries the table's name: the list
+		// below is what Drop must remove.
+		if got := pgleaseObjects(t, admin, short); len(got) < 9 {
+			t.Fatalf("%s before Drop: %d objects, want at least 9 (6 tables, 3 indexes and more, the claim function): %v", name, len(got), got)
+		}
+		for i := 0; i < 2; i++ { // idempotent
+			if err := Drop(c, admin, WithTable(name)); err != nil {
+				t.Fatalf("Drop #%d of %s: %v", i+1, name, err)
+			}
+			if got := pgleaseObjects(t, admin, short); len(got) != 0 {
+				t.Fatalf("after Drop #%d of %s, left in the catalogue: %v", i+1, name, got)
+			}
+		}
+		if _, err := l.Lock(c, "job"); !errors.Is(err, ErrNotMigrated) {
+			t.Fatalf("Lock on a dropped table: %v; want ErrNotMigrated", err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Migrate again starts over.
+		if err := Migrate(c, admin, WithTable(name)); err != nil {
+			t.Fatal(err)
+		}
+		if err := Drop(c, pgxPool(t), WithTable(name)); err != nil { // through pgx too
+			t.Fatal(err)
+		}
+		if got := pgleaseObjects(t, admin, short); len(got) != 0 {
+			t.Fatalf("after Drop through pgxpool of %s, left in the catalogue: %v", name, got)
+		}
+	}
+}
+
+// Drop refuses, changing nothing, an invalid name, a table migrated by a
+// newer pglease, and a table that Migrate did not create.
+func TestDropRefuses(t *testing.T) {
+	c := ctx(t)
+	admin := pgleasetest.DB(t, 1)
+	if err := Drop(c, admin, WithTable(`x"; DROP TABLE users; --`)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("injected name: %v; want ErrInvalidOption", err)
+	}
+	if err := Drop(c, (*sql.DB)(nil)); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("nil database: %v; want ErrInvalidOption", err)
+	}
+
+	newer := pgleasetest.Table(t)
+	before := pgleaseObjects(t, admin, newer)
+	if _, err := admin.ExecContext(c, `INSERT INTO "`+newer+`_version" (version) VALUES (99)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Drop(c, admin, WithTable(newer)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("newer schema: %v; want ErrSchemaTooNew", err)
+	}
+	if got := pgleaseObjects(t, admin, newer); strings.Join(got, ",") != strings.Join(before, ",") {
+		t.Fatalf("a refused Drop changed the catalogue: %v, was %v", got, before)
+	}
+	if _, err := admin.ExecContext(c, `DELETE FROM "`+newer+`_version" WHERE version = 99`); err != nil {
+		t.Fatal(err)
+	}
+
+	foreign := unmigrated(t)
+	if _, err := admin.ExecContext(c, `CREATE TABLE "`+foreign+`" (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+foreign+`"`) })
+	before = pgleaseObjects(t, admin, foreign)
+	err := Drop(c, admin, WithTable(foreign))
+	if !errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), "_version") {
+		t.Fatalf("a table Migrate did not create: %v; want ErrNotMigrated naming the version table", err)
+	}
+	if got := pgleaseObjects(t, admin, foreign); len(got) != 2 || strings.Join(got, ",") != strings.Join(before, ",") {
+		t.Fatalf("a refused Drop changed the catalogue: %v, was %v", got, before)
+	}
 }

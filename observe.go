@@ -21,7 +21,7 @@ const (
 	lossUnlock     lossReason = "gone_at_unlock"   // Unlock or Close found it gone
 	lossGuard      lossReason = "gone_at_guard"    // a fenced transaction found it gone
 	lossNotified   lossReason = "forced"           // force-released (notification, then renew)
-	lossFailover   lossReason = "failover"         // found gone after a database failover
+	lossFailover   lossReason = "failover"         // found gone by a beat or a fenced transaction, the database failed over since the claim
 	lossReadOnly   lossReason = "read_only"        // a renew reached a read-only server (a standby)
 )
 

@@ -861,8 +861,22 @@ ALTER TABLE {J} ADD COLUMN IF NOT EXISTS due timestamptz, ADD COLUMN IF NOT EXIS
 ` + claimFunc8SQL,
 }
 
-// tableExistsSQL reports whether the lease table exists yet (Migrate, before
-// it creates it).
+// dropSQL drops everything Migrate creates for a table (Drop): the claim
+// function, then the companion tables and the lease table; their indexes go
+// with them. IF EXISTS throughout, so that a second run, or a run after a
+// partial drop by hand, finishes the job. No CASCADE: an object of the
+// application's that depends on one of them (a view, a foreign key) makes
+// the statement fail and the transaction drop nothing. The claim
+// function's two overloads (schema versions 7 and 8) are named with their
+// arguments; a new overload must be added here with its migration (the
+// test of Drop finds any left behind).
+const dropSQL = `
+DROP FUNCTION IF EXISTS {CF}(text, text, bigint, bigint, timestamptz, bigint, boolean),
+	{CF}(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean);
+DROP TABLE IF EXISTS {S}, {JP}, {J}, {Z}, {F}, {T}, {V}`
+
+// tableExistsSQL reports whether a table exists (Migrate, before it creates
+// the lease table; Drop, before it drops).
 //
 //	$1 the quoted table name
 const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
@@ -913,7 +927,7 @@ const notifyFrag = `(CASE WHEN a.hold_until IS NULL THEN pg_notify('{N}', a.fenc
 type statements struct {
 	claim, renew, release, releaseMany, releaseLost, forceRelease, list  string
 	abandonLock, abandon, notifyProbe, leader, timelineBase, lockTimeout string
-	versionTable, currentVersion, recordVersion, timelineCreated         string
+	versionTable, currentVersion, recordVersion, timelineCreated, drop   string
 	guard, fenceAdvance, fenceCurrent                                    string
 	journalLost, pruneClaim, prune, journalKeyRows, journalAllRows       string
 	registerSchedule, overdue                                            string
@@ -985,6 +999,7 @@ func (t table) statementsJournal(journal bool) statements {
 		currentVersion:   b(currentVersionSQL),
 		recordVersion:    b(recordVersionSQL),
 		timelineCreated:  b(timelineCreatedSQL),
+		drop:             b(dropSQL),
 		guard:            b(guardSQL),
 		fenceAdvance:     b(fenceAdvanceSQL),
 		fenceCurrent:     b(fenceCurrentSQL),

@@ -199,7 +199,8 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 
 // loseGone ends leases a renew did not find. If the server is on a later
 // timeline than the one a lease was claimed on, the database failed over
-// since: the reason says so (one more read, on this path only).
+// since (one more read, on this path only); the reason says so, and no more
+// (see goneReason).
 func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
 	if len(gone) == 0 {
 		return
@@ -209,12 +210,37 @@ func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
 		base = 0
 	}
 	for _, le := range gone {
-		if claimedBase := (le.fence - 1) >> 40 << 40; base > claimedBase {
-			le.lose(ctx, "renew did not find the lease on the server after a database failover (the new primary's timeline is later than the claim's)", lossFailover)
-			continue
-		}
-		le.lose(ctx, "renew found the lease expired, released or taken over", why)
+		claimedBase := (le.fence - 1) >> 40 << 40
+		reason, metric := goneReason(why, base > claimedBase)
+		le.lose(ctx, reason, metric)
 	}
+}
+
+// goneReason is the reason and the metric's loss reason of a lease that a
+// renew did not find, checked because of why: a beat (lossRenew), a
+// notification that the key was released by someone else (lossNotified),
+// or a fenced transaction that did not find it (lossGuard). It names only
+// what the Locker knows. A failover since the claim is a fact it can read,
+// not the cause: the new primary may have had the lease and lost it to an
+// expiry, a release or a force-release since. A notification is the only
+// evidence of a force-release, so its metric reason stays "forced" after a
+// failover too.
+func goneReason(why lossReason, failedOver bool) (string, lossReason) {
+	reason, metric := "renew found the lease expired, released or taken over", why
+	if failedOver {
+		reason = "renew did not find the lease on the server, which has failed over since the claim (its timeline is later than the claim's): " +
+			"the lease expired, was released or taken over there, or the old primary had not replicated it"
+		if why != lossNotified {
+			metric = lossFailover
+		}
+	}
+	switch why {
+	case lossNotified:
+		reason = "a notification said the key was released by another session (a force-release, or the undo of this claim); " + reason
+	case lossGuard:
+		reason = "a fenced transaction did not find the lease held; " + reason
+	}
+	return reason, metric
 }
 
 // renewNow checks le out of beat, renewing it if it is still held and

@@ -618,3 +618,54 @@ func TestRenewOnReadOnlyServerEndsLeaseAtOnce(t *testing.T) {
 		t.Fatalf("Unlock after the loss: %v", err)
 	}
 }
+
+// A lease force-released after a database failover is lost with a reason
+// that says what the holder knows: a notification said its key was
+// released, and the server has failed over since the claim — not that the
+// failover ended it (the new primary had the lease: it was replicated, and
+// renewed there).
+func TestLossReasonForceReleasedAfterFailover(t *testing.T) {
+	x := newPromotedPair(t)
+	logs := &logs{}
+	m := newMeters(t)
+	// Both servers, the one that is the primary first: connections follow
+	// the failover.
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		x.p.Port(), x.s.Port())
+	a := x.locker(x.open(url), "a", WithLeaseDuration(time.Minute), WithListen(ListenAlways),
+		WithLogger(slogLogger(logs)), WithMeterProvider(m.mp))
+	le, err := a.Lock(x.c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.s.WaitReplayed(x.c, x.p); err != nil {
+		t.Fatal(err)
+	}
+	before := le.Deadline()
+	x.failover()
+	// The lease lives on on the new primary: a renew there moves its
+	// deadline, and the listener listens there.
+	waitFor(t, 60*time.Second, func() bool { return le.Err() == nil && le.Deadline().After(before) })
+	waitFor(t, 60*time.Second, func() bool {
+		var n int
+		err := x.sdb.QueryRowContext(x.c, `SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'listen %'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if _, err := ForceRelease(x.c, x.sdb, "job", WithTable(x.table)); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, le, 10*time.Second)
+	var lost *LeaseLostError
+	if !errors.As(le.Err(), &lost) {
+		t.Fatalf("Err %v; want a LeaseLostError", le.Err())
+	}
+	for _, want := range []string{"notification", "force-release", "failed over since the claim"} {
+		if !strings.Contains(lost.Reason, want) {
+			t.Errorf("reason %q does not say %q", lost.Reason, want)
+		}
+	}
+	if strings.Contains(lost.Reason, "after a database failover") {
+		t.Errorf("reason %q blames the failover", lost.Reason)
+	}
+	m.waitSum("pglease.lease.losses", map[string]string{"pglease.table": x.table, "pglease.loss.reason": string(lossNotified)}, 1)
+}

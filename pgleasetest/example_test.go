@@ -2,9 +2,9 @@ package pgleasetest_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
-	"testing"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
@@ -27,22 +27,45 @@ func sendInvoices(ctx context.Context, locker *pglease.Locker, send func(ctx con
 
 // A test of a job that runs under a lease: two replicas start it at the same
 // time, and one of them sends the invoices.
+//
+// In a test, TestMain calls pgleasetest.Main, and the test takes its pool
+// and its migrated table from DB and Table, which clean up when the test
+// ends:
+//
+//	func TestSendInvoices(t *testing.T) {
+//		db := pgleasetest.DB(t, 4)
+//		table := pgleasetest.Table(t)
+//		...
+//	}
+//
+// An example has no test to clean up after it: it opens the pool on the
+// server that Main started (URL), and migrates and drops its table itself.
 func Example() {
-	// In a test, t is the test's *testing.T, and TestMain calls
-	// pgleasetest.Main. An example has no t of its own: it borrows one.
-	t := &testing.T{}
 	ctx := context.Background()
+	db, err := sql.Open("pgx", pgleasetest.URL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4)
+	const table = "example_invoice_leases"
+	if err := pglease.Migrate(ctx, db, pglease.WithTable(table)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pglease.Drop(ctx, db, pglease.WithTable(table))
 
-	db := pgleasetest.DB(t, 4)          // closed when the test ends
-	table := pgleasetest.Table(t)       // migrated; dropped when the test ends
 	replica := func() *pglease.Locker { // one replica of the service
 		l, err := pglease.New(db, pglease.WithTable(table))
 		if err != nil {
-			t.Fatal(err)
+			panic(err)
 		}
 		return l
 	}
 	a, b := replica(), replica()
+	defer a.Close()
+	defer b.Close()
 
 	sentA, err := sendInvoices(ctx, a, func(ctx context.Context, fence int64) error {
 		// While replica A sends the invoices, replica B starts the job.
@@ -54,10 +77,6 @@ func Example() {
 		return nil
 	})
 	fmt.Println("A sent:", sentA, err)
-
-	a.Close()
-	b.Close()
-	db.Close() // a test leaves it to its cleanup; an example has none
 	// Output:
 	// B sent: false <nil>
 	// A sent: true <nil>

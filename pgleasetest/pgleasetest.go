@@ -1,7 +1,8 @@
 // Package pgleasetest gives Go tests of code that uses pglease a real,
 // throw-away PostgreSQL and a fresh lease table per test.
 //
-// Call Main from the test binary's TestMain. It uses the server named by the
+// Call Main from the test binary's TestMain (with WithLeakCheck, it also
+// fails a run that leaves goroutines behind). It uses the server named by the
 // PGLEASE_TEST_DATABASE_URL environment variable when that is set, and
 // otherwise starts a private server once per test binary from the
 // PostgreSQL server binaries on the machine (initdb and postgres, found on
@@ -11,7 +12,7 @@
 // never skipped for want of a server: when none can be had, Main fails the
 // test binary and says what to install.
 //
-//	func TestMain(m *testing.M) { pgleasetest.Main(m) }
+//	func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 //
 //	func TestNightlyJob(t *testing.T) {
 //		db := pgleasetest.DB(t, 4)
@@ -22,8 +23,9 @@
 // Table hands each test its own migrated lease table, so tests can run in
 // parallel and on a shared server. A Proxy stalls or cuts one replica's
 // connections to the server, to test what the code does when it loses a
-// lease. Start starts a server outside of tests, for demonstrations and
-// benchmarks.
+// lease. Programs that are not tests (demonstrations, benchmarks) start a
+// server, or a proxy, with package pgserver, which does not link package
+// testing.
 package pgleasetest
 
 import (
@@ -57,22 +59,56 @@ var (
 // The server is the one named by PGLEASE_TEST_DATABASE_URL, or else a
 // throw-away server that Main starts before the tests and removes after them.
 // Main exits with a failure, running no test, when it cannot start or reach
-// the server. It also fails a run whose tests passed but left goroutines
-// running that were not running before (a Locker that was never closed
-// leaves its renewer behind, for instance).
-func Main(m *testing.M) {
-	os.Exit(run(m))
+// the server. With WithLeakCheck, it also fails a run whose tests passed but
+// left goroutines running.
+func Main(m *testing.M, opts ...MainOption) {
+	var c mainConfig
+	for _, o := range opts {
+		if o == nil {
+			fmt.Fprintln(os.Stderr, "pgleasetest: Main: nil MainOption")
+			os.Exit(2)
+		}
+		o.applyMain(&c)
+	}
+	os.Exit(run(m, c))
 }
 
-func run(m *testing.M) int {
+// MainOption configures Main.
+type MainOption interface {
+	applyMain(*mainConfig)
+}
+
+type mainConfig struct {
+	leakCheck bool
+}
+
+type leakCheckOption struct{}
+
+func (leakCheckOption) applyMain(c *mainConfig) { c.leakCheck = true }
+
+// WithLeakCheck makes Main fail a run whose tests passed but left goroutines
+// running that were not running before the tests (a pglease Locker that was
+// never closed leaves its renewer behind, for instance), using
+// go.uber.org/goleak. Off by default: the check covers every test of the
+// binary, the code under test included, not only pglease's.
+func WithLeakCheck() MainOption { return leakCheckOption{} }
+
+func run(m *testing.M, c mainConfig) int {
 	before := goleak.IgnoreCurrent()
+	tests := func() int {
+		code := m.Run()
+		if c.leakCheck {
+			code = checkLeaks(code, before)
+		}
+		return code
+	}
 	if u := os.Getenv(envURL); u != "" {
 		if err := ping(u); err != nil {
 			fmt.Fprintf(os.Stderr, "pgleasetest: cannot reach the server of %s: %v\n", envURL, err)
 			return 1
 		}
 		url = u
-		return checkLeaks(m.Run(), before)
+		return tests()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	s, err := Start(ctx, nil)
@@ -82,7 +118,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	url = s.URL()
-	code := checkLeaks(m.Run(), before)
+	code := tests()
 	if err := s.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgleasetest: removing the throw-away PostgreSQL: %v\n", err)
 		if code == 0 {
@@ -134,7 +170,8 @@ func mustURL(t testing.TB) string {
 }
 
 // Table returns the name of a new lease table, migrated and used by no other
-// test, and drops the table and its companion tables when the test ends.
+// test, and drops it with everything pglease.Migrate created for it
+// (pglease.Drop) when the test ends.
 // Pass it to pglease with pglease.WithTable.
 func Table(t testing.TB) string {
 	t.Helper()
@@ -155,13 +192,8 @@ func Table(t testing.TB) string {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{name, name + "_version", name + "_fences", name + "_timelines", name + "_journal", name + "_journal_pruned", name + "_schedules"} {
-			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS "`+n+`"`); err != nil {
-				t.Errorf("pgleasetest: drop %s: %v", n, err)
-			}
-		}
-		if _, err := db.ExecContext(ctx, `DROP FUNCTION IF EXISTS "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`); err != nil {
-			t.Errorf("pgleasetest: drop %s_claim: %v", name, err)
+		if err := testhook.Drop(ctx, db, name); err != nil {
+			t.Errorf("pgleasetest: %v", err)
 		}
 	})
 	db, err := sql.Open("pgx", u)

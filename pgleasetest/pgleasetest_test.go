@@ -2,6 +2,8 @@ package pgleasetest_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,46 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+// envLeak makes the test binary a fixture of TestLeakCheckIsOptIn: "off"
+// runs Main without the leak check, "on" with it.
+const envLeak = "PGLEASETEST_LEAK_FIXTURE"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(envLeak) {
+	case "off":
+		pgleasetest.Main(m)
+	default:
+		pgleasetest.Main(m, pgleasetest.WithLeakCheck())
+	}
+}
+
+// leaked is closed when the fixture's process exits; its goroutine is the
+// leak.
+var leaked = make(chan struct{})
+
+// TestLeakFixture leaks a goroutine when run as the fixture, and does
+// nothing otherwise.
+func TestLeakFixture(t *testing.T) {
+	if os.Getenv(envLeak) != "" {
+		go func() { <-leaked }()
+	}
+}
+
+// Main fails a run that leaves a goroutine behind only with WithLeakCheck:
+// the test binary, re-run as a fixture on this binary's server, leaks one.
+func TestLeakCheckIsOptIn(t *testing.T) {
+	for _, mode := range []string{"off", "on"} {
+		cmd := exec.CommandContext(ctx(t), os.Args[0], "-test.run=^TestLeakFixture$", "-test.count=1")
+		cmd.Env = append(os.Environ(), envLeak+"="+mode, "PGLEASE_TEST_DATABASE_URL="+pgleasetest.URL())
+		out, err := cmd.CombinedOutput()
+		switch {
+		case mode == "off" && err != nil:
+			t.Errorf("without WithLeakCheck, a run that leaks failed: %v\n%s", err, out)
+		case mode == "on" && (err == nil || !strings.Contains(string(out), "goroutines leaked")):
+			t.Errorf("with WithLeakCheck, a run that leaks: %v; want a failure naming the leak\n%s", err, out)
+		}
+	}
+}
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), time.Minute)

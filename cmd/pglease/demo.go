@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/pgleasetest"
+	"github.com/pglease/pglease/pgleasetest/pgserver"
 )
 
 type demoFlags struct {
@@ -120,7 +120,7 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	}
 	if url == "" {
 		fmt.Fprintln(e.stderr, "starting a throw-away PostgreSQL (no --database-url or DATABASE_URL given)...")
-		c, err := pgleasetest.Start(ctx, nil)
+		c, err := pgserver.Start(ctx, nil)
 		if err != nil {
 			if ctx.Err() != nil {
 				return errInterrupted
@@ -199,9 +199,8 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 func dropDemoTables(db *sql.DB, cfg *demoConfig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	t := cfg.leaseTable
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "%s", "%s_version", "%s_fences", "%s_timelines", "%s_journal", "%s_journal_pruned"`, cfg.resultTable, t, t, t, t, t, t))
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`, t))
+	_, _ = db.ExecContext(ctx, `DROP TABLE IF EXISTS `+cfg.resultTable)
+	_ = pglease.Drop(ctx, db, pglease.WithTable(cfg.leaseTable))
 }
 
 // progress draws the progress line on stderr: carriage-return updates on a

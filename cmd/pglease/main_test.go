@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 // unmigrated returns a table name of this test with no table behind it yet
 // (pgleasetest.Table's name, its tables dropped), for the tests of migrate
@@ -23,9 +24,7 @@ func unmigrated(t *testing.T) string {
 	t.Helper()
 	name := pgleasetest.Table(t)
 	db := pgleasetest.DB(t, 1)
-	if _, err := db.ExecContext(testCtx(t), `DROP TABLE "`+name+`", "`+name+`_version", "`+name+`_fences", "`+name+`_timelines", "`+name+`_journal", "`+name+`_journal_pruned", "`+name+`_schedules"; `+
-		`DROP FUNCTION "`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), `+
-		`"`+name+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`); err != nil {
+	if err := pglease.Drop(testCtx(t), db, pglease.WithTable(name)); err != nil {
 		t.Fatal(err)
 	}
 	return name

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/pgleasetest"
+	"github.com/pglease/pglease/pgleasetest/pgserver"
 )
 
 // A scenario is one way of making sure a scheduled job runs on one replica
@@ -86,7 +86,7 @@ type scenarioRun struct {
 
 	// --stall: each replica's pool goes through its proxy; the first run
 	// started after a third of the scenario stalls.
-	proxies    []*pgleasetest.Proxy
+	proxies    []*pgserver.Proxy
 	stallArmed atomic.Bool
 	stalled    atomic.Bool
 }
@@ -137,7 +137,7 @@ func runScenario(ctx context.Context, cfg *demoConfig, idx int, progress func(*s
 			}
 		}()
 		for range cfg.replicas {
-			p, err := pgleasetest.NewProxy(cfg.url)
+			p, err := pgserver.NewProxy(cfg.url)
 			if err != nil {
 				return result{}, err
 			}

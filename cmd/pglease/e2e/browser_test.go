@@ -20,7 +20,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 var screenshot = flag.String("screenshot", "", "also save the status page's screenshot to this file (e.g. ../../../docs/status-page.png)")
 

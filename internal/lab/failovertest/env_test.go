@@ -26,7 +26,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 const (
 	lease = 9 * time.Second // long enough that a promotion ends well before any local deadline

@@ -127,10 +127,9 @@ func waitThrough(ctx context.Context, t *testing.T, url, key string, mode pgleas
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, n := range []string{table, table + "_version", table + "_fences", table + "_timelines", table + "_journal", table + "_journal_pruned"} {
-			_, _ = admin.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+n+`"`)
+		if err := pglease.Drop(context.Background(), admin, pglease.WithTable(table)); err != nil {
+			t.Errorf("drop %s: %v", table, err)
 		}
-		_, _ = admin.ExecContext(context.Background(), `DROP FUNCTION IF EXISTS "`+table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "`+table+`_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`)
 	})
 	const lease, hb = 20 * time.Second, 6 * time.Second
 	holder, err := pglease.New(openDB(t, url, 2), pglease.WithTable(table), pglease.WithHolder("holder"),

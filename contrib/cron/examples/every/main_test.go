@@ -13,7 +13,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 // TestEveryRunsOncePerPeriod runs the README's cron (newCron) with "@every
 // 2s" on 4 replicas, each its own pool and pglease Locker, started at random

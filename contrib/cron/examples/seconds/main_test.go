@@ -11,7 +11,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 // TestSecondsRunsOncePerActivation runs the README's cron
 // (newCron) with a job every second on 3 replicas, each its own pool

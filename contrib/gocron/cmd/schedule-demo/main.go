@@ -44,7 +44,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/pgleasetest"
+	"github.com/pglease/pglease/pgleasetest/pgserver"
 )
 
 type scheduleFlags struct {
@@ -95,7 +95,7 @@ func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (e
 	url := f.url
 	if url == "" {
 		fmt.Fprintln(stderr, "starting a throw-away PostgreSQL (no -database-url or DATABASE_URL given)...")
-		c, err := pgleasetest.Start(ctx, nil)
+		c, err := pgserver.Start(ctx, nil)
 		if err != nil {
 			return err
 		}
@@ -257,8 +257,7 @@ func (d demoLocker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 func dropScheduleTable(db *sql.DB, table string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_version", "%s_fences", "%s_timelines", "%s_journal", "%s_journal_pruned"`, table, table, table, table, table, table))
-	_, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean), "%[1]s_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`, table))
+	_ = pglease.Drop(ctx, db, pglease.WithTable(table))
 }
 
 // runScheduleFleet starts the replicas, each running the job once per mode,

@@ -13,7 +13,7 @@ import (
 // replicas with clocks ±200 ms apart: the tick ledger and the minimum hold
 // run every tick exactly once; the plain lock runs more than once per tick
 // on the whole (the gocron #841 failure the other two fix).
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 func TestDemoSchedule(t *testing.T) {
 	var stdout, stderr strings.Builder

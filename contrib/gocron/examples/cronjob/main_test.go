@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m) }
+func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
 // TestCronJobRunsOncePerActivation runs the README's scheduler
 // (newScheduler) with a job every second on 3 replicas, each its own pool
