@@ -8,7 +8,7 @@ import (
 // The failover delay (Consul's lock-delay): after a promotion, no key that
 // looks free is granted until every holder of the old primary has passed
 // its local deadline. The gate itself is part of the claim (the table's
-// claim function, claimFuncSQL in the SQL list); this file holds its option and what the
+// claim function, in the schema's migration files); this file holds its option and what the
 // Locker does when a claim meets it.
 
 // WithFailoverDelay sets how long after a database failover this Locker

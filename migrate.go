@@ -3,11 +3,16 @@ package pglease
 import (
 	"context"
 	"fmt"
+	"github.com/pglease/pglease/internal/store"
 	"strings"
 )
 
 // SchemaVersion is the schema version this library creates and expects.
 func SchemaVersion() int { return len(migrations) }
+
+// migrations are the schema's migration files (package store), written
+// for the default table: table.schema binds them.
+var migrations = store.Migrations()
 
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
 // version table (<table>_version), the fence-guard table (<table>_fences,
@@ -83,7 +88,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 			return err
 		}
 		for v := current; v < len(migrations); v++ {
-			if _, err := tx.exec(ctx, t.bind(migrations[v])); err != nil {
+			if _, err := tx.exec(ctx, t.schema(migrations[v])); err != nil {
 				return fmt.Errorf("migration to version %d: %w", v+1, err)
 			}
 			if _, err := tx.exec(ctx, st.recordVersion, v+1); err != nil {
@@ -215,7 +220,7 @@ func SchemaSQL(tableName string) (string, error) {
 	fmt.Fprintf(&b, "%d for %s\n", len(migrations), t.quoted)
 	b.WriteString(strings.TrimSpace(t.bind(versionTableSQL)) + ";\n")
 	for v, m := range migrations {
-		b.WriteString(strings.TrimSpace(t.bind(m)) + ";\n")
+		b.WriteString(strings.TrimSuffix(strings.TrimSpace(t.schema(m)), ";") + ";\n")
 		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", t.version, v+1)
 	}
 	b.WriteString(strings.TrimSpace(t.bind(timelineCreatedSQL)) + ";\n")

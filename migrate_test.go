@@ -239,7 +239,7 @@ func migrateTo(t *testing.T, admin *sql.DB, tbl string, n int) table {
 		t.Fatal(err)
 	}
 	for v, m := range migrations[:n] {
-		if _, err := admin.ExecContext(c, tb.bind(m)); err != nil {
+		if _, err := admin.ExecContext(c, tb.schema(m)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {

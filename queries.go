@@ -7,21 +7,20 @@ import (
 )
 
 // This file holds every SQL statement pglease runs, so that they can be read
-// (and reviewed) in one place. Each is a single round trip. `{T}` is the
-// quoted lease table, `{V}` its version table, `{F}` the fence-guard table,
-// `{Z}` the timeline table (the first claim seen on each timeline), `{J}`
-// the journal, `{CF}` the table's claim function (claimFunc8SQL), `{S}`
-// the scheduled keys (registerScheduleSQL).
+// (and reviewed) in one place; the schema — tables, indexes and the claim
+// function — is in the numbered migration files of internal/store. Each
+// statement is a single round trip. `{T}` is the quoted lease table, `{V}`
+// its version table, `{F}` the fence-guard table, `{Z}` the timeline table
+// (the first claim seen on each timeline), `{J}` the journal, `{CF}` the
+// table's claim function (internal/store/migrations/008_schedules.sql),
+// `{S}` the scheduled keys (registerScheduleSQL).
 //
 // Every expiry decision uses the server's clock_timestamp(), read once per
-// statement (in the `now` CTE; in the claim function, its `ts`): no client
-// clock enters any decision.
+// statement (in the `now` CTE; in the claim function, its `now_ts`): no
+// client clock enters any decision.
 
 // Shared fragments, substituted by bind before anything else:
 //
-//	{HELD:a:ts} is true when the row aliased a blocks claims at time ts:
-//	            unreleased and unexpired, or released by its holder but
-//	            still inside its minimum hold (hold_until).
 //	{TLID}      the server's current timeline ID, read from the WAL file
 //	            name of the current insert position (its first 8 hex
 //	            digits), which grows at every promotion and is readable at
@@ -32,12 +31,11 @@ import (
 //	            fence is above 2^40 x (old timeline), above every fence the
 //	            old primary can have issued (up to 2^40 claims per key and
 //	            timeline). Evaluated only when a claim writes.
-//	{LOCK}      the claim's transaction-scoped advisory lock on the key:
-//	            (class of the table, hashtext(key)).
+//	{C}         the class of the table's advisory locks: a claim that
+//	            may write holds (class, hashtext(key)) for its
+//	            transaction, "the key's claim lock" below.
 //	{N}         the table's notification channel (see notifyChannel).
 const (
-	heldFrag = `(CASE WHEN a.released_at IS NULL THEN a.expires_at > ts
-	      ELSE coalesce(a.hold_until > ts, false) END)`
 	tlidFrag = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
 	baseFrag = `((` + tlidFrag + ` - 1) << 40)`
 )
@@ -45,7 +43,7 @@ const (
 // claimSQL takes the key if it is free (released, expired, never held), or
 // re-claims it for the same claim (same holder and token: a retry after a
 // lost reply) — unless the failover delay is in force. It calls the table's
-// claim function (claimFuncSQL), which does the work on the server.
+// claim function (schema version 8), which does the work on the server.
 //
 //	$1 key, $2 holder, $3 token, $4 lease duration in microseconds,
 //	$5 tick (timestamptz, NULL for a claim not tied to a tick),
@@ -61,271 +59,8 @@ const (
 // server's timeline is inside its failover delay for free_in_us more;
 // fence is the timeline ID, expires_at the delay's end, holder empty);
 // journaled is the number of journal rows written. No row at all: a
-// concurrent claim of the same key is in flight (it holds {LOCK}).
+// concurrent claim of the same key is in flight (it holds the key's claim lock).
 const claimSQL = `SELECT * FROM {CF}($1, $2, $3, $4, $5, $6, {JON}, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
-
-// claimFuncSQL is the table's claim function of schema version 7, with the
-// arguments $1 to $6 of claimSQL and $7 true to journal the claim
-// (WithJournal). It returns one row, as claimSQL describes, with outcome
-// 'busy' for a concurrent claim in flight. Schema version 8 added an
-// overload with two more arguments (claimFunc8SQL), which this version of
-// pglease calls; this one stays for replicas of the previous version
-// during a rolling upgrade.
-//
-// Why a function. The skip path — the key is held, or its tick already ran
-// — is what every replica but one does on every tick. As one SQL statement
-// with INSERT ... ON CONFLICT and the journal's INSERT in CTEs, it wrote
-// nothing but still made the server set up a plan that can insert into
-// three tables at every execution: 2.2-2.6x a SELECT 1, against 1.1-1.4x for
-// a plain read of the row (measured interleaved, BENCHMARKS.md). The
-// function reads the row first and runs the statements that write only
-// when the key looks free (1.5-1.6x in the same loop); each is a small plan
-// the function caches per session. The whole call is one statement, in one
-// transaction. {JON}, the journal argument, is a literal in each Locker's
-// text of claimSQL.
-//
-// Why it costs nothing on the common path. A held key, or a tick already
-// run, returns after the read: no row lock, no advisory lock, no
-// transaction id, no WAL, no durable commit. The timeline is not even
-// looked at.
-//
-// The failover delay. After an asynchronous failover the promoted server
-// may show a key free (or have no row for it) while the holder the old
-// primary granted it to still works, until its local deadline. A claim
-// that finds the key free therefore looks up the server's timeline ({TLID})
-// in {Z}: the first claim to see a new timeline records it there with its
-// clock_timestamp() (durable with the claim's commit) and grants nothing;
-// later claims grant nothing until first_claim_at + $6. Every holder of an
-// older timeline got its last reply from the old primary before the
-// failover, hence before first_claim_at; with $6 at least its lease
-// duration, its local deadline (one lease duration minus the safety margin
-// after it sent its last successful claim or renew) has passed by then.
-// Timeline 1 has no predecessor: no delay, nothing recorded. A claim that
-// misses a row that a concurrent claim has just recorded (ON CONFLICT then
-// does nothing) counts the delay from its own clock: later than the
-// recorded one, never earlier. A claim with $6 = 0 neither looks at the
-// timeline nor records it: the Lockers of the table that have a delay count
-// it from their own first claim, later, never earlier. Keys that look held
-// are not concerned: their leases are waited for as usual.
-//
-// Why racing claims do not all write. A claim that can succeed first takes
-// {LOCK} with pg_try_advisory_xact_lock: of several claims racing for a key
-// that was just freed, one gets it and the others return 'busy' at once,
-// before reaching ON CONFLICT (where a losing claim would lock the row and
-// take a transaction id). The lock ends with the claim's transaction. The
-// winner holds it while it waits for a fenced transaction (see below), so
-// the background undo of a claim whose reply was lost (abandonSQL) can queue
-// behind it and see its outcome.
-//
-// Why a takeover waits for fenced transactions. Listing the key column in
-// SET (to its own value: the update stays HOT) makes ON CONFLICT lock the
-// row FOR UPDATE, which conflicts with the FOR KEY SHARE lock of a fenced
-// transaction (guardSQL); renew and release touch no key column and are not
-// held up by it. ON CONFLICT's WHERE re-checks freeness on the latest row
-// version under that lock, whatever the first read saw; the new expiry is
-// computed with clock_timestamp() when the row is written, after any wait.
-//
-// Why the fence never goes back. The row is never deleted (release sets
-// released_at), and a new claim sets fence = max(fence + 1, {BASE} + 1).
-//
-// The journal ($7). A claim that took the key appends a granted row for
-// the new tenure — unless it was a retry that kept its fence — and, when
-// the previous tenure ended unreleased (it expired and this claim took the
-// key over), an expired row for it, dated at its expiry. The previous
-// tenure is the row as the first read saw it; a release or eviction that
-// committed since can only make the expired row redundant with that
-// tenure's own end row, never wrong about its fence.
-//
-// Durability: the claim commits durably (the session's synchronous_commit,
-// on by default). A claim lost in a crash could hand the same fence to the
-// next claimer while its holder still writes under it; a lost timeline
-// record would restart the delay, which only delays.
-//
-// It is created by Migrate. Never edit it once shipped: a change is a new
-// migration that replaces it (CREATE OR REPLACE).
-const claimFuncSQL = `
-CREATE OR REPLACE FUNCTION {CF}(text, text, bigint, bigint, timestamptz, bigint, boolean,
-	OUT r_outcome text, OUT r_fence bigint, OUT r_expires_at timestamptz, OUT r_holder text,
-	OUT r_last_tick timestamptz, OUT r_free_in_us bigint, OUT r_journaled bigint)
-LANGUAGE plpgsql AS $claim$
-DECLARE
-	ts  timestamptz := clock_timestamp();
-	p   record;
-	tl  bigint;
-	at  timestamptz;
-	nf  bigint;
-	ne  timestamptz;
-	acq timestamptz;
-BEGIN
-	r_journaled := 0;
-	r_free_in_us := 0;
-	SELECT l.holder, l.token, l.fence, l.expires_at, l.released_at, l.hold_until, l.last_tick INTO p
-	FROM {T} AS l WHERE l.key = $1;
-	IF FOUND AND NOT (p.holder = $2 AND p.token = $3)
-	   AND ({HELD:p:ts} OR coalesce(p.last_tick >= $5, false)) THEN
-		r_fence := p.fence; r_expires_at := p.expires_at; r_holder := p.holder; r_last_tick := p.last_tick;
-		IF {HELD:p:ts} THEN
-			r_free_in_us := (extract(epoch FROM CASE WHEN p.released_at IS NULL THEN p.expires_at ELSE p.hold_until END - ts)
-			                 * 1000000)::bigint;
-		END IF;
-		r_outcome := CASE WHEN coalesce(p.last_tick >= $5, false) THEN 'ran'
-		                  WHEN p.released_at IS NOT NULL THEN 'min-hold' ELSE 'held' END;
-		RETURN;
-	END IF;
-	IF $6 > 0 THEN
-		tl := {TLID};
-		IF tl > 1 THEN
-			SELECT z.first_claim_at INTO at FROM {Z} AS z WHERE z.timeline = tl;
-			IF NOT FOUND THEN
-				INSERT INTO {Z} (timeline, first_claim_at) VALUES (tl, ts) ON CONFLICT (timeline) DO NOTHING;
-				at := ts;
-			END IF;
-			IF at + $6 * interval '1 microsecond' > ts THEN
-				r_outcome := 'failover-delay'; r_fence := tl; r_holder := '';
-				r_expires_at := at + $6 * interval '1 microsecond';
-				r_free_in_us := (extract(epoch FROM r_expires_at - ts) * 1000000)::bigint;
-				RETURN;
-			END IF;
-		END IF;
-	END IF;
-	IF NOT {LOCK} THEN
-		r_outcome := 'busy';
-		RETURN;
-	END IF;
-	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at, last_tick)
-	VALUES ($1, $2, $3, {BASE} + 1, ts, ts + $4 * interval '1 microsecond', $5)
-	ON CONFLICT (key) DO UPDATE SET
-		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE
-		holder      = EXCLUDED.holder,
-		token       = EXCLUDED.token,
-		fence       = CASE WHEN {SAME} THEN l.fence ELSE greatest(l.fence + 1, EXCLUDED.fence) END,
-		acquired_at = CASE WHEN {SAME} THEN l.acquired_at ELSE clock_timestamp() END,
-		expires_at  = clock_timestamp() + $4 * interval '1 microsecond',
-		released_at = NULL,
-		hold_until  = NULL,
-		last_tick   = coalesce(EXCLUDED.last_tick, l.last_tick)
-	WHERE (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
-	   OR (NOT {HELD:l:EXCLUDED.acquired_at}
-	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false))
-	RETURNING l.fence, l.expires_at, l.acquired_at INTO nf, ne, acq;
-	IF NOT FOUND THEN
-		r_outcome := 'busy';
-		RETURN;
-	END IF;
-	IF $7 AND p.released_at IS NULL AND p.fence <> nf THEN
-		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick)
-		VALUES ($1, p.fence, p.holder, p.token, 'expired', p.expires_at, p.expires_at, NULL);
-		r_journaled := r_journaled + 1;
-	END IF;
-	IF $7 AND p.fence IS DISTINCT FROM nf THEN
-		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick)
-		VALUES ($1, nf, $2, $3, 'granted', acq, ne, $5);
-		r_journaled := r_journaled + 1;
-	END IF;
-	r_outcome := 'acquired'; r_fence := nf; r_expires_at := ne; r_holder := $2;
-END
-$claim$`
-
-// sameClaim: the row is this very claim, still live (a retry keeps its fence).
-const sameClaimFrag = `(l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token
-		                    AND l.released_at IS NULL AND l.expires_at > EXCLUDED.acquired_at)`
-
-// claimFunc8SQL is the claim function of schema version 8: claimFuncSQL's
-// body, with two more arguments for scheduled jobs, $8 the key's next tick
-// due (NextTick, or NULL) and $9 true for the catch-up of a missed tick
-// (CatchUp). A claim that takes the key with $8 set also records it as the
-// key's next due tick in {S}, if the key's schedule is registered there
-// (registerScheduleSQL); its journal's granted row carries $8 (due) and
-// $9 (catch_up, NULL when false). Everything else — outcomes, gate, lock,
-// fence and journal rules — is claimFuncSQL's, which explains them. The
-// skip path is the same read, and returns before $8 or $9 is looked at.
-//
-// Never edit it once shipped: a change is a new migration.
-const claimFunc8SQL = `
-CREATE OR REPLACE FUNCTION {CF}(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean,
-	OUT r_outcome text, OUT r_fence bigint, OUT r_expires_at timestamptz, OUT r_holder text,
-	OUT r_last_tick timestamptz, OUT r_free_in_us bigint, OUT r_journaled bigint)
-LANGUAGE plpgsql AS $claim$
-DECLARE
-	ts  timestamptz := clock_timestamp();
-	p   record;
-	tl  bigint;
-	at  timestamptz;
-	nf  bigint;
-	ne  timestamptz;
-	acq timestamptz;
-BEGIN
-	r_journaled := 0;
-	r_free_in_us := 0;
-	SELECT l.holder, l.token, l.fence, l.expires_at, l.released_at, l.hold_until, l.last_tick INTO p
-	FROM {T} AS l WHERE l.key = $1;
-	IF FOUND AND NOT (p.holder = $2 AND p.token = $3)
-	   AND ({HELD:p:ts} OR coalesce(p.last_tick >= $5, false)) THEN
-		r_fence := p.fence; r_expires_at := p.expires_at; r_holder := p.holder; r_last_tick := p.last_tick;
-		IF {HELD:p:ts} THEN
-			r_free_in_us := (extract(epoch FROM CASE WHEN p.released_at IS NULL THEN p.expires_at ELSE p.hold_until END - ts)
-			                 * 1000000)::bigint;
-		END IF;
-		r_outcome := CASE WHEN coalesce(p.last_tick >= $5, false) THEN 'ran'
-		                  WHEN p.released_at IS NOT NULL THEN 'min-hold' ELSE 'held' END;
-		RETURN;
-	END IF;
-	IF $6 > 0 THEN
-		tl := {TLID};
-		IF tl > 1 THEN
-			SELECT z.first_claim_at INTO at FROM {Z} AS z WHERE z.timeline = tl;
-			IF NOT FOUND THEN
-				INSERT INTO {Z} (timeline, first_claim_at) VALUES (tl, ts) ON CONFLICT (timeline) DO NOTHING;
-				at := ts;
-			END IF;
-			IF at + $6 * interval '1 microsecond' > ts THEN
-				r_outcome := 'failover-delay'; r_fence := tl; r_holder := '';
-				r_expires_at := at + $6 * interval '1 microsecond';
-				r_free_in_us := (extract(epoch FROM r_expires_at - ts) * 1000000)::bigint;
-				RETURN;
-			END IF;
-		END IF;
-	END IF;
-	IF NOT {LOCK} THEN
-		r_outcome := 'busy';
-		RETURN;
-	END IF;
-	INSERT INTO {T} AS l (key, holder, token, fence, acquired_at, expires_at, last_tick)
-	VALUES ($1, $2, $3, {BASE} + 1, ts, ts + $4 * interval '1 microsecond', $5)
-	ON CONFLICT (key) DO UPDATE SET
-		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE
-		holder      = EXCLUDED.holder,
-		token       = EXCLUDED.token,
-		fence       = CASE WHEN {SAME} THEN l.fence ELSE greatest(l.fence + 1, EXCLUDED.fence) END,
-		acquired_at = CASE WHEN {SAME} THEN l.acquired_at ELSE clock_timestamp() END,
-		expires_at  = clock_timestamp() + $4 * interval '1 microsecond',
-		released_at = NULL,
-		hold_until  = NULL,
-		last_tick   = coalesce(EXCLUDED.last_tick, l.last_tick)
-	WHERE (l.holder = EXCLUDED.holder AND l.token = EXCLUDED.token)
-	   OR (NOT {HELD:l:EXCLUDED.acquired_at}
-	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false))
-	RETURNING l.fence, l.expires_at, l.acquired_at INTO nf, ne, acq;
-	IF NOT FOUND THEN
-		r_outcome := 'busy';
-		RETURN;
-	END IF;
-	IF $8 IS NOT NULL THEN
-		UPDATE {S} AS s SET next_due = $8 WHERE s.key = $1;
-	END IF;
-	IF $7 AND p.released_at IS NULL AND p.fence <> nf THEN
-		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick)
-		VALUES ($1, p.fence, p.holder, p.token, 'expired', p.expires_at, p.expires_at, NULL);
-		r_journaled := r_journaled + 1;
-	END IF;
-	IF $7 AND p.fence IS DISTINCT FROM nf THEN
-		INSERT INTO {J} (key, fence, holder, token, event, occurred_at, expires_at, tick, due, catch_up)
-		VALUES ($1, nf, $2, $3, 'granted', acq, ne, $5, $8, nullif($9, false));
-		r_journaled := r_journaled + 1;
-	END IF;
-	r_outcome := 'acquired'; r_fence := nf; r_expires_at := ne; r_holder := $2;
-END
-$claim$`
 
 // registerScheduleSQL records the schedule of a scheduled key in {S}
 // (Locker.RegisterSchedule): a key not yet there is added with its next
@@ -494,7 +229,7 @@ journal AS (
 // abandonLockSQL and abandonSQL undo a claim whose reply never arrived (the
 // caller's context or the local deadline ended mid-claim), identified by its
 // token since its fence is not known. They run in one transaction: the
-// first waits for the claim's advisory lock ({LOCK}), which the claim holds
+// first waits for the key's claim lock, which the claim holds
 // until it commits or rolls back — also while it is queued behind a fenced
 // transaction — so the second sees the claim's outcome and cannot run
 // before it (a ghost claim nobody renews would block the key for a lease).
@@ -758,109 +493,6 @@ const currentVersionSQL = `SELECT coalesce(max(version), 0) FROM {V}`
 
 const recordVersionSQL = `INSERT INTO {V} (version) VALUES ($1)`
 
-// migrations are applied in order; migrations[i] brings the schema to
-// version i+1. Never edit one that has shipped: append a new one.
-var migrations = []string{
-	// v1: the lease table. The row of a key is never deleted by pglease, so
-	// the fence survives releases. fillfactor leaves room on each page so
-	// that renewals (which touch no indexed column) are HOT updates: measured
-	// over 490 renewals of 1,000 leases (BENCHMARKS.md), 50 gave 100 % HOT
-	// updates and the smallest table (296 KiB), 70 gave 99.75 % (440 KiB),
-	// 100 gave 93 % (3.7 MiB).
-	`CREATE TABLE IF NOT EXISTS {T} (
-	key         text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
-	holder      text        NOT NULL,
-	token       bigint      NOT NULL,
-	fence       bigint      NOT NULL CHECK (fence > 0),
-	acquired_at timestamptz NOT NULL,
-	expires_at  timestamptz NOT NULL,
-	released_at timestamptz,
-	CONSTRAINT lease_validity CHECK (expires_at > acquired_at)
-) WITH (fillfactor = 50)`,
-	// v2: the fence-guard table (FenceTable): the highest fence accepted
-	// per downstream resource.
-	`CREATE TABLE IF NOT EXISTS {F} (
-	resource   text        PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 512),
-	fence      bigint      NOT NULL CHECK (fence > 0),
-	updated_at timestamptz NOT NULL
-)`,
-	// v3: minimum hold (a released key stays blocked until hold_until) and
-	// the tick ledger (the last scheduled tick claimed on the key). Rows
-	// released by an older pglease have both NULL and stay free.
-	`ALTER TABLE {T} ADD COLUMN IF NOT EXISTS hold_until timestamptz,
-	ADD COLUMN IF NOT EXISTS last_tick timestamptz`,
-	// v4: the timeline table (the failover delay, see claimSQL): when the
-	// first claim on each timeline of the server ran. One row per
-	// promotion. An upgraded table has no row for the current timeline, so
-	// the first claim after the upgrade on a timeline above 1 starts a
-	// delay, as after a failover: the table cannot tell whether one just
-	// happened.
-	`CREATE TABLE IF NOT EXISTS {Z} (
-	timeline       bigint      PRIMARY KEY CHECK (timeline > 0),
-	first_claim_at timestamptz NOT NULL
-)`,
-	// v5: the journal (see WithJournal): one row per state change of a
-	// lease, appended by the statement that makes the change, and the
-	// one-row ledger that elects its pruner. One index, (key, occurred_at),
-	// for History and pruning; no primary key and no CHECK constraints
-	// (only pglease's statements write it, with the vocabulary in runs.go):
-	// each costs every claim and release. Measured with BenchmarkJournal
-	// (Lock+Unlock, journal on / off, 7 rounds per driver): with a BRIN
-	// index on occurred_at and CHECKs on event and outcome, 1.06–1.34x
-	// (pgxpool) and 1.18–1.26x (database/sql); as here, 1.08–1.13x and
-	// 1.10–1.17x.
-	`CREATE TABLE IF NOT EXISTS {J} (
-	key         text        NOT NULL,
-	fence       bigint      NOT NULL,
-	holder      text        NOT NULL,
-	token       bigint      NOT NULL,
-	event       text        NOT NULL,
-	occurred_at timestamptz NOT NULL,
-	expires_at  timestamptz,
-	tick        timestamptz,
-	outcome     text
-);
-CREATE INDEX IF NOT EXISTS {JKI} ON {J} (key, occurred_at);
-CREATE TABLE IF NOT EXISTS {JP} (
-	one            boolean     PRIMARY KEY DEFAULT true CHECK (one),
-	last_pruned_at timestamptz NOT NULL
-);
-INSERT INTO {JP} (one, last_pruned_at) VALUES (true, '-infinity') ON CONFLICT DO NOTHING`,
-	// v6: the natural-key index (<table>_natural_key): keys in natural
-	// order — the key without its trailing digits (bytewise), the number
-	// of trailing digits, the key (bytewise), so job-2 sorts before job-10.
-	// It makes a page of the status page in key order an index scan of
-	// offset + limit entries instead of a sort of the table; the page's
-	// ORDER BY is exactly these expressions. Cost: one index entry per new
-	// key (the first claim of a key inserts its row); renewals, releases
-	// and later claims never change the key, so they stay HOT updates and
-	// do not touch it. On an upgrade it is built in Migrate's transaction,
-	// which holds every write to the table (claims, renewals, releases)
-	// until it is built: measured 108–116 ms for 100,000 keys.
-	`CREATE INDEX IF NOT EXISTS {NKI} ON {T}
-	((rtrim(key, '0123456789') COLLATE "C"), (length(key) - length(rtrim(key, '0123456789'))), (key COLLATE "C"))`,
-	// v7: the claim function (<table>_claim, see claimFuncSQL): the claim
-	// reads the key's row first and plans its writes only when the key
-	// looks free, so a claim of a held key costs about a read.
-	claimFuncSQL,
-	// v8: scheduled keys (Locker.RegisterSchedule): {S} holds each key's
-	// schedule, as the text its adapter registered, its next due tick
-	// (moved on by every claim with NextTick), the grace after which a due
-	// tick with no run is missed, and when the schedule became known; the
-	// journal's granted rows record the run's next due tick and whether it
-	// caught up a missed tick; the claim function gains the two arguments
-	// (an overload: version 7's stays for replicas not yet upgraded).
-	`CREATE TABLE IF NOT EXISTS {S} (
-	key         text        PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 512),
-	schedule    text        NOT NULL,
-	next_due    timestamptz NOT NULL,
-	grace_us    bigint      NOT NULL CHECK (grace_us >= 0),
-	known_since timestamptz NOT NULL
-);
-ALTER TABLE {J} ADD COLUMN IF NOT EXISTS due timestamptz, ADD COLUMN IF NOT EXISTS catch_up boolean;
-` + claimFunc8SQL,
-}
-
 // dropSQL drops everything Migrate creates for a table (Drop): the claim
 // function, then the companion tables and the lease table; their indexes go
 // with them. IF EXISTS throughout, so that a second run, or a run after a
@@ -933,25 +565,18 @@ type statements struct {
 	registerSchedule, overdue                                            string
 }
 
-var fragRE = regexp.MustCompile(`\{(HELD|NOTIFY):([a-z]+)(?::([a-zA-Z_.]+))?\}`)
+var fragRE = regexp.MustCompile(`\{NOTIFY:([a-z]+)\}`)
 
 // bind substitutes the shared fragments, then the table's names, into sql.
 func (t table) bind(sql string) string { return t.bindNames(fragments(sql)) }
 
 func fragments(sql string) string {
 	sql = fragRE.ReplaceAllStringFunc(sql, func(m string) string {
-		p := fragRE.FindStringSubmatch(m)
-		frag := heldFrag
-		if p[1] == "NOTIFY" {
-			frag = notifyFrag
-		}
-		return strings.NewReplacer("a.", p[2]+".", "ts", p[3]).Replace(frag)
+		return strings.ReplaceAll(notifyFrag, "a.", fragRE.FindStringSubmatch(m)[1]+".")
 	})
 	return strings.NewReplacer(
-		"{SAME}", sameClaimFrag,
 		"{BASE}", baseFrag,
 		"{TLID}", tlidFrag,
-		"{LOCK}", "pg_try_advisory_xact_lock({C}, hashtext($1))",
 	).Replace(sql)
 }
 

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // DefaultTable is the lease table's default name: prefixed so that it does
@@ -84,6 +86,12 @@ func parseTable(name string) (table, error) {
 		lockClass:     int32(uint32(sum)),
 		channel:       fmt.Sprintf("pglease_%016x", sum),
 	}, nil
+}
+
+// schema returns a migration file's text (package store) for this table.
+func (t table) schema(sql string) string {
+	return store.Names{Prefix: t.quoted[:len(t.quoted)-1], JournalKeyIdx: t.journalKeyIdx,
+		NaturalKeyIdx: t.naturalKeyIdx, LockClass: t.lockClass}.Bind(sql)
 }
 
 func checkKey(key string) error {

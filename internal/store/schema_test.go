@@ -1,0 +1,42 @@
+package store
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestMigrationsNumbered(t *testing.T) {
+	ms := Migrations()
+	if len(ms) < 8 {
+		t.Fatalf("%d migrations, want at least 8", len(ms))
+	}
+	for i, m := range ms {
+		if !strings.HasPrefix(m, "-- pglease schema version ") || !strings.Contains(m, "Frozen:") {
+			t.Errorf("migration %d does not start with its header", i+1)
+		}
+	}
+}
+
+// Bind puts another table's names, index names and lock class in place of
+// the default table's, and leaves nothing of the default behind.
+func TestBind(t *testing.T) {
+	n := Names{Prefix: `"app"."jobs`, JournalKeyIdx: `"jobs_journal_key"`, NaturalKeyIdx: `"jobs_natural_key"`, LockClass: 42}
+	for i, m := range Migrations() {
+		got := n.Bind(m)
+		body := got[strings.Index(got, "\nCREATE")+1:] // past the header, which names the default
+		if i == 2 {
+			body = got[strings.Index(got, "\nALTER")+1:]
+		}
+		if strings.Contains(body, DefaultTable) || strings.Contains(body, "-2046909054") {
+			t.Errorf("migration %d still names the default table or its lock class:\n%s", i+1, body)
+		}
+	}
+	v5 := n.Bind(Migrations()[4])
+	if !strings.Contains(v5, `CREATE INDEX IF NOT EXISTS "jobs_journal_key" ON "app"."jobs_journal" (key, occurred_at)`) {
+		t.Errorf("the journal's index is not bound as expected:\n%s", v5)
+	}
+	if v8 := n.Bind(Migrations()[7]); !strings.Contains(v8, "pg_try_advisory_xact_lock(42, hashtext(p_key))") ||
+		!strings.Contains(v8, `FUNCTION "app"."jobs_claim"(`) {
+		t.Errorf("the claim function is not bound as expected")
+	}
+}
