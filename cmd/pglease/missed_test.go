@@ -62,7 +62,7 @@ func TestAuditMissedTicks(t *testing.T) {
 	}
 	untilPast(ticks[0], 0)
 	ranTick(t, ctx, f.a, "nightly", pglease.Tick(ticks[0]), pglease.NextTick(ticks[1])) // fence 1
-	untilPast(ticks[1], 50*time.Millisecond)                                               // every replica is down across ticks[1]
+	untilPast(ticks[1], 50*time.Millisecond)                                            // every replica is down across ticks[1]
 
 	stamp := func(tt time.Time) string { return tt.UTC().Format(tsFormat) }
 	r := cli(t, ctx, f.env, "audit", "--table", f.table)
