@@ -118,6 +118,29 @@ func TestAuditMissedTicks(t *testing.T) {
 		t.Fatalf("missed tick after the catch-up: %v", got[0])
 	}
 
+	// history marks the catch-up run, and shows each run's next due tick.
+	r = cli(t, ctx, f.env, "history", "--table", f.table, "nightly")
+	t.Logf("pglease history nightly:\n%s", r.stdout)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if r.code != exitOK || len(lines) != 3 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "FENCE HOLDER ACQUIRED AT ENDED AT DURATION END OUTCOME TICK NEXT DUE" ||
+		!strings.HasPrefix(lines[1], "2 ") || !strings.Contains(lines[1], stamp(ticks[2])+" catch-up  "+stamp(ticks[3])) ||
+		!strings.HasPrefix(lines[2], "1 ") || !strings.Contains(lines[2], stamp(ticks[0])+"           "+stamp(ticks[1])) {
+		t.Fatalf("history: code %d\n%s", r.code, r.stdout)
+	}
+	if i := strings.Index(lines[0], "NEXT DUE"); i < 0 || lines[1][i:] != stamp(ticks[3]) || lines[2][i:] != stamp(ticks[1]) {
+		t.Fatalf("NEXT DUE column not aligned:\n%s", r.stdout)
+	}
+	r = cli(t, ctx, f.env, "history", "--table", f.table, "--json", "nightly")
+	var runs []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &runs); err != nil || len(runs) != 2 {
+		t.Fatalf("history --json: %v\n%s", err, r.stdout)
+	}
+	if runs[0]["catch_up"] != true || runs[0]["next_tick"] != ticks[3].UTC().Format(time.RFC3339Nano) ||
+		runs[1]["catch_up"] != false || runs[1]["next_tick"] != ticks[1].UTC().Format(time.RFC3339Nano) {
+		t.Fatalf("history --json: %v", runs)
+	}
+
 	// Overlaps and missed ticks together: one array, told apart by cause.
 	evicted, err := f.a.Lock(ctx, "other")
 	if err != nil {
