@@ -172,3 +172,31 @@ func TestAuditMissedTicks(t *testing.T) {
 		t.Fatalf("audit text with both kinds:\n%s", r.stdout)
 	}
 }
+
+// TestMissedLine: the wording of each kind of missed tick — no run before
+// it in the window, a later tick's run after it (not a catch-up), a run
+// claimed with no tick, and a holder with a control character.
+func TestMissedLine(t *testing.T) {
+	at := func(s string) time.Time {
+		tt, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tt
+	}
+	tick, due := at("2026-12-05T00:00:00Z"), at("2026-12-04T00:00:00Z")
+	next := &pglease.RunInfo{Fence: 9, Holder: "worker-1", Tick: &tick, AcquiredAt: at("2026-12-05T00:00:01Z")}
+	got := missedLine(pglease.MissedTickInfo{Key: "nightly", Due: due, NextRun: next})
+	want := "nightly: tick 2026-12-04 00:00:00.000Z ran zero times (no run before it in the window; " +
+		"next run fence 9 by worker-1 for tick 2026-12-05 00:00:00.000Z at 2026-12-05 00:00:01.000Z); cause: missed"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	last := &pglease.RunInfo{Fence: 7, Holder: "bad\nholder", AcquiredAt: at("2026-12-03T00:00:02Z")}
+	got = missedLine(pglease.MissedTickInfo{Key: "k", Due: due, LastRun: last})
+	want = `k: tick 2026-12-04 00:00:00.000Z ran zero times (last run fence 7 by "bad\nholder" at 2026-12-03 00:00:02.000Z; ` +
+		"none since: overdue now); cause: missed"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
