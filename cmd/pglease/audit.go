@@ -36,18 +36,31 @@ func findingsJSON(fs []pglease.OverlapInfo) []findingJSON {
 }
 
 // errFindings makes audit exit with status 1 when it found anything.
-var errFindings = errors.New("audit found overlapping runs")
+var errFindings = errors.New("audit found")
+
+// foundWhat names the kinds of findings of res: "overlapping runs",
+// "missed ticks" or both.
+func foundWhat(res pglease.AuditResult) string {
+	switch {
+	case len(res.Findings) > 0 && len(res.Missed) > 0:
+		return "overlapping runs and missed ticks"
+	case len(res.Missed) > 0:
+		return "missed ticks"
+	}
+	return "overlapping runs"
+}
 
 func printFindings(w io.Writer, res pglease.AuditResult) {
 	window := "in the whole journal"
 	if !res.Since.IsZero() {
 		window = "since " + res.Since.UTC().Format(tsFormat)
 	}
-	if len(res.Findings) == 0 {
-		fmt.Fprintf(w, "no overlaps: %d runs %s\n", res.Runs, window)
+	n := len(res.Findings) + len(res.Missed)
+	if n == 0 {
+		fmt.Fprintf(w, "no overlaps, no missed ticks: %d runs %s\n", res.Runs, window)
 		return
 	}
-	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(len(res.Findings)), res.Runs, window)
+	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(n), res.Runs, window)
 	for _, f := range res.Findings {
 		overlap := f.Overlap.Round(time.Microsecond)
 		if f.Overlap >= time.Second {
@@ -60,6 +73,9 @@ func printFindings(w io.Writer, res pglease.AuditResult) {
 		fmt.Fprintf(w, "  %s: fence %d (%s) granted while fence %d (%s) still ran: %s; likely cause: %s\n",
 			oneLine(f.Key), f.Fence, oneLine(f.Holder), f.OverlapsFence, oneLine(f.OverlapsHolder), what, f.Cause)
 	}
+	for _, m := range res.Missed {
+		fmt.Fprintf(w, "  %s\n", missedLine(m))
+	}
 }
 
 func newAuditCmd(e *env) *cobra.Command {
@@ -70,12 +86,20 @@ func newAuditCmd(e *env) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "audit",
-		Short: "Find runs of one key that overlapped in time, and ticks run twice (exit 1 if any)",
+		Short: "Find runs of one key that overlapped in time, ticks run twice and ticks run zero times (exit 1 if any)",
 		Long: `audit reads the lease table's journal and reports every pair of runs of one
 key that overlapped in time — a run granted before the previous one ended: a
 force-release while the evicted holder still ran, an asynchronous failover, a
 holder that ran past its deadline — and every tick run twice. Each finding
 names both holders and fences, the overlap and the likely cause.
+
+It also reports the ticks of scheduled keys (registered by a scheduler
+adapter) that ran zero times: a tick that came due between two runs with
+none for it, and a key whose next tick is overdue now, past its grace, with
+no run claimed for it. Each names the due tick, the run before it and the run
+after it (the catch-up run, a later tick's, or none yet); its cause is
+"missed". With --json, overlaps and missed ticks are one array: tell them
+apart by "cause".
 
 Exit status: 0 when nothing is found, 1 when anything is (or on an error),
 so it can run from cron or CI.`,
@@ -97,21 +121,21 @@ so it can run from cron or CI.`,
 			if asJSON {
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
-				if err := enc.Encode(findingsJSON(res.Findings)); err != nil {
+				if err := enc.Encode(auditJSON(res)); err != nil {
 					return err
 				}
 			} else {
 				printFindings(e.stdout, res)
 			}
-			if len(res.Findings) > 0 {
-				return fmt.Errorf("%w: %s in %d runs", errFindings, findings(len(res.Findings)), res.Runs)
+			if n := len(res.Findings) + len(res.Missed); n > 0 {
+				return fmt.Errorf("%w %s: %s in %d runs", errFindings, foundWhat(res), findings(n), res.Runs)
 			}
 			return nil
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the findings as a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the findings (overlaps, then missed ticks) as a JSON array")
 	return cmd
 }
 

@@ -26,7 +26,7 @@ func TestAuditCommand(t *testing.T) {
 	}
 	// Also the history the docs show: the runs of the key, evicted one included.
 	r := cli(t, ctx, f.env, "audit", "--table", f.table)
-	if r.code != exitOK || r.stdout != "no overlaps: 6 runs in the whole journal\n" || r.stderr != "" {
+	if r.code != exitOK || r.stdout != "no overlaps, no missed ticks: 6 runs in the whole journal\n" || r.stderr != "" {
 		t.Fatalf("audit of a clean run: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = cli(t, ctx, f.env, "audit", "--table", f.table, "--json", "--since", "1h")

@@ -19,7 +19,9 @@ type runJSON struct {
 	Key        string         `json:"key"`
 	Fence      int64          `json:"fence"`
 	Holder     string         `json:"holder"`
-	Tick       *time.Time     `json:"tick"` // the tick the run was claimed for, else null
+	Tick       *time.Time     `json:"tick"`      // the tick the run was claimed for, else null
+	CatchUp    bool           `json:"catch_up"`  // the catch-up run of a missed tick (its tick ran late)
+	NextTick   *time.Time     `json:"next_tick"` // the key's next tick due as the run was claimed, else null
 	AcquiredAt time.Time      `json:"acquired_at"`
 	EndedAt    *time.Time     `json:"ended_at"` // null while running
 	DurationMS int64          `json:"duration_ms"`
@@ -30,7 +32,8 @@ type runJSON struct {
 func runsJSON(runs []pglease.RunInfo) []runJSON {
 	out := make([]runJSON, 0, len(runs))
 	for _, r := range runs {
-		j := runJSON{Key: r.Key, Fence: r.Fence, Holder: r.Holder, Tick: utcPtr(r.Tick), AcquiredAt: r.AcquiredAt.UTC(),
+		j := runJSON{Key: r.Key, Fence: r.Fence, Holder: r.Holder, Tick: utcPtr(r.Tick), CatchUp: r.CatchUp,
+			NextTick: utcPtr(r.NextTick), AcquiredAt: r.AcquiredAt.UTC(),
 			EndedAt: utcPtr(r.EndedAt), DurationMS: r.Duration.Milliseconds(), End: r.End}
 		if r.Outcome != "" {
 			o := string(r.Outcome)
@@ -43,20 +46,26 @@ func runsJSON(runs []pglease.RunInfo) []runJSON {
 
 const tsFormat = "2006-01-02 15:04:05.000Z"
 
-// printRuns prints the runs as a table; the TICK column only when a run has one.
+// printRuns prints the runs as a table; the TICK column only when a run has
+// one (a catch-up run's marked "catch-up": it ran a missed tick late), the
+// NEXT DUE column only when a run recorded one.
 func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
 	if len(runs) == 0 {
 		fmt.Fprintf(w, "no runs of %q in the journal\n", key)
 		return
 	}
-	ticks := false
+	ticks, nexts := false, false
 	for _, r := range runs {
 		ticks = ticks || r.Tick != nil
+		nexts = nexts || r.NextTick != nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	header := "FENCE\tHOLDER\tACQUIRED AT\tENDED AT\tDURATION\tEND\tOUTCOME"
 	if ticks {
 		header += "\tTICK"
+	}
+	if nexts {
+		header += "\tNEXT DUE"
 	}
 	fmt.Fprintln(tw, header)
 	for _, r := range runs {
@@ -75,7 +84,17 @@ func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
 			if r.Tick != nil {
 				tick = r.Tick.UTC().Format(tsFormat)
 			}
+			if r.CatchUp {
+				tick += " catch-up"
+			}
 			fmt.Fprintf(tw, "\t%s", tick)
+		}
+		if nexts {
+			next := "-"
+			if r.NextTick != nil {
+				next = r.NextTick.UTC().Format(tsFormat)
+			}
+			fmt.Fprintf(tw, "\t%s", next)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -130,7 +149,9 @@ func newHistoryCmd(e *env) *cobra.Command {
 newest first: holder, fence, when the lease was acquired and when the run
 ended, how it ended (running, released, expired, force-released, superseded,
 lost) and, for runs made through Do or a scheduler adapter, the job's outcome
-(ok, error, panic, lost). Times are the server's clock.`,
+(ok, error, panic, lost). Runs of a scheduled job also show the tick they ran
+(TICK; "catch-up" marks the catch-up run of a missed tick, run late, once) and
+when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usagef("history takes exactly one KEY, got %d arguments", len(args))

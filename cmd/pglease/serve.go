@@ -43,21 +43,24 @@ func newServeCmd(e *env) *cobra.Command {
   /              a status page that updates itself (no reload, no external assets):
                  a table in natural key order (job-2 before job-10), sortable,
                  filtered by key prefix, holder and state, paged by the database,
-                 with counts by state and by holder
-  /key/KEY       one key: its row now, its runs from the journal as a timeline
-                 (overlaps in red) and the audit's findings on it (KEY
-                 percent-encoded), over the last --history-window
+                 with counts by state and by holder; scheduled keys whose next
+                 tick is overdue (past its grace, no run) are marked and counted
+  /key/KEY       one key: its row now, its schedule (next tick due, overdue),
+                 its runs from the journal as a timeline (overlaps in red) and
+                 the audit's findings on it (KEY percent-encoded), over the last
+                 --history-window
   /api/leases    one page as JSON (times RFC 3339, durations in ms); query
                  prefix, holder, state, sort, order, offset, limit (at most 500)
   /events        the same as server-sent events, every --interval
   /metrics       Prometheus text format (OpenTelemetry gauges read at scrape time),
-                 with pglease_audit_findings: the overlaps of the last audit
+                 with pglease_audit_findings: the overlaps of the last audit, and
+                 pglease_keys_overdue: the scheduled keys overdue now
+  /healthz       200 "ok" when the database answers and the table exists, else 503
 
 The audit (as pglease audit, over the last --history-window) runs at most once
 per --audit-interval, when a page or a scrape asks; the page's overlap count,
 every key's findings and pglease_audit_findings share that one run. It reads
 the journal rows of the window (two per run), one key at a time.
-  /healthz       200 "ok" when the database answers and the table exists, else 503
 
 Every read is bounded by the page shown: counts are computed in SQL, and all
 open pages share one read per view per --interval. A page in key order is an

@@ -53,7 +53,7 @@ func TestLeasesJSONFollowsLockAndUnlock(t *testing.T) {
 		names = append(names, k)
 	}
 	slices.Sort(names)
-	want := []string{"acquired_at", "expires_at", "expires_in_ms", "fence", "hold_until", "holder", "key", "last_tick", "released_at", "span_ms", "state"}
+	want := []string{"acquired_at", "expires_at", "expires_in_ms", "fence", "hold_until", "holder", "key", "last_tick", "next_due", "overdue", "released_at", "span_ms", "state"}
 	if !slices.Equal(names, want) {
 		t.Errorf("lease fields %v, want %v", names, want)
 	}

@@ -35,7 +35,8 @@ var keyPage = template.Must(template.New("key").Funcs(funcs).Parse(keyHTML))
 // keyData is what the key page shows.
 type keyData struct {
 	Table, Key   string
-	Lease        *Lease // nil: no row
+	Lease        *Lease       // nil: no row
+	Schedule     *KeySchedule // nil: not a scheduled key
 	Error        string
 	Window       time.Duration
 	HasHistory   bool
@@ -76,6 +77,7 @@ func (s *Server) handleKey(w http.ResponseWriter, r *http.Request, key string) {
 		s.spans.apply(ls, time.Now())
 		d.Lease = &ls[0]
 	}
+	d.Schedule = k.schedule
 	now := k.now // the database's clock: the timeline ends there
 	since := now.Add(-s.cfg.HistoryWindow)
 	if s.cfg.History != nil && err == nil {
@@ -96,7 +98,7 @@ func (s *Server) handleKey(w http.ResponseWriter, r *http.Request, key string) {
 	setPagePolicy(h, d.Nonce)
 	if err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
-	} else if !found {
+	} else if !found && k.schedule == nil {
 		w.WriteHeader(http.StatusNotFound)
 	}
 	if err := keyPage.Execute(w, d); err != nil {

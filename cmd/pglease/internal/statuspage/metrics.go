@@ -62,7 +62,13 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
-	instruments := []metric.Observable{leases, readDur}
+	overdue, err := meter.Int64ObservableGauge("pglease.keys.overdue", metric.WithUnit("{key}"),
+		metric.WithDescription("Scheduled keys whose next tick came due more than its grace ago with no run claimed for it (a tick that ran zero times), "+
+			"read at scrape time on the database clock. Absent while the table predates schema version 8 (run pglease migrate)."))
+	if err != nil {
+		return err
+	}
+	instruments := []metric.Observable{leases, readDur, overdue}
 	var findings metric.Int64ObservableGauge
 	if s.cfg.Audit != nil {
 		findings, err = meter.Int64ObservableGauge("pglease.audit.findings", metric.WithUnit("{finding}"),
@@ -107,6 +113,9 @@ func (m *metrics) register(s *Server, meter metric.Meter) error {
 		}
 		for _, st := range States {
 			o.ObserveInt64(leases, sum.v.States[st], metric.WithAttributes(attribute.String(AttrState, st)))
+		}
+		if sum.v.Schedules {
+			o.ObserveInt64(overdue, sum.v.Overdue)
 		}
 		for _, l := range keys {
 			if l.State == "held" || l.State == "expired" {

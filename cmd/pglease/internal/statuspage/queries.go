@@ -8,9 +8,12 @@ import (
 
 // This file holds every SQL statement of the status page, so that they can
 // be read and reviewed in one place. Each is one round trip, reads with no
-// row lock, and writes nothing. {T} is the quoted lease table, substituted
-// once by newStatements; no value from a request is ever spliced in (ORDER
-// BY clauses come from a fixed list).
+// row lock, and writes nothing. {T} is the quoted lease table and {S} its
+// scheduled keys (<table>_schedules, schema version 8), substituted once by
+// newStatements; no value from a request is ever spliced in (ORDER BY
+// clauses come from a fixed list). On a table at schema version 7 or older,
+// which has no {S}, {S} is an empty relation of the same columns (noSchedules):
+// no key is scheduled, none is overdue.
 //
 // Cost at fleet scale. Every read is bounded by what the page shows: the
 // page's rows (LIMIT) and aggregate rows, never the table. The server scans
@@ -48,27 +51,57 @@ const naturalFrag = `rtrim(l.key, '0123456789') COLLATE "C" {DIR}, length(l.key)
 const filterFrag = `starts_with(l.key, $1) AND ($2::text IS NULL OR l.holder = $2)
 	AND ($3::text[] IS NULL OR ` + stateFrag + ` = ANY ($3::text[]))`
 
+// overdueFrag is whether the scheduled key of row s (of {S}, NULL if the
+// key is not scheduled) is overdue on the server clock: its next tick came
+// due more than its grace ago and no run claimed it (its lease row l has no
+// tick that late). It is pglease's overdueSQL condition.
+const overdueFrag = `coalesce(s.next_due + s.grace_us * interval '1 microsecond' < ` + nowRef + `
+	AND (l.last_tick IS NULL OR l.last_tick < s.next_due), false)`
+
+// noSchedules stands for {S} on a table older than schema version 8: no
+// scheduled key.
+const noSchedules = `(SELECT NULL::text AS key, NULL::text AS schedule, NULL::timestamptz AS next_due, NULL::bigint AS grace_us WHERE false)`
+
 // columnsFrag is one lease as the page shows it: key, holder, fence,
-// acquired_at, expires_at, released_at, hold_until, last_tick, state, and
-// the time left in ms (until hold_until in a minimum hold, else until
-// expires_at; negative once past).
+// acquired_at, expires_at, released_at, hold_until, last_tick, state, the
+// time left in ms (until hold_until in a minimum hold, else until
+// expires_at; negative once past), the key's next tick due (NULL if it is
+// not scheduled) and whether that tick is overdue (overdueFrag). It reads
+// l LEFT JOIN {S} AS s ON s.key = l.key.
 const columnsFrag = `l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.released_at, l.hold_until, l.last_tick,
 	` + stateFrag + ` AS state,
-	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - ` + nowRef + `) * 1000)::bigint AS left_ms`
+	(extract(epoch FROM coalesce(l.hold_until, l.expires_at) - ` + nowRef + `) * 1000)::bigint AS left_ms,
+	s.next_due, ` + overdueFrag + ` AS overdue`
 
 // summarySQL counts the whole table in one pass: by state, and by holder
 // for the holders with the most unreleased (held or expired) leases (ties
-// in the natural order of their names).
+// in the natural order of their names); and the scheduled keys: how many,
+// how many are overdue, and the ones overdue longest.
 //
-//	$1 how many holders to return
+//	$1 how many holders (and overdue keys) to return
+//	$2 the quoted name of {S}, to find whether it exists
 //
-// Result: one row per returned holder (none for an empty table):
-// (total rows, held, expired, min-hold, number of holders with an
+// Result: one row per returned holder, or one row with NULL holder columns
+// for a table with none: (scheduled keys, overdue keys, the overdue keys
+// due earliest as a JSON array of {key, due}, at most $1, whether {S}
+// exists, total rows, held, expired, min-hold, number of holders with an
 // unreleased lease, holder, its held, its expired). Holders with no
 // unreleased lease come last; the caller drops them. Cost: one scan of
-// the table and a hash aggregate per holder; the result is $1 rows.
+// the table and a hash aggregate per holder, one scan of {S} with a
+// primary-key lookup of the lease row per scheduled key; the result is $1
+// rows.
 const summarySQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
+sk AS (
+	SELECT s.key, s.next_due, ` + overdueFrag + ` AS overdue
+	FROM {S} AS s LEFT JOIN {T} AS l ON l.key = s.key
+),
+o AS (
+	SELECT count(*) AS scheduled, count(*) FILTER (WHERE sk.overdue) AS overdue,
+		(SELECT coalesce(json_agg(json_build_object('key', k.key, 'due', k.next_due) ORDER BY k.next_due, k.key COLLATE "C"), '[]')
+		 FROM (SELECT sk.key, sk.next_due FROM sk WHERE sk.overdue ORDER BY sk.next_due, sk.key COLLATE "C" LIMIT $1) AS k) AS keys
+	FROM sk
+),
 h AS (
 	SELECT l.holder,
 		count(*) FILTER (WHERE l.released_at IS NULL AND l.expires_at > ` + nowRef + `) AS held,
@@ -83,11 +116,16 @@ t AS (
 		count(*) FILTER (WHERE h.held + h.expired > 0) OVER () AS holders
 	FROM h
 )
-SELECT t.all_total::bigint, t.all_held::bigint, t.all_expired::bigint, t.all_min_hold::bigint, t.holders,
+SELECT o.scheduled, o.overdue, o.keys::text, to_regclass($2) IS NOT NULL,
+	t.all_total::bigint, t.all_held::bigint, t.all_expired::bigint, t.all_min_hold::bigint, t.holders,
 	t.holder, t.held, t.expired
-FROM t ORDER BY t.held + t.expired DESC,
-	rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"
-LIMIT $1`
+FROM o LEFT JOIN LATERAL (
+	SELECT * FROM t ORDER BY t.held + t.expired DESC,
+		rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"
+	LIMIT $1
+) AS t ON true
+ORDER BY t.held + t.expired DESC,
+	rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"`
 
 // pageSQL reads one page of a view, and how many rows match its filters,
 // in one statement (one snapshot). {ORDER} is one of orders.
@@ -105,24 +143,29 @@ WITH now AS (SELECT clock_timestamp() AS ts)
 SELECT CASE WHEN $6::boolean THEN (SELECT count(*) FROM {T} AS l WHERE ` + filterFrag + `) END, p.*
 FROM now LEFT JOIN LATERAL (
 	SELECT ` + columnsFrag + `
-	FROM {T} AS l
+	FROM {T} AS l LEFT JOIN {S} AS s ON s.key = l.key
 	WHERE ` + filterFrag + `
 	ORDER BY {ORDER}
 	LIMIT $4 OFFSET $5
 ) AS p ON true`
 
-// keySQL reads one lease row by its key (the primary key), and the
-// database's clock.
+// keySQL reads one lease row by its key (the primary key), the key's
+// schedule, and the database's clock.
 //
 //	$1 key
 //
 // Result: one row: the clock, then columnsFrag (all NULL when the key has
-// no row).
+// no row), then the key's schedule (text, next tick due, grace in µs: NULL
+// when it is not scheduled) and whether it is overdue, with or without a
+// lease row.
 const keySQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
-SELECT now.ts, p.* FROM now LEFT JOIN LATERAL (
-	SELECT ` + columnsFrag + ` FROM {T} AS l WHERE l.key = $1
-) AS p ON true`
+SELECT now.ts, p.*, s.schedule, s.next_due, s.grace_us,
+	coalesce(s.next_due + s.grace_us * interval '1 microsecond' < now.ts
+		AND (p.last_tick IS NULL OR p.last_tick < s.next_due), false)
+FROM now LEFT JOIN LATERAL (
+	SELECT ` + columnsFrag + ` FROM {T} AS l LEFT JOIN {S} AS s ON s.key = l.key WHERE l.key = $1
+) AS p ON true LEFT JOIN {S} AS s ON s.key = $1`
 
 // healthSQL finds the lease table without reading it.
 //
@@ -150,6 +193,15 @@ func NaturalIndex(table string) string {
 	return pgx.Identifier(parts).Sanitize()
 }
 
+// SchedulesTable is the quoted, schema-qualified name of the table's
+// scheduled keys, which pglease's Migrate creates (schema version 8): the
+// lease table's name with "_schedules", in its schema.
+func SchedulesTable(table string) string {
+	parts := strings.Split(table, ".")
+	parts[len(parts)-1] += "_schedules"
+	return pgx.Identifier(parts).Sanitize()
+}
+
 // QuoteTable quotes a lease table's name, "name" or "schema.name" (as
 // pglease accepts it), as an SQL identifier.
 func QuoteTable(name string) string {
@@ -158,16 +210,23 @@ func QuoteTable(name string) string {
 
 // statements are the page's statements bound to one table.
 type statements struct {
-	summary string
-	page    map[string][2]string // sort → [ascending, descending]
-	key     string
-	health  string
+	summary   string
+	page      map[string][2]string // sort → [ascending, descending]
+	key       string
+	health    string
+	schedules string // the quoted name of {S} ($2 of summary)
 }
 
-func newStatements(table string) statements {
-	t := QuoteTable(table)
-	bind := func(q string) string { return strings.ReplaceAll(q, "{T}", t) }
-	st := statements{summary: bind(summarySQL), key: bind(keySQL), health: healthSQL,
+// newStatements binds the statements to table; withSchedules false binds
+// them for a table older than schema version 8 (no {S}: noSchedules).
+func newStatements(table string, withSchedules bool) statements {
+	t, sched := QuoteTable(table), SchedulesTable(table)
+	s := sched
+	if !withSchedules {
+		s = noSchedules
+	}
+	bind := func(q string) string { return strings.NewReplacer("{T}", t, "{S}", s).Replace(q) }
+	st := statements{summary: bind(summarySQL), key: bind(keySQL), health: healthSQL, schedules: sched,
 		page: make(map[string][2]string, len(orders))}
 	for name, order := range orders {
 		q := bind(pageSQL)

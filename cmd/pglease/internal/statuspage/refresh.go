@@ -110,7 +110,7 @@ func (s *Server) snapshot(v View, r refresh) Snapshot {
 		snap.Audit = s.auditCounts(r.audit)
 	}
 	if snap.Summary.States == nil {
-		snap.Summary = Summary{States: map[string]int64{}, Holders: []HolderCount{}}
+		snap.Summary = Summary{States: map[string]int64{}, Holders: []HolderCount{}, OverdueKeys: []OverdueKey{}}
 	}
 	if snap.Leases == nil {
 		snap.Leases = []Lease{}

@@ -3,7 +3,12 @@ package statuspage
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Lease is one row of the lease table as /api/leases and /events give it.
@@ -19,6 +24,12 @@ type Lease struct {
 	ReleasedAt *time.Time `json:"released_at"`
 	HoldUntil  *time.Time `json:"hold_until"` // min-hold: the key is blocked until then
 	LastTick   *time.Time `json:"last_tick"`  // the last scheduled tick claimed on the key
+	// NextDue is the key's next tick due, if its schedule is registered
+	// (a scheduler adapter, pglease.Locker.RegisterSchedule); Overdue is
+	// set when that tick came due more than its grace ago and no run
+	// claimed it: a tick that ran zero times, so far.
+	NextDue *time.Time `json:"next_due"`
+	Overdue bool       `json:"overdue"`
 	// ExpiresInMS is the time left at read time: until expires_at while held
 	// (negative once expired), until hold_until in min-hold; absent for a
 	// released lease, as in `pglease list --json`.
@@ -55,6 +66,21 @@ type Summary struct {
 	// holders have one.
 	Holders     []HolderCount `json:"holders"`
 	HolderCount int64         `json:"holder_count"`
+	// Schedules is false when the table predates schema version 8: it has
+	// no scheduled keys table, and overdue keys are not tracked (run
+	// pglease migrate). Scheduled counts the keys with a registered
+	// schedule, Overdue those whose next tick is overdue, and OverdueKeys
+	// names the ones due earliest, at most TopHolders.
+	Schedules   bool         `json:"schedules"`
+	Scheduled   int64        `json:"scheduled"`
+	Overdue     int64        `json:"overdue"`
+	OverdueKeys []OverdueKey `json:"overdue_keys"`
+}
+
+// OverdueKey is a scheduled key whose next tick is overdue.
+type OverdueKey struct {
+	Key string    `json:"key"`
+	Due time.Time `json:"due"` // the tick that came due with no run
 }
 
 // TopHolders is how many holders the summary names.
@@ -85,38 +111,88 @@ type pageRows struct {
 	matching int64
 }
 
+// statements are those of the table's schema as last seen: st7 while it
+// has no scheduled keys table.
+func (s *Server) statements() *statements {
+	if s.noSchedules.Load() {
+		return &s.st7
+	}
+	return &s.st
+}
+
+// schemaRead runs read with the statements of the table's schema as last
+// seen; if they name the scheduled keys table and it does not exist (a
+// table not migrated to schema version 8), once more without it. A table
+// migrated since is found by the next summary read (readSummary).
+func schemaRead[T any](ctx context.Context, s *Server, read func(context.Context, *statements) (T, error)) (T, error) {
+	st := s.statements()
+	v, err := read(ctx, st)
+	var pe *pgconn.PgError
+	if err != nil && st == &s.st && errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table
+		s.noSchedules.Store(true)
+		return read(ctx, &s.st7)
+	}
+	return v, err
+}
+
 // readSummary runs summarySQL.
 func (s *Server) readSummary(ctx context.Context) (Summary, error) {
-	sum := Summary{States: map[string]int64{}, Holders: []HolderCount{}}
+	return schemaRead(ctx, s, s.readSummaryWith)
+}
+
+func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, error) {
+	sum := Summary{States: map[string]int64{}, Holders: []HolderCount{}, OverdueKeys: []OverdueKey{}}
 	for _, st := range States {
 		sum.States[st] = 0
 	}
-	rows, err := s.cfg.DB.QueryContext(ctx, s.st.summary, TopHolders)
+	rows, err := s.cfg.DB.QueryContext(ctx, st.summary, TopHolders, st.schedules)
 	if err != nil {
 		return sum, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var total, held, expired, minHold, holders int64
+		var total, held, expired, minHold, holders sql.NullInt64
+		var holder sql.NullString
 		var h HolderCount
-		if err := rows.Scan(&total, &held, &expired, &minHold, &holders, &h.Holder, &h.Held, &h.Expired); err != nil {
+		var hHeld, hExpired sql.NullInt64
+		var keys string
+		if err := rows.Scan(&sum.Scheduled, &sum.Overdue, &keys, &sum.Schedules,
+			&total, &held, &expired, &minHold, &holders, &holder, &hHeld, &hExpired); err != nil {
 			return sum, err
 		}
-		sum.Total, sum.HolderCount = total, holders
-		sum.States["held"], sum.States["expired"], sum.States["min-hold"] = held, expired, minHold
-		sum.States["released"] = total - held - expired - minHold
+		if err := json.Unmarshal([]byte(keys), &sum.OverdueKeys); err != nil {
+			return sum, fmt.Errorf("overdue keys %q: %w", keys, err)
+		}
+		for i := range sum.OverdueKeys {
+			sum.OverdueKeys[i].Due = sum.OverdueKeys[i].Due.UTC()
+		}
+		sum.Total, sum.HolderCount = total.Int64, holders.Int64
+		sum.States["held"], sum.States["expired"], sum.States["min-hold"] = held.Int64, expired.Int64, minHold.Int64
+		sum.States["released"] = total.Int64 - held.Int64 - expired.Int64 - minHold.Int64
+		h.Holder, h.Held, h.Expired = holder.String, hHeld.Int64, hExpired.Int64
 		if h.Held+h.Expired > 0 {
 			sum.Holders = append(sum.Holders, h)
 		}
 	}
-	return sum, rows.Err()
+	if err := rows.Err(); err != nil {
+		return sum, err
+	}
+	if st == &s.st7 && sum.Schedules {
+		s.noSchedules.Store(false) // migrated since: the next reads see the scheduled keys
+		sum.Schedules = false      // not in this read
+	}
+	return sum, nil
 }
 
 // readPage runs pageSQL for v.
 func (s *Server) readPage(ctx context.Context, v View) (pageRows, error) {
-	q := s.st.page[v.Sort][0]
+	return schemaRead(ctx, s, func(ctx context.Context, st *statements) (pageRows, error) { return s.readPageWith(ctx, st, v) })
+}
+
+func (s *Server) readPageWith(ctx context.Context, st *statements, v View) (pageRows, error) {
+	q := st.page[v.Sort][0]
 	if v.Desc {
-		q = s.st.page[v.Sort][1]
+		q = st.page[v.Sort][1]
 	}
 	p := pageRows{matching: -1, leases: []Lease{}}
 	rows, err := s.cfg.DB.QueryContext(ctx, q, v.args()...)
@@ -140,35 +216,58 @@ func (s *Server) readPage(ctx context.Context, v View) (pageRows, error) {
 	return p, rows.Err()
 }
 
-// keyRow is one key's row (found false: none) and the database's clock.
+// keyRow is one key's row (found false: none), its schedule (nil: not
+// scheduled) and the database's clock.
 type keyRow struct {
-	lease Lease
-	found bool
-	now   time.Time
+	lease    Lease
+	found    bool
+	schedule *KeySchedule
+	now      time.Time
+}
+
+// KeySchedule is a scheduled key's schedule, as the key's page shows it.
+type KeySchedule struct {
+	Spec    string        // the schedule as its adapter registered it
+	NextDue time.Time     // the key's next tick due
+	Grace   time.Duration // how late its run may start
+	Overdue bool          // NextDue passed by more than Grace with no run
 }
 
 // readKey runs keySQL.
 func (s *Server) readKey(ctx context.Context, key string) (keyRow, error) {
-	var r leaseRow
-	var k keyRow
-	if err := s.cfg.DB.QueryRowContext(ctx, s.st.key, key).Scan(append([]any{&k.now}, r.dest()...)...); err != nil {
-		return k, err
-	}
-	if r.key.Valid {
-		k.lease, k.found = r.lease(), true
-	}
-	return k, nil
+	return schemaRead(ctx, s, func(ctx context.Context, st *statements) (keyRow, error) {
+		var r leaseRow
+		var k keyRow
+		var spec sql.NullString
+		var due sql.NullTime
+		var graceUS sql.NullInt64
+		var overdue bool
+		dest := append(append([]any{&k.now}, r.dest()...), &spec, &due, &graceUS, &overdue)
+		if err := s.cfg.DB.QueryRowContext(ctx, st.key, key).Scan(dest...); err != nil {
+			return k, err
+		}
+		if r.key.Valid {
+			k.lease, k.found = r.lease(), true
+		}
+		if spec.Valid {
+			k.schedule = &KeySchedule{Spec: spec.String, NextDue: due.Time.UTC(),
+				Grace: time.Duration(graceUS.Int64) * time.Microsecond, Overdue: overdue}
+		}
+		return k, nil
+	})
 }
 
 // leaseRow scans columnsFrag; every column may be NULL (a page past its end).
 type leaseRow struct {
-	key, holder, state                               sql.NullString
-	fence, leftMS                                    sql.NullInt64
-	acquired, expires, released, holdUntil, lastTick sql.NullTime
+	key, holder, state                                        sql.NullString
+	fence, leftMS                                             sql.NullInt64
+	acquired, expires, released, holdUntil, lastTick, nextDue sql.NullTime
+	overdue                                                   sql.NullBool
 }
 
 func (r *leaseRow) dest() []any {
-	return []any{&r.key, &r.holder, &r.fence, &r.acquired, &r.expires, &r.released, &r.holdUntil, &r.lastTick, &r.state, &r.leftMS}
+	return []any{&r.key, &r.holder, &r.fence, &r.acquired, &r.expires, &r.released, &r.holdUntil, &r.lastTick, &r.state, &r.leftMS,
+		&r.nextDue, &r.overdue}
 }
 
 func (r *leaseRow) lease() Lease {
@@ -176,6 +275,7 @@ func (r *leaseRow) lease() Lease {
 		Key: r.key.String, Holder: r.holder.String, Fence: r.fence.Int64, State: r.state.String,
 		AcquiredAt: r.acquired.Time.UTC(), ExpiresAt: r.expires.Time.UTC(),
 		ReleasedAt: utcPtr(r.released), HoldUntil: utcPtr(r.holdUntil), LastTick: utcPtr(r.lastTick),
+		NextDue: utcPtr(r.nextDue), Overdue: r.overdue.Bool,
 	}
 	if l.State != "released" {
 		ms := r.leftMS.Int64
