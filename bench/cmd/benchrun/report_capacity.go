@@ -1,53 +1,6 @@
 package main
 
-import (
-	"time"
-
-	"github.com/pglease/pglease/bench/internal/benchenv"
-)
-
-func capacitySVG(c *capacityReport) string {
-	cpu := chart{Title: "Fleet in steady state: CPU per second", XLabel: "leases held (log scale)", YLabel: "% of one core",
-		LogX: true, XFmt: numFmt, YFmt: pctFmt}
-	ren := chart{Title: "Fleet in steady state: renew statement latency", XLabel: "leases held (log scale)", YLabel: "renew latency",
-		LogX: true, XFmt: numFmt, YFmt: msFmt}
-	var sv, bv, p50, p99 plotSeries
-	sv = plotSeries{Name: "PostgreSQL (all processes)", Color: palette[0]}
-	bv = plotSeries{Name: "PgBouncer", Color: palette[1], Dash: true}
-	p50 = plotSeries{Name: "p50", Color: palette[0]}
-	p99 = plotSeries{Name: "p99", Color: palette[1]}
-	for _, s := range c.Shapes {
-		x := float64(s.Leases)
-		sv.Pts = append(sv.Pts, [2]float64{x, s.ServerCPU * 100})
-		bv.Pts = append(bv.Pts, [2]float64{x, s.BouncerCPU * 100})
-		p50.Pts = append(p50.Pts, [2]float64{x, float64(s.RenewP50) / 1e6})
-		p99.Pts = append(p99.Pts, [2]float64{x, float64(s.RenewP99) / 1e6})
-	}
-	cpu.Series = []plotSeries{sv, bv}
-	ren.Series = []plotSeries{p50, p99}
-	charts := []chart{cpu, ren}
-	if len(c.Sat) > 0 {
-		thr := chart{Title: "Saturation: Lock+Unlock claims per second", XLabel: "concurrent claimers (log scale)", YLabel: "claims/s",
-			LogX: true, XFmt: numFmt, YFmt: numFmt}
-		lat := chart{Title: "Saturation: claim latency", XLabel: "concurrent claimers (log scale)", YLabel: "latency (log scale)",
-			LogX: true, LogY: true, XFmt: numFmt, YFmt: msFmt}
-		t := plotSeries{Name: "claims/s", Color: palette[2]}
-		l50 := plotSeries{Name: "claim p50", Color: palette[0]}
-		l99 := plotSeries{Name: "claim p99", Color: palette[1]}
-		r99 := plotSeries{Name: "background renew p99", Color: palette[4], Dash: true}
-		for _, s := range c.Sat {
-			x := float64(s.Workers)
-			t.Pts = append(t.Pts, [2]float64{x, s.ClaimsPerSec})
-			l50.Pts = append(l50.Pts, [2]float64{x, float64(s.P50) / 1e6})
-			l99.Pts = append(l99.Pts, [2]float64{x, float64(s.P99) / 1e6})
-			r99.Pts = append(r99.Pts, [2]float64{x, float64(s.RenewP99) / 1e6})
-		}
-		thr.Series = []plotSeries{t}
-		lat.Series = []plotSeries{l50, l99, r99}
-		charts = append(charts, thr, lat)
-	}
-	return svgDoc(2, 520, 320, charts...)
-}
+import "github.com/pglease/pglease/bench/internal/benchenv"
 
 // knee is the step of the highest throughput: past it, more claimers add
 // no claims per second, only latency. found is false when the last step
@@ -109,7 +62,7 @@ func (r *report) capacityView() *capacityView {
 	if c == nil {
 		return nil
 	}
-	v := &capacityView{capacityReport: c, Load: r.LoadBefore["capacity"], Link: r.CapacityLink, MaxConns: r.setting("max_connections")}
+	v := &capacityView{capacityReport: c, Load: r.LoadBefore["capacity"], Link: r.CapacityLink, MaxConns: r.Setting("max_connections")}
 	for _, s := range c.Shapes {
 		row := shapeRow{shapeResult: s, Renews: s.PerKind[benchenv.KindRenew], Claims: s.PerKind[benchenv.KindClaim],
 			RenewStatements: int64(s.PerKind[benchenv.KindRenew]*s.Window.Seconds() + 0.5), WAL: int64(s.WALPerSec)}
@@ -145,11 +98,4 @@ func (r *report) capacityView() *capacityView {
 		v.Knee = &kneeView{found, v.Sat[k], v.Sat[len(v.Sat)-1], v.Sat[0]}
 	}
 	return v
-}
-
-func durOrDash(d time.Duration) string {
-	if d == 0 {
-		return "—"
-	}
-	return fmtDur(float64(d))
 }

@@ -72,10 +72,10 @@ func TestReportRenders(t *testing.T) {
 	}
 	var rows []string
 	for _, u := range r.Handoff.Unlock {
-		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", u.Mode, u.N, u.Pairs, ms(pctNs(u.FromCall, 50))))
+		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", u.Mode, u.N, u.Pairs, fmtDur(pctsOf(u.FromCall).P50)))
 	}
 	for _, v := range r.Handoff.Vanish {
-		rows = append(rows, fmt.Sprintf("| %s | %d | %s |", v.Mode, v.N, ms(pctNs(v.Delay, 50))))
+		rows = append(rows, fmt.Sprintf("| %s | %d | %s |", v.Mode, v.N, fmtDur(pctsOf(v.Delay).P50)))
 	}
 	for _, c := range r.Handoff.Crowd {
 		rows = append(rows, fmt.Sprintf("| %s | %d (%d Lockers) | %d | %d | %d |", c.Mode, c.Waiters, c.Lockers, c.Releases, c.Acquired, c.Overlaps))

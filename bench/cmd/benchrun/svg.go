@@ -6,6 +6,109 @@ import (
 	"strings"
 )
 
+// renewSVG plots the renew cost against the number of leases held, on
+// log-log axes, with the floors and a tenth of the default beat.
+func renewSVG(r *report) string {
+	c := chart{Title: "pglease: renew cost vs leases held (one statement per beat)", XLabel: "leases held by one Locker (log scale)",
+		YLabel: "time of one renew beat (log scale)", LogX: true, LogY: true, XFmt: numFmt, YFmt: msFmt}
+	add := func(name string, dash bool, pts [][2]float64) {
+		c.Series = append(c.Series, plotSeries{Name: name, Color: palette[min(len(c.Series), len(palette)-1)], Dash: dash, Pts: pts})
+	}
+	var stmt, beat, cold, warm [][2]float64
+	for _, n := range []float64{1, 100, 1000, 10000} {
+		name := fmt.Sprintf("Renew/N=%.0f", n)
+		if v, ok := r.get(name, "ns/op"); ok {
+			stmt, beat = append(stmt, [2]float64{n, v / 1e6}), append(beat, [2]float64{n, r.Med(name, "beat-ns") / 1e6})
+		}
+	}
+	for _, p := range r.Planner {
+		cold, warm = append(cold, [2]float64{float64(p.N), float64(p.Cold) / 1e6}), append(warm, [2]float64{float64(p.N), float64(p.Warm) / 1e6})
+	}
+	add("renew statement (re-executed, table analyzed)", false, stmt)
+	add("library's own beat (observed)", false, beat)
+	add("fresh table, before ANALYZE (planner check)", false, cold)
+	add("same table after ANALYZE", true, warm)
+	add("a tenth of the default beat (2 s)", true, [][2]float64{{1, 2000}, {10000, 2000}})
+	for _, f := range []struct{ name, bench string }{{"SELECT 1", selP}, {"one durable upsert", upsP}} {
+		if v, ok := r.get(f.bench, "ns/op"); ok {
+			add(f.name, true, [][2]float64{{1, v / 1e6}, {10000, v / 1e6}})
+		}
+	}
+	return svgDoc(1, 760, 460, c)
+}
+
+// handoffSVG plots the handoff latencies' distributions.
+func handoffSVG(h *handoffReport) string {
+	a := chart{Title: "Handoff after Unlock: Unlock called → waiter's Acquire returned", XLabel: "latency (log scale)",
+		YLabel: "% of handoffs at or below", LogX: true, XFmt: msFmt, YFmt: pctFmt}
+	for i, r := range h.Unlock {
+		a.Series = append(a.Series, plotSeries{Name: fmt.Sprintf("%s (n=%d)", r.Mode, r.N), Color: palette[i], Pts: cdf(r.FromCall)})
+	}
+	for i, c := range h.Crowd {
+		a.Series = append(a.Series, plotSeries{Name: fmt.Sprintf("%d waiters, %s", c.Waiters, c.Mode), Color: palette[len(h.Unlock)+i], Dash: true, Pts: cdf(c.Handoff)})
+	}
+	b := chart{Title: "Holder vanished: server-side expiry → waiter's claim (server clock)", XLabel: "delay after expiry",
+		YLabel: "% of takeovers at or below", XFmt: msFmt, YFmt: pctFmt}
+	for i, r := range h.Vanish {
+		b.Series = append(b.Series, plotSeries{Name: fmt.Sprintf("%s (n=%d)", r.Mode, r.N), Color: palette[i], Pts: cdf(r.Delay)})
+	}
+	return svgDoc(1, 760, 330, a, b)
+}
+
+// cdf turns sorted latencies into (ms, percentile) points.
+func cdf(sorted []int64) [][2]float64 {
+	var pts [][2]float64
+	n := len(sorted)
+	for i, v := range sorted {
+		if n <= 400 || i%(n/400) == 0 || i == n-1 {
+			pts = append(pts, [2]float64{float64(v) / 1e6, float64(i+1) / float64(n) * 100})
+		}
+	}
+	return pts
+}
+
+// capacitySVG plots the fleet's CPU and renew latency by leases held, and
+// the saturation ramp.
+func capacitySVG(c *capacityReport) string {
+	series := func(names ...string) []plotSeries {
+		var out []plotSeries
+		for i, n := range names {
+			out = append(out, plotSeries{Name: n, Color: palette[i], Dash: n == "PgBouncer"})
+		}
+		return out
+	}
+	cpu := chart{Title: "Fleet in steady state: CPU per second", XLabel: "leases held (log scale)", YLabel: "% of one core",
+		LogX: true, XFmt: numFmt, YFmt: pctFmt, Series: series("PostgreSQL (all processes)", "PgBouncer")}
+	ren := chart{Title: "Fleet in steady state: renew statement latency", XLabel: "leases held (log scale)", YLabel: "renew latency",
+		LogX: true, XFmt: numFmt, YFmt: msFmt, Series: series("p50", "p99")}
+	for _, s := range c.Shapes {
+		x := float64(s.Leases)
+		cpu.add(x, s.ServerCPU*100, s.BouncerCPU*100)
+		ren.add(x, float64(s.RenewP50)/1e6, float64(s.RenewP99)/1e6)
+	}
+	if len(c.Sat) == 0 {
+		return svgDoc(2, 520, 320, cpu, ren)
+	}
+	thr := chart{Title: "Saturation: Lock+Unlock claims per second", XLabel: "concurrent claimers (log scale)", YLabel: "claims/s",
+		LogX: true, XFmt: numFmt, YFmt: numFmt, Series: []plotSeries{{Name: "claims/s", Color: palette[2]}}}
+	lat := chart{Title: "Saturation: claim latency", XLabel: "concurrent claimers (log scale)", YLabel: "latency (log scale)",
+		LogX: true, LogY: true, XFmt: numFmt, YFmt: msFmt, Series: series("claim p50", "claim p99")}
+	lat.Series = append(lat.Series, plotSeries{Name: "background renew p99", Color: palette[4], Dash: true})
+	for _, s := range c.Sat {
+		x := float64(s.Workers)
+		thr.add(x, s.ClaimsPerSec)
+		lat.add(x, float64(s.P50)/1e6, float64(s.P99)/1e6, float64(s.RenewP99)/1e6)
+	}
+	return svgDoc(2, 520, 320, cpu, ren, thr, lat)
+}
+
+// add appends a point at x to each series, in order.
+func (c *chart) add(x float64, ys ...float64) {
+	for i, y := range ys {
+		c.Series[i].Pts = append(c.Series[i].Pts, [2]float64{x, y})
+	}
+}
+
 // plotSeries is one line of a chart.
 type plotSeries struct {
 	Name  string
@@ -164,7 +267,7 @@ func svgDoc(cols, cw, ch int, charts ...chart) string {
 	return b.String()
 }
 
-var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"}
+var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#555"}
 
 func msFmt(v float64) string {
 	switch {
