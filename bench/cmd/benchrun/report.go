@@ -234,10 +234,10 @@ func (r *report) view() reportView {
 
 // interPool is one pool's figures of the interleaved rounds.
 type interPool struct {
-	Name                      string
-	Skip, LU, Floor           stat    // the ratios
-	Read, RowFloor            stat    // the lease's floors: read/select1, rowfloor/upsert
-	Sel, SkipT, Ups, LUT      float64 // median of the rounds' median times, ns
+	Name                       string
+	Skip, LU, Floor            stat    // the ratios
+	Read, RowFloor             stat    // the lease's floors: read/select1, rowfloor/upsert
+	Sel, SkipT, Ups, LUT       float64 // median of the rounds' median times, ns
 	SkipVsDefault, LUVsDefault string  // a variant's median ratio ÷ the default's
 }
 
@@ -341,10 +341,10 @@ func (r *report) parts() map[string]float64 {
 
 // partRow is one part of BenchmarkParts.
 type partRow struct {
-	Label               string
-	Time, VsSel, VsUps  float64
-	Exec                float64 // µs of server execution (pg_stat_statements)
-	HasExec             bool
+	Label              string
+	Time, VsSel, VsUps float64
+	Exec               float64 // µs of server execution (pg_stat_statements)
+	HasExec            bool
 }
 
 // PartRows are the rows of one of BenchmarkParts' runs (op "skip" or
