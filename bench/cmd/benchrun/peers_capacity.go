@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,24 +30,28 @@ type peerShape struct {
 	How          string
 }
 
-// procCPU is the CPU time of a process and its reaped children, in seconds.
-func procCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
+// peerFleets holds the fleet shape's leases in Redis (appendfsync always)
+// and etcd, when they run; why says what did not.
+func peerFleets(ctx context.Context, c capacityConfig, shape [2]int) (out []peerShape, why string) {
+	var whys []string
+	for _, p := range []struct {
+		name, pkg string
+		peer      *benchenv.Peer
+		run       func(context.Context, string, int, int, int, time.Duration, time.Duration) (peerShape, error)
+	}{{"Redis", "redis-server", c.redis, redisFleet}, {"etcd", "etcd-server", c.etcd, etcdFleet}} {
+		if p.peer == nil || p.peer.Proc == nil {
+			whys = append(whys, fmt.Sprintf("%s did not run (%s not installed)", p.name, p.pkg))
+			continue
+		}
+		logf("capacity: %s holding %d replicas × %d keys", p.peer.Name, shape[0], shape[1])
+		res, err := p.run(ctx, p.peer.Addr, p.peer.Proc.PID(), shape[0], shape[1], c.lease, c.window)
+		if err != nil {
+			whys = append(whys, p.name+": "+err.Error())
+			continue
+		}
+		out = append(out, res)
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+1:])
-	if len(f) < 15 {
-		return 0
-	}
-	var t int64
-	for _, k := range []int{11, 12, 13, 14} {
-		v, _ := strconv.ParseInt(f[k], 10, 64)
-		t += v
-	}
-	return float64(t) / 100
+	return out, strings.Join(whys, "; ")
 }
 
 // refreshScript extends a key's TTL only while it still holds this
@@ -134,12 +136,12 @@ func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window t
 		}(i, c)
 	}
 	res.SetupTook = time.Since(t0)
-	cpu0, w0 := procCPU(pid), time.Now()
+	cpu0, w0 := benchenv.ProcCPU(pid), time.Now()
 	measuring.Store(true)
 	time.Sleep(window)
 	measuring.Store(false)
 	res.Window = time.Since(w0)
-	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	res.CPU = (benchenv.ProcCPU(pid) - cpu0) / res.Window.Seconds()
 	stop()
 	wg.Wait()
 	slices.Sort(durs)
@@ -173,29 +175,14 @@ func etcdFleet(ctx context.Context, url string, pid, r, j int, lease, window tim
 	}()
 	clis = make([]*clientv3.Client, r)
 	sess = make([]*concurrency.Session, r)
-	var first atomic.Value
-	var wg sync.WaitGroup
-	next := atomic.Int64{}
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < r && first.Load() == nil; i = int(next.Add(1)) - 1 {
-				if err := etcdReplica(ctx, url, i, j, lease, clis, sess); err != nil {
-					first.CompareAndSwap(nil, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, ok := first.Load().(error); ok {
+	if err := parallel(r, 16, func(i int) error { return etcdReplica(ctx, url, i, j, lease, clis, sess) }); err != nil {
 		return res, err
 	}
 	res.SetupTook = time.Since(t0)
-	cpu0, w0 := procCPU(pid), time.Now()
+	cpu0, w0 := benchenv.ProcCPU(pid), time.Now()
 	time.Sleep(window)
 	res.Window = time.Since(w0)
-	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	res.CPU = (benchenv.ProcCPU(pid) - cpu0) / res.Window.Seconds()
 	for _, s := range sess {
 		if s == nil {
 			continue
