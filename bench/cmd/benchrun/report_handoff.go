@@ -17,57 +17,40 @@ func pctsOf(sorted []int64) pcts {
 	return pcts{p(50), p(90), p(99), float64(sorted[len(sorted)-1])}
 }
 
-// handoffView fills report_handoff.md.tmpl.
+// handoffView fills report_handoff.md.tmpl (nil if the section did not run).
 type handoffView struct {
+	*handoffReport
 	Load, Link string
-	Unlock     []unlockRow
-	Vanish     []vanishRow
-	Crowd      []crowdRow
 }
 
-type unlockRow struct {
-	handoffResult
-	Listen    bool
-	Call, Ret pcts // from Unlock's call, from its return
-	UnlockP50 float64
-}
-
-type vanishRow struct {
-	vanishResult
-	Delay pcts
-}
-
-type crowdRow struct {
-	crowdResult
-	Listen                                        bool
-	Handoff                                       pcts
-	ClaimsPerRelease, XidsPerClaim, FloorPerClaim float64
-	LoserXidsPerRelease, CPUPerRelease            float64
-	WALPerRelease                                 int64
-	OneWinner, LosersQuiet, ListenerCostOK        bool
-}
-
-// handoffView is the Handoff section's figures (nil if it did not run).
 func (r *report) handoffView() *handoffView {
-	h := r.Handoff
-	if h == nil {
+	if r.Handoff == nil {
 		return nil
 	}
-	v := &handoffView{Load: r.LoadBefore["handoff"], Link: r.HandoffLink}
-	for _, u := range h.Unlock {
-		v.Unlock = append(v.Unlock, unlockRow{u, strings.HasPrefix(u.Mode, "LISTEN"), pctsOf(u.FromCall), pctsOf(u.FromRet), pctsOf(u.Unlock).P50})
-	}
-	for _, x := range h.Vanish {
-		v.Vanish = append(v.Vanish, vanishRow{x, pctsOf(x.Delay)})
-	}
-	for _, c := range h.Crowd {
-		claims, rel := float64(max(c.Claims, 1)), float64(c.Releases)
-		v.Crowd = append(v.Crowd, crowdRow{crowdResult: c, Listen: strings.HasPrefix(c.Mode, "LISTEN"), Handoff: pctsOf(c.Handoff),
-			ClaimsPerRelease: float64(c.Claims) / rel, XidsPerClaim: float64(c.Acquired+c.LoserXids) / claims,
-			FloorPerClaim: float64(c.Acquired) / claims, LoserXidsPerRelease: float64(c.LoserXids) / rel,
-			CPUPerRelease: c.ServerCPU * 1e9 / rel, WALPerRelease: c.WAL / c.Releases,
-			OneWinner: c.Overlaps == 0 && c.Acquired <= c.Releases, LosersQuiet: c.LoserXids <= c.Releases/100,
-			ListenerCostOK: c.ListenersWaiting == int64(c.Lockers) && c.ListenersAfter == 0})
-	}
-	return v
+	return &handoffView{r.Handoff, r.LoadBefore["handoff"], r.HandoffLink}
+}
+
+// The figures report_handoff.md.tmpl reads of each result.
+
+func (h handoffResult) Listen() bool       { return strings.HasPrefix(h.Mode, "LISTEN") }
+func (h handoffResult) Call() pcts         { return pctsOf(h.FromCall) }
+func (h handoffResult) Ret() pcts          { return pctsOf(h.FromRet) }
+func (h handoffResult) UnlockP50() float64 { return pctsOf(h.Unlock).P50 }
+func (v vanishResult) Delays() pcts        { return pctsOf(v.Delay) }
+func (c crowdResult) Listen() bool         { return strings.HasPrefix(c.Mode, "LISTEN") }
+func (c crowdResult) Handoffs() pcts       { return pctsOf(c.Handoff) }
+func (c crowdResult) per(n int64) float64  { return float64(n) / float64(c.Releases) }
+func (c crowdResult) perClaim(n int64) float64 {
+	return float64(n) / float64(max(c.Claims, 1))
+}
+func (c crowdResult) ClaimsPerRelease() float64    { return c.per(c.Claims) }
+func (c crowdResult) LoserXidsPerRelease() float64 { return c.per(c.LoserXids) }
+func (c crowdResult) CPUPerRelease() float64       { return c.ServerCPU * 1e9 / float64(c.Releases) }
+func (c crowdResult) WALPerRelease() int64         { return c.WAL / c.Releases }
+func (c crowdResult) XidsPerClaim() float64        { return c.perClaim(c.Acquired + c.LoserXids) }
+func (c crowdResult) FloorPerClaim() float64       { return c.perClaim(c.Acquired) }
+func (c crowdResult) OneWinner() bool              { return c.Overlaps == 0 && c.Acquired <= c.Releases }
+func (c crowdResult) LosersQuiet() bool            { return c.LoserXids <= c.Releases/100 }
+func (c crowdResult) ListenerCostOK() bool {
+	return c.ListenersWaiting == int64(c.Lockers) && c.ListenersAfter == 0
 }
