@@ -140,6 +140,24 @@ func TestReportJSONRoundTrip(t *testing.T) {
 	}
 }
 
+// BENCHMARKS.md is what -render makes of the committed run's data
+// (results/latest.json), with benchrun's default flags.
+func TestBenchmarksMDIsTheCommittedRender(t *testing.T) {
+	t.Chdir("../..")
+	r, err := readJSON("results/latest.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt", out: "../BENCHMARKS.md"}
+	want, err := os.ReadFile("../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renderOK(t, r) != string(want) {
+		t.Errorf("BENCHMARKS.md differs from the render of results/latest.json: regenerate it with go run ./cmd/benchrun -render results/latest.json")
+	}
+}
+
 // A section that did not run leaves no trace in the report.
 func TestReportWithoutSections(t *testing.T) {
 	r := sampleReport(t)
