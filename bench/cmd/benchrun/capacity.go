@@ -52,77 +52,54 @@ func capacityFlags(c *capacityConfig) {
 	flag.BoolVar(&c.peers, "capacity-peers", true, "also hold the last fleet shape's leases in Redis (appendfsync always) and etcd, when they run")
 }
 
-// shapeResult is one fleet shape in steady state.
+// shapeResult is one fleet shape in steady state. CPU figures are cores
+// (CPU seconds per second); PerKind is statements per second by kind;
+// Waits is what the active backends were doing, sampled; RenewServer* is
+// pg_stat_statements' execution time of the renew statements.
 type shapeResult struct {
-	R, J, Leases       int
-	Via                string // "direct" or "PgBouncer (N server connections)"
-	ClaimTook          time.Duration
-	Window             time.Duration
-	ServerCPU          float64 // cores (CPU seconds per second)
-	BouncerCPU         float64
-	ClientCPU          float64
-	PerKind            map[string]float64 // statements per second
-	RenewP50, RenewP99 time.Duration
-	RenewMax           time.Duration
-	RenewErrs          int64
-	ClientConns        int64
-	ServerConns        int64
-	XidsPerSec         float64
-	WALPerSec          float64
-	FsyncPerSec        float64
-	FsyncMs            float64 // mean WAL fsync time
-	Lost               int64
-	Held               int
-	Waits              []waitShare   // what the active backends were doing, sampled
-	RenewServerMean    time.Duration // pg_stat_statements: mean execution time of the renew statement
-	RenewServerMax     time.Duration
-	RenewServerCalls   int64
-	Warns              int64
+	R, J, Leases, Held                          int
+	Via                                         string // "direct" or "PgBouncer (N server connections)"
+	ClaimTook, Window                           time.Duration
+	ServerCPU, BouncerCPU, ClientCPU            float64
+	PerKind                                     map[string]float64
+	RenewP50, RenewP99, RenewMax                time.Duration
+	RenewErrs, ClientConns, ServerConns, Lost   int64
+	XidsPerSec, WALPerSec, FsyncPerSec, FsyncMs float64 // FsyncMs: mean WAL fsync time
+	Waits                                       []waitShare
+	RenewServerMean, RenewServerMax             time.Duration
+	RenewServerCalls, Warns                     int64
 }
 
-// schedResult is the scheduled fleet.
+// schedResult is the scheduled fleet. ServerCPU is seconds over the bursts
+// (tick → last reply), BaseCPU what the held fleet uses over their time.
 type schedResult struct {
-	R, J, Ticks        int
-	Every              time.Duration
-	Calls, Skips, Wins int64
-	Ran, Errs          int64
-	Xids, Renews       int64
-	WAL                int64
-	ServerCPU          float64 // seconds over the bursts (tick → last reply)
-	BaseCPU            float64 // seconds the held fleet uses over the bursts' time (its steady state)
-	BurstP50, BurstMax time.Duration
-	SkipP50, SkipP99   time.Duration
+	R, J, Ticks                                      int
+	Every                                            time.Duration
+	Calls, Skips, Wins, Ran, Errs, Xids, Renews, WAL int64
+	ServerCPU, BaseCPU                               float64
+	BurstP50, BurstMax, SkipP50, SkipP99             time.Duration
 }
 
-// satStep is one step of the saturation ramp.
+// satStep is one step of the saturation ramp: CPU in cores (MachineCPU:
+// the whole machine's, other processes included); FsyncBusy, the share of
+// the time spent in WAL fsyncs.
 type satStep struct {
-	Workers         int
-	ClaimsPerSec    float64
-	P50, P99        time.Duration
-	ServerCPU       float64 // cores
-	FsyncPerSec     float64
-	FsyncMs         float64
-	FsyncBusy       float64 // share of the time spent in WAL fsyncs
-	ClientCPU       float64 // cores
-	MachineCPU      float64 // cores busy on the whole machine (other processes included)
-	FirstErr        string
-	CommitsPerFsync float64
-	RenewP99        time.Duration
-	BgLost, Errs    int64
+	Workers                                          int
+	ClaimsPerSec, ServerCPU, ClientCPU, MachineCPU   float64
+	FsyncPerSec, FsyncMs, FsyncBusy, CommitsPerFsync float64
+	P50, P99, RenewP99                               time.Duration
+	FirstErr                                         string
+	BgLost, Errs                                     int64
 }
 
 type capacityReport struct {
-	Shapes     []shapeResult
-	Sched      *schedResult
-	Sat        []satStep
-	SatBg      string
-	Peers      []peerShape
-	PeersWhy   string
-	Lease      time.Duration
-	Beat       time.Duration
-	Pool       int
-	BouncerVer string
-	SatStep    time.Duration // duration of each saturation step
+	Shapes                      []shapeResult
+	Sched                       *schedResult
+	Sat                         []satStep
+	Peers                       []peerShape
+	SatBg, PeersWhy, BouncerVer string
+	Lease, Beat, SatStep        time.Duration // SatStep: duration of each saturation step
+	Pool                        int
 }
 
 // fleet is R replicas, each a Locker on its own pool, sharing a tracer and
@@ -136,7 +113,8 @@ type fleet struct {
 func newFleet(ctx context.Context, url string, r, pool int, opts ...pglease.Option) (*fleet, error) {
 	f := &fleet{replicas: make([]*replica, r), logs: &countingLogger{}, tr: &benchenv.Tracer{}}
 	err := parallel(r, 8, func(i int) (err error) {
-		f.replicas[i], err = newReplica(ctx, url, pool, f.tr, f.logs, append(opts, pglease.WithHolder(fmt.Sprintf("replica-%04d", i)), pglease.WithListen(pglease.ListenNever))...)
+		own := []pglease.Option{pglease.WithHolder(fmt.Sprintf("replica-%04d", i)), pglease.WithListen(pglease.ListenNever)}
+		f.replicas[i], err = newReplica(ctx, url, pool, f.tr, f.logs, append(own, opts...)...)
 		return err
 	})
 	if err != nil {

@@ -57,8 +57,9 @@ func renderOK(t *testing.T, r *report) string {
 	return md
 }
 
-// The report renders from real output, its targets come from the
-// interleaved rounds, and every row of the input is in it.
+// The report renders from real output of every section, with the paths
+// the committed run does not take (a loaded machine, no fleet target);
+// TestBenchmarksMDIsTheCommittedRender checks every row of a full run.
 func TestReportRenders(t *testing.T) {
 	r := sampleReport(t)
 	md := renderOK(t, r)
@@ -70,50 +71,6 @@ func TestReportRenders(t *testing.T) {
 		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
-		}
-	}
-	var rows []string
-	for _, u := range r.Handoff.Unlock {
-		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", u.Mode, u.N, u.Pairs, fmtDur(pctsOf(u.FromCall).P50)))
-	}
-	for _, v := range r.Handoff.Vanish {
-		rows = append(rows, fmt.Sprintf("| %s | %d | %s |", v.Mode, v.N, fmtDur(pctsOf(v.Delay).P50)))
-	}
-	for _, c := range r.Handoff.Crowd {
-		rows = append(rows, fmt.Sprintf("| %s | %d (%d Lockers) | %d | %d | %d |", c.Mode, c.Waiters, c.Lockers, c.Releases, c.Acquired, c.Overlaps))
-	}
-	for _, s := range r.Capacity.Shapes {
-		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %s |", s.R, s.J, s.Leases, s.Via))
-	}
-	for _, s := range r.Capacity.Sat {
-		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s |", s.Workers, s.ClaimsPerSec, fmtDur(float64(s.P50))))
-	}
-	for _, p := range r.Capacity.Peers {
-		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %s |", p.Peer, p.R, p.J, p.How))
-	}
-	for _, v := range []string{"aa-control", "journal-off", "failover-delay-off"} {
-		for _, pool := range []string{"pgxpool", "database/sql (pgx stdlib)"} {
-			rows = append(rows, fmt.Sprintf("| %s | %s | ", v, pool))
-		}
-	}
-	for _, driver := range []string{"pgxpool", "sqldb"} {
-		n := "Journal/driver=" + driver
-		lu := r.stat(n, "lockunlock-on/off")
-		if !lu.OK {
-			t.Fatalf("the sample has no %s", n)
-		}
-		on, _ := r.get(n, "lockunlock-on-ns")
-		off, _ := r.get(n, "lockunlock-off-ns")
-		skip := r.stat(n, "skip-on/off")
-		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | ", poolLabels[driver], fmtDur(on), fmtDur(off), lu),
-			fmt.Sprintf(" | %s | ", skip))
-	}
-	if s := r.Capacity.Sched; s != nil {
-		rows = append(rows, fmt.Sprintf("| %d | %d | %d | %d | %d |", s.Calls, s.Skips, s.Ran, s.Wins, s.Errs))
-	}
-	for _, row := range rows {
-		if !strings.Contains(md, row) {
-			t.Errorf("report lacks the row starting %q", row)
 		}
 	}
 	if testing.Verbose() {
