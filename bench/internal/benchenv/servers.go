@@ -71,9 +71,15 @@ func lookBin(name, install string) (string, error) {
 	return "", &MissingError{name, "apt-get install -y " + install}
 }
 
-// startProc starts binary in dir, as the user postgres when asUser is set
-// and this process runs as root, and waits until ping succeeds.
-func startProc(ctx context.Context, name, binary, dir, addr string, asPostgres bool, ping func(context.Context) error, args ...string) (*Proc, error) {
+// startProc starts binary in dir (removed when it fails), as the user
+// postgres when asPostgres is set and this process runs as root, and waits
+// until ping succeeds.
+func startProc(ctx context.Context, name, binary, dir, addr string, asPostgres bool, ping func(context.Context) error, args ...string) (_ *Proc, err error) {
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
@@ -213,13 +219,12 @@ func StartEtcd(ctx context.Context) (*Proc, error) {
 		return nil, err
 	}
 	curl, purl := fmt.Sprintf("http://127.0.0.1:%d", cport), fmt.Sprintf("http://127.0.0.1:%d", pport)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{curl}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
 	return startProc(ctx, "etcd", bin, dir, curl, false, func(ctx context.Context) error {
-		_, err := cli.Put(ctx, "/pglease-bench/ready", "1")
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{curl}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err == nil {
+			_, err = cli.Put(ctx, "/pglease-bench/ready", "1")
+			cli.Close()
+		}
 		return err
 	}, "--name", "bench", "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", curl, "--advertise-client-urls", curl,
 		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl,
