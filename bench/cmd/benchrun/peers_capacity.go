@@ -65,28 +65,16 @@ func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window t
 	res := peerShape{Peer: "Redis, appendfsync always", R: r, J: j,
 		How: fmt.Sprintf("SET NX PX %v per key; every %v one pipeline of %d token-checked PEXPIRE scripts per replica", lease, lease/3, j)}
 	t0 := time.Now()
-	clients := make([]*redis.Client, r)
-	defer func() {
-		for _, c := range clients {
-			if c != nil {
-				_ = c.Close()
-			}
-		}
-	}()
-	var lost, errs atomic.Int64
-	var mu sync.Mutex
-	var durs []int64
-	measuring := atomic.Bool{}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
-	for i := 0; i < r; i++ {
+	st := &redisRefresh{j: j, lease: lease}
+	for i := range r {
 		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MinIdleConns: 1})
-		clients[i] = c
-		token := fmt.Sprintf("replica-%04d", i)
+		defer c.Close()
 		pipe := c.Pipeline()
-		for k := 0; k < j; k++ {
-			pipe.SetNX(ctx, fmt.Sprintf("peerfleet-%04d-%03d", i, k), token, lease)
+		for k := range j {
+			pipe.SetNX(ctx, fmt.Sprintf("peerfleet-%04d-%03d", i, k), fmt.Sprintf("replica-%04d", i), lease)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return res, fmt.Errorf("redis setup: %w", err)
@@ -94,61 +82,71 @@ func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window t
 		if err := refreshScript.Load(ctx, c).Err(); err != nil {
 			return res, err
 		}
-		wg.Add(1)
-		go func(i int, c *redis.Client) {
-			defer wg.Done()
-			beat := lease / 3
-			t := time.NewTimer(beat)
-			defer t.Stop()
-			for {
-				select {
-				case <-rctx.Done():
-					return
-				case <-t.C:
-				}
-				t.Reset(beat)
-				t1 := time.Now()
-				pipe := c.Pipeline()
-				cmds := make([]*redis.Cmd, j)
-				for k := 0; k < j; k++ {
-					cmds[k] = refreshScript.EvalSha(rctx, pipe, []string{fmt.Sprintf("peerfleet-%04d-%03d", i, k)}, token, lease.Milliseconds())
-				}
-				_, err := pipe.Exec(rctx)
-				d := time.Since(t1)
-				if rctx.Err() != nil {
-					return
-				}
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				for _, cmd := range cmds {
-					if v, _ := cmd.Int64(); v != 1 {
-						lost.Add(1)
-					}
-				}
-				if measuring.Load() {
-					mu.Lock()
-					durs = append(durs, int64(d))
-					mu.Unlock()
-				}
-			}
-		}(i, c)
+		wg.Go(func() { st.loop(rctx, c, i) })
 	}
 	res.SetupTook = time.Since(t0)
 	cpu0, w0 := benchenv.ProcCPU(pid), time.Now()
-	measuring.Store(true)
+	st.measuring.Store(true)
 	time.Sleep(window)
-	measuring.Store(false)
+	st.measuring.Store(false)
 	res.Window = time.Since(w0)
 	res.CPU = (benchenv.ProcCPU(pid) - cpu0) / res.Window.Seconds()
 	stop()
 	wg.Wait()
-	slices.Sort(durs)
-	res.RefreshPerS = float64(len(durs)) / res.Window.Seconds()
-	res.P50, res.P99 = benchenv.Pct(durs, 50), benchenv.Pct(durs, 99)
-	res.Lost, res.Errors = lost.Load(), errs.Load()
+	slices.Sort(st.durs)
+	res.RefreshPerS = float64(len(st.durs)) / res.Window.Seconds()
+	res.P50, res.P99 = benchenv.Pct(st.durs, 50), benchenv.Pct(st.durs, 99)
+	res.Lost, res.Errors = st.lost.Load(), st.errs.Load()
 	return res, nil
+}
+
+// redisRefresh is what the Redis replicas' refreshes saw: keys lost,
+// failed round trips, and the durations of those made while measuring.
+type redisRefresh struct {
+	j          int
+	lease      time.Duration
+	lost, errs atomic.Int64
+	measuring  atomic.Bool
+	mu         sync.Mutex
+	durs       []int64
+}
+
+// loop refreshes replica i's keys every beat until ctx ends.
+func (st *redisRefresh) loop(ctx context.Context, c *redis.Client, i int) {
+	t := time.NewTicker(st.lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t1 := time.Now()
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, st.j)
+		for k := range cmds {
+			cmds[k] = refreshScript.EvalSha(ctx, pipe, []string{fmt.Sprintf("peerfleet-%04d-%03d", i, k)}, fmt.Sprintf("replica-%04d", i), st.lease.Milliseconds())
+		}
+		_, err := pipe.Exec(ctx)
+		d := time.Since(t1)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			st.errs.Add(1)
+			continue
+		}
+		for _, cmd := range cmds {
+			if v, _ := cmd.Int64(); v != 1 {
+				st.lost.Add(1)
+			}
+		}
+		if st.measuring.Load() {
+			st.mu.Lock()
+			st.durs = append(st.durs, int64(d))
+			st.mu.Unlock()
+		}
+	}
 }
 
 // etcdFleet: R replicas (a clientv3 client each) open a session (a lease
