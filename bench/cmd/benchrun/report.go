@@ -157,7 +157,7 @@ const (
 	plainT = "FencedTx/op=plain"
 )
 
-type loadAt struct{ Where, Value string }
+type loadAt struct{ Section, Value string } // Section: "" for the start of the run
 
 // reportView fills report.md.tmpl; R gives the templates the report's
 // methods (Med, Ops, Parts, Faster …).
@@ -194,10 +194,10 @@ func (r *report) view() reportView {
 		Counters: r.Counters, Skipped: r.Skipped, Handoff: r.handoffView(), Capacity: r.capacityView(),
 		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, Peers: r.Peers, MaxInUse: -1,
 		Inter: r.interleaved(), Journal: r.journal(), Parts: r.parts(), Contended: r.contended()}
-	v.Load = []loadAt{{"when the run started", r.LoadBefore["start"]}}
+	v.Load = []loadAt{{"", r.LoadBefore["start"]}}
 	for _, sec := range []string{"interleaved", "handoff", "capacity"} {
 		if l, ok := r.LoadBefore[sec]; ok {
-			v.Load = append(v.Load, loadAt{"before the " + sec + " section", l})
+			v.Load = append(v.Load, loadAt{sec, l})
 		}
 	}
 	l := strings.TrimSpace(strings.SplitN(r.LoadBefore["interleaved"], ",", 2)[0])
@@ -353,7 +353,11 @@ func (r *report) PartRows(op string, nameLabel ...string) []partRow {
 	return out
 }
 
-type opRow struct{ Label, Time, VsSel, VsUps, VsPglease, Xids, WAL, CPU, ClientCPU, Allocs string }
+type opRow struct {
+	Label, Time, VsSel, VsUps, VsPglease, Xids, WAL, CPU, ClientCPU, Allocs string
+	OfPlainTx                                                               bool    // VsPglease is to the unguarded transaction
+	UnlockMiss                                                              float64 // share of unlocks on the wrong session
+}
 
 // Ops are the rows of the side-by-side table, from triples of label,
 // benchmark and the pglease benchmark it is compared with ("" none; the
@@ -378,15 +382,13 @@ func (r *report) Ops(rows ...string) []opRow {
 			vsP = "1×"
 		} else if vs != "" {
 			pv, pok := r.get(vs, "ns/op")
-			vsP = ratio(v, pv, pok) + map[bool]string{true: " of plain tx"}[vs == plainT]
-		}
-		if miss := m["unlock-miss/op"]; miss > 0 {
-			label += fmt.Sprintf(" (unlock on the wrong session: %.1f%% of ops)", miss*100)
+			vsP = ratio(v, pv, pok)
 		}
 		sv, sok := r.get(sel, "ns/op")
 		uv, uok := r.get(ups, "ns/op")
 		out = append(out, opRow{label, fmt.Sprintf("%s [%s–%s]", fmtDur(v), fmtDur(res.Min["ns/op"]), fmtDur(res.Max["ns/op"])),
-			ratio(v, sv, sok), ratio(v, uv, uok), vsP, col("xids/op", 3), col("WAL-B/op", 0), col("dbcpu-us/op", 0), col("clientcpu-us/op", 0), col("allocs/op", 0)})
+			ratio(v, sv, sok), ratio(v, uv, uok), vsP, col("xids/op", 3), col("WAL-B/op", 0), col("dbcpu-us/op", 0), col("clientcpu-us/op", 0), col("allocs/op", 0),
+			vs == plainT, m["unlock-miss/op"]})
 	}
 	return out
 }
