@@ -89,13 +89,7 @@ func handoffCrowd(ctx context.Context, url string, admin *pgxpool.Pool, cpu *ben
 	if c.end.err != nil {
 		return res, c.end.err
 	}
-	st, d := benchenv.Kinds(c.end.stmts), c.end.ctr.Sub(before)
-	res.Took, res.Releases, res.Acquired, res.Overlaps = c.end.took, c.end.rel+1, c.end.acq, c.overlaps.Load() // the blocker's release too
-	res.Claims, res.ClaimNoRow, res.Probes = st.N[benchenv.KindClaim], st.N[benchenv.KindClaim]-st.Rows[benchenv.KindClaim], st.N[benchenv.KindProbe]
-	res.Xids, res.WAL, res.ServerCPU = d.NextXid, d.WALLSN, c.end.cpu-cpu0
-	res.LoserXids = d.NextXid - res.Releases - res.Acquired - res.Probes
-	slices.Sort(c.handoffs)
-	res.Handoff = c.handoffs
+	c.fill(&res, before, cpu0)
 	// Nobody waits any more: the listeners close.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if res.ConnsAfter, res.ListenersAfter, err = backendCounts(ctx, admin); err != nil || res.ListenersAfter == 0 || time.Now().After(deadline) {
@@ -125,6 +119,17 @@ type crowd struct {
 		stmts    []benchenv.Traced
 		took     time.Duration
 	}
+}
+
+// fill sets res's figures from the state at the target release.
+func (c *crowd) fill(res *crowdResult, before benchenv.Counters, cpu0 float64) {
+	st, d := benchenv.Kinds(c.end.stmts), c.end.ctr.Sub(before)
+	res.Took, res.Releases, res.Acquired, res.Overlaps = c.end.took, c.end.rel+1, c.end.acq, c.overlaps.Load() // the blocker's release too
+	res.Claims, res.ClaimNoRow, res.Probes = st.N[benchenv.KindClaim], st.N[benchenv.KindClaim]-st.Rows[benchenv.KindClaim], st.N[benchenv.KindProbe]
+	res.Xids, res.WAL, res.ServerCPU = d.NextXid, d.WALLSN, c.end.cpu-cpu0
+	res.LoserXids = d.NextXid - res.Releases - res.Acquired - res.Probes
+	slices.Sort(c.handoffs)
+	res.Handoff = c.handoffs
 }
 
 // wait acquires, holds 2 ms and releases the key until the target release.

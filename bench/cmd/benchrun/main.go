@@ -124,10 +124,10 @@ func run(c config, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(c.json, b, 0o644); err != nil {
+	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
 		return err
 	}
-	logf("wrote %s, %s and %s in %v", c.out, c.svg, c.json, rep.Took.Round(time.Second))
+	logf("measured for %v", rep.Took.Round(time.Second))
 	return writeFile(c.out, rep.markdown)
 }
 
@@ -153,25 +153,9 @@ func measure(ctx context.Context, c config, rep *report) error {
 	if err != nil {
 		return err
 	}
-	env := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+cl.URL())
-	logf("starting the peers (redis-server twice, etcd)")
-	for _, p := range benchenv.Peers(ctx) {
-		if p.Proc != nil {
-			defer p.Proc.Stop()
-		}
-		if p.Addr == "" {
-			logf("SKIPPING the %s peer: %s", p.Name, p.Why)
-			rep.Skipped, env = append(rep.Skipped, p.Name+": "+p.Why), append(env, p.Env+"=-")
-			continue
-		}
-		rep.Peers, env = append(rep.Peers, [2]string{p.Name, p.Version}), append(env, p.Env+"="+p.Addr)
-		switch p.Env {
-		case "PGLEASE_BENCH_REDIS_FSYNC_ADDR":
-			c.capacity.redis = p
-		case "PGLEASE_BENCH_ETCD_URL":
-			c.capacity.etcd = p
-		}
-	}
+	env, stop := startPeers(ctx, &c, rep)
+	defer stop()
+	env = append(env, "PGLEASE_BENCH_PG_URL="+cl.URL())
 	for _, s := range []struct {
 		name string
 		run  func() error
@@ -219,6 +203,35 @@ func measure(ctx context.Context, c config, rep *report) error {
 		}
 	}
 	return nil
+}
+
+// startPeers starts the peers and returns the environment that hands
+// them to go test ("-" for those skipped) and what stops them.
+func startPeers(ctx context.Context, c *config, rep *report) (env []string, stop func()) {
+	logf("starting the peers (redis-server twice, etcd)")
+	peers := benchenv.Peers(ctx)
+	env = os.Environ()
+	for _, p := range peers {
+		if p.Addr == "" {
+			logf("SKIPPING the %s peer: %s", p.Name, p.Why)
+			rep.Skipped, env = append(rep.Skipped, p.Name+": "+p.Why), append(env, p.Env+"=-")
+			continue
+		}
+		rep.Peers, env = append(rep.Peers, [2]string{p.Name, p.Version}), append(env, p.Env+"="+p.Addr)
+		switch p.Env {
+		case "PGLEASE_BENCH_REDIS_FSYNC_ADDR":
+			c.capacity.redis = p
+		case "PGLEASE_BENCH_ETCD_URL":
+			c.capacity.etcd = p
+		}
+	}
+	return env, func() {
+		for _, p := range peers {
+			if p.Proc != nil {
+				p.Proc.Stop()
+			}
+		}
+	}
 }
 
 // benches runs the testing.B benchmarks in a child go test against the

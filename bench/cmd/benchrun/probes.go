@@ -298,14 +298,7 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 		return nil, err
 	}
 	defer admin.Close()
-	type run struct {
-		res    healthResult
-		table  string
-		tracer *benchenv.Tracer
-		logs   *countingLogger
-		*replica
-	}
-	var runs []*run
+	var runs []*healthRun
 	defer func() {
 		for _, r := range runs {
 			if r.replica != nil {
@@ -314,12 +307,8 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 			_, _ = admin.Exec(context.Background(), `DROP TABLE IF EXISTS `+r.table)
 		}
 	}()
-	sizes := func(table string) (heap, index, total int64, err error) {
-		err = admin.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass), pg_total_relation_size($1::regclass)`, table).Scan(&heap, &index, &total)
-		return
-	}
 	for _, ff := range ffs {
-		r := &run{res: healthResult{Fillfactor: ff, Leases: leases, Duration: dur, Beat: beat}, table: fmt.Sprintf("bench_health_ff%d", ff),
+		r := &healthRun{res: healthResult{Fillfactor: ff, Leases: leases, Duration: dur, Beat: beat}, table: fmt.Sprintf("bench_health_ff%d", ff),
 			tracer: &benchenv.Tracer{}, logs: &countingLogger{}}
 		runs = append(runs, r)
 		if err := freshTable(ctx, admin, r.table, ""); err != nil {
@@ -342,7 +331,7 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 		if _, err := admin.Exec(ctx, `ANALYZE `+r.table); err != nil { // as autovacuum soon would
 			return nil, err
 		}
-		if r.res.HeapStart, _, r.res.TotalStart, err = sizes(r.table); err != nil {
+		if r.res.HeapStart, _, r.res.TotalStart, err = sizes(ctx, admin, r.table); err != nil {
 			return nil, err
 		}
 		r.tracer.Take()
@@ -356,31 +345,53 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 	time.Sleep(1500 * time.Millisecond) // let the backends flush their statistics
 	var out []healthResult
 	for _, r := range runs {
-		var durs, last []int64
-		cut := benchenv.Now() - int64(30*time.Second)
-		for _, t := range r.tracer.Take() {
-			if t.Kind == benchenv.KindRenew && t.Err == nil {
-				durs = append(durs, t.Duration)
-				if t.Start > cut {
-					last = append(last, t.Duration)
-				}
-			}
-		}
-		slices.Sort(durs)
-		slices.Sort(last)
-		r.res.Beats = len(durs)
-		r.res.BeatMedian, r.res.BeatP95, r.res.LastMedian = benchenv.Pct(durs, 50), benchenv.Pct(durs, 95), benchenv.Pct(last, 50)
-		if err := admin.QueryRow(ctx, `
-SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, autovacuum_count, autoanalyze_count
-FROM pg_stat_user_tables WHERE relid = $1::regclass`, r.table).Scan(
-			&r.res.Upd, &r.res.HotUpd, &r.res.Dead, &r.res.Live, &r.res.Autovacuums, &r.res.Autoanalyzes); err != nil {
+		if err := r.read(ctx, admin); err != nil {
 			return nil, err
 		}
-		if r.res.Heap, r.res.Index, r.res.Total, err = sizes(r.table); err != nil {
-			return nil, err
-		}
-		r.res.Lost, r.res.Warns = r.logs.errs.Load(), r.logs.warns.Load()
 		out = append(out, r.res)
 	}
 	return out, nil
+}
+
+// healthRun is one fillfactor's table of the table-health run.
+type healthRun struct {
+	res    healthResult
+	table  string
+	tracer *benchenv.Tracer
+	logs   *countingLogger
+	*replica
+}
+
+// read fills the run's result: its renew times, the table's statistics
+// and sizes, and the leases lost.
+func (r *healthRun) read(ctx context.Context, admin *pgxpool.Pool) (err error) {
+	var durs, last []int64
+	cut := benchenv.Now() - int64(30*time.Second)
+	for _, t := range r.tracer.Take() {
+		if t.Kind == benchenv.KindRenew && t.Err == nil {
+			durs = append(durs, t.Duration)
+			if t.Start > cut {
+				last = append(last, t.Duration)
+			}
+		}
+	}
+	slices.Sort(durs)
+	slices.Sort(last)
+	r.res.Beats = len(durs)
+	r.res.BeatMedian, r.res.BeatP95, r.res.LastMedian = benchenv.Pct(durs, 50), benchenv.Pct(durs, 95), benchenv.Pct(last, 50)
+	r.res.Lost, r.res.Warns = r.logs.errs.Load(), r.logs.warns.Load()
+	if err := admin.QueryRow(ctx, `
+SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, autovacuum_count, autoanalyze_count
+FROM pg_stat_user_tables WHERE relid = $1::regclass`, r.table).Scan(
+		&r.res.Upd, &r.res.HotUpd, &r.res.Dead, &r.res.Live, &r.res.Autovacuums, &r.res.Autoanalyzes); err != nil {
+		return err
+	}
+	r.res.Heap, r.res.Index, r.res.Total, err = sizes(ctx, admin, r.table)
+	return err
+}
+
+// sizes are a table's heap, index and total sizes in bytes.
+func sizes(ctx context.Context, admin *pgxpool.Pool, table string) (heap, index, total int64, err error) {
+	err = admin.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass), pg_total_relation_size($1::regclass)`, table).Scan(&heap, &index, &total)
+	return
 }
