@@ -17,7 +17,6 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/pgleasetest"
 )
 
 // capacityConfig are the capacity section's flags.
@@ -182,8 +181,7 @@ func (e sample) since(s sample) per {
 	return per{secs, (e.server - s.server) / secs, (e.bouncer - s.bouncer) / secs, (e.c - s.c) / secs, (e.machine - s.machine) / secs, e.ctr.Sub(s.ctr)}
 }
 
-func runCapacity(ctx context.Context, cl *pgleasetest.Server, cpu *benchenv.ServerCPU, c capacityConfig) (*capacityReport, error) {
-	url := cl.URL()
+func runCapacity(ctx context.Context, url string, cpu *benchenv.ServerCPU, c capacityConfig) (*capacityReport, error) {
 	admin, err := newPool(ctx, url, 2, nil)
 	if err != nil {
 		return nil, err

@@ -192,7 +192,7 @@ func measure(ctx context.Context, c config, rep *report) error {
 		}},
 		{"capacity", func() (err error) {
 			rep.LoadBefore["capacity"] = loadAvg()
-			rep.Capacity, err = runCapacity(ctx, cl, cpu, c.capacity)
+			rep.Capacity, err = runCapacity(ctx, cl.URL(), cpu, c.capacity)
 			return err
 		}},
 	} {
