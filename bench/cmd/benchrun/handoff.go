@@ -53,24 +53,23 @@ type vanishResult struct {
 	Delay []int64 // sorted ns, server clock: new acquired_at − old expires_at
 }
 
-// crowdResult is many waiters on one key.
+// crowdResult is many waiters on one key: Overlaps, acquisitions while
+// another waiter held the key (must be 0); ClaimNoRow, claim statements
+// that lost a race in flight; Probes, listener self-test notifications
+// (an xid each); LoserXids, xids − releases − acquisitions − probes; the
+// server connections (Conns*) and listening ones (Listeners*) before,
+// while and after the waiters waited.
 type crowdResult struct {
-	Mode               string
-	Lockers, Waiters   int
-	Releases, Acquired int64
-	Overlaps           int64 // acquisitions while another waiter held the key (must be 0)
-	Claims, ClaimNoRow int64 // claim statements; of them, no row (lost a race in flight)
-	Probes             int64 // listener self-test notifications (each takes an xid)
-	Xids, WAL          int64
-	LoserXids          int64 // xids − releases − acquisitions − probes
-	Handoff            []int64
-	Took               time.Duration
-	ServerCPU          float64
-	ConnsWaiting       int64 // server connections of the waiting Lockers while they waited
-	ListenersWaiting   int64
-	ListenersAfter     int64
-	ConnsBefore        int64
-	ConnsAfter         int64
+	Mode                                  string
+	Lockers, Waiters                      int
+	Releases, Acquired, Overlaps          int64
+	Claims, ClaimNoRow, Probes            int64
+	Xids, WAL, LoserXids                  int64
+	Handoff                               []int64
+	Took                                  time.Duration
+	ServerCPU                             float64
+	ConnsBefore, ConnsWaiting, ConnsAfter int64
+	ListenersWaiting, ListenersAfter      int64
 }
 
 type handoffReport struct {
