@@ -17,17 +17,16 @@ import (
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
-// peerShape is a peer holding the fleet's leases at the same shape.
+// peerShape is a peer ("redis" or "etcd") holding the fleet's leases at
+// the same shape: CPU is the peer server's process's (cores), RefreshPerS
+// the refresh round trips per second of all replicas.
 type peerShape struct {
-	Peer         string
-	R, J         int
-	SetupTook    time.Duration
-	Window       time.Duration
-	CPU          float64 // cores: the peer server's process
-	RefreshPerS  float64 // refresh round trips per second (all replicas)
-	P50, P99     time.Duration
-	Lost, Errors int64
-	How          string
+	Peer                     string
+	R, J                     int
+	Lease, SetupTook, Window time.Duration
+	CPU, RefreshPerS         float64
+	P50, P99                 time.Duration
+	Lost, Errors             int64
 }
 
 // peerFleets holds the fleet shape's leases in Redis (appendfsync always)
@@ -62,8 +61,7 @@ var refreshScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] th
 // keys each (SET NX PX lease) and refresh them every beat with one
 // pipelined round trip of J token-checked PEXPIREs (a Lua script each).
 func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
-	res := peerShape{Peer: "Redis, appendfsync always", R: r, J: j,
-		How: fmt.Sprintf("SET NX PX %v per key; every %v one pipeline of %d token-checked PEXPIRE scripts per replica", lease, lease/3, j)}
+	res := peerShape{Peer: "redis", R: r, J: j, Lease: lease}
 	t0 := time.Now()
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -154,8 +152,7 @@ func (st *redisRefresh) loop(ctx context.Context, c *redis.Client, i int) {
 // The keep-alive is one stream message per replica every TTL/3; it times
 // nothing per key, so the latency column is empty.
 func etcdFleet(ctx context.Context, url string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
-	res := peerShape{Peer: "etcd (single member)", R: r, J: j,
-		How: fmt.Sprintf("one concurrency.Session per replica (lease TTL %v, kept alive by the client every TTL/3), %d keys put under its lease", lease, j)}
+	res := peerShape{Peer: "etcd", R: r, J: j, Lease: lease}
 	t0 := time.Now()
 	var clis []*clientv3.Client
 	var sess []*concurrency.Session

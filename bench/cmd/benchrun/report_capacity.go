@@ -1,6 +1,10 @@
 package main
 
-import "github.com/pglease/pglease/bench/internal/benchenv"
+import (
+	"time"
+
+	"github.com/pglease/pglease/bench/internal/benchenv"
+)
 
 // knee is the step of the highest throughput: past it, more claimers add
 // no claims per second, only latency. found is false when the last step
@@ -87,6 +91,9 @@ func (s schedResult) Writes() int64  { return s.Xids - s.Renews - 2*s.Wins }
 func (s schedResult) PerThousand() float64 {
 	return (s.ServerCPU - s.BaseCPU) / float64(s.Skips+s.Ran) * 1000 * 1e9
 }
+
+// Beat is the peer's refresh interval, a third of the lease.
+func (p peerShape) Beat() time.Duration { return p.Lease / 3 }
 
 // CPUBound and FsyncBound: the machine's cores, or WAL fsyncs, were the limit.
 func (s satStep) CPUBound() bool   { return s.MachineCPU >= 1.8 }
