@@ -159,41 +159,35 @@ const (
 
 type loadAt struct{ Section, Value string } // Section: "" for the start of the run
 
-// reportView fills report.md.tmpl; R gives the templates the report's
-// methods (Med, Ops, Parts, Faster …).
+// reportView fills report.md.tmpl: the report's own fields and methods
+// (Med, Ops, PartRows, Faster …), and the figures derived from them.
 type reportView struct {
-	R                              *report
-	Args, Date, Took, SVGLink, Raw string
-	Count, Rounds, RoundN          int
-	GoTest, GoTestInterleaved      string
-	LoadedAt                       string // the 1-minute load before the interleaved rounds, when above 2
-	Load                           []loadAt
-	Inter                          *interView
-	Journal                        *journalView
-	Parts                          map[string]float64 // BenchmarkParts' metrics, "skip:NAME" and "lu:NAME"; nil if it did not run
-	Allocs                         []string           // allocs and B per skip-path Lock, pgxpool then database/sql
-	Counters                       []counterPhase
-	Renew10k                       *renewRow
-	MaxInUse                       float64
-	Skipped                        []string
-	Renew                          []renewRow
-	Contended                      []contRow
-	Health                         *healthView
-	Handoff                        *handoffView
-	Capacity                       *capacityView
-	Notes                          bool
-	StatusPageLink                 string // docs/status-page.md's fleet figures, relative to the report
-	Settings, Peers, Machine       [][2]string
-	PoolSize                       int
+	*report
+	Args, Date, Took, Raw string
+	Count, Rounds, RoundN int
+	LoadedAt              string // the 1-minute load before the interleaved rounds, when above 2
+	Load                  []loadAt
+	Inter                 *interView
+	Journal               *journalView
+	Parts                 map[string]float64 // BenchmarkParts' metrics, "skip:NAME" and "lu:NAME"; nil if it did not run
+	Allocs                []string           // allocs and B per skip-path Lock, pgxpool then database/sql
+	Renew                 []renewRow
+	Renew10k              *renewRow
+	MaxInUse              float64
+	Contended             []contRow
+	Health                *healthView
+	Handoff               *handoffView
+	Capacity              *capacityView
+	Notes                 bool
+	StatusPageLink        string // docs/status-page.md's fleet figures, relative to the report
+	PoolSize              int
 }
 
 func (r *report) view() reportView {
-	v := reportView{R: r, Args: strings.Join(append([]string{""}, r.Args...), " "), Date: r.Started.Format("2006-01-02 15:04 UTC"),
-		Took: r.Took.Round(time.Second).String(), SVGLink: r.SVGLink, Raw: r.Config.raw, Count: r.Config.count,
-		GoTest: r.GoTest, GoTestInterleaved: r.GoTestInterleaved, Rounds: r.Config.rounds, RoundN: r.Config.roundN,
-		Counters: r.Counters, Skipped: r.Skipped, Handoff: r.handoffView(), Capacity: r.capacityView(),
-		Settings: r.Settings, PoolSize: 4, Machine: r.Machine, Peers: r.Peers, MaxInUse: -1,
-		Inter: r.interleaved(), Journal: r.journal(), Parts: r.parts(), Contended: r.contended()}
+	v := reportView{report: r, Args: strings.Join(append([]string{""}, r.Args...), " "), Date: r.Started.Format("2006-01-02 15:04 UTC"),
+		Took: r.Took.Round(time.Second).String(), Raw: r.Config.raw, Count: r.Config.count, Rounds: r.Config.rounds, RoundN: r.Config.roundN,
+		Handoff: r.handoffView(), Capacity: r.capacityView(), PoolSize: 4, Inter: r.interleaved(), Journal: r.journal(),
+		Parts: r.parts(), Contended: r.contended()}
 	v.Load = []loadAt{{"", r.LoadBefore["start"]}}
 	for _, sec := range []string{"interleaved", "handoff", "capacity"} {
 		if l, ok := r.LoadBefore[sec]; ok {
