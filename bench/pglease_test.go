@@ -126,8 +126,9 @@ func BenchmarkFencedTx(b *testing.B) {
 	le, err := newLocker(b, pool).Lock(ctx, "bench-fenced")
 	must(b, err)
 	defer le.Unlock(ctx)
-	for _, guarded := range []bool{false, true} {
-		b.Run(map[bool]string{false: "op=plain", true: "op=guarded"}[guarded], func(b *testing.B) {
+	for _, op := range []string{"plain", "guarded"} {
+		guarded := op == "guarded"
+		b.Run("op="+op, func(b *testing.B) {
 			loop(b, func() {
 				tx, err := pool.Begin(ctx)
 				must(b, err)

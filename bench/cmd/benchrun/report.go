@@ -109,6 +109,13 @@ func bytesH(b int64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
+func durOrDash(d time.Duration) string {
+	if d == 0 {
+		return "—"
+	}
+	return fmtDur(float64(d))
+}
+
 func verdict(ok bool) string {
 	if ok {
 		return "**met**"
@@ -126,7 +133,7 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"dur":       fmtDur,
 	"durD":      func(d time.Duration) string { return fmtDur(float64(d)) },
 	"durPer":    func(d time.Duration, n int) string { return fmtDur(float64(d.Nanoseconds()) / float64(n)) },
-	"durOrDash": func(d time.Duration) string { return map[bool]string{true: "—", false: fmtDur(float64(d))}[d == 0] },
+	"durOrDash": durOrDash,
 	"bytes":     bytesH,
 	"int64":     func(n int) int64 { return int64(n) },
 	"inv":       func(v float64) float64 { return 1 / v },

@@ -225,7 +225,10 @@ func (c chart) svg(b *strings.Builder, ox, oy, w, h int) {
 				wr(`<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>%s: %s, %s</title></circle>`, px(p[0]), py(p[1]), s.Color, esc(s.Name), esc(c.XFmt(p[0])), esc(c.YFmt(p[1])))
 			}
 		}
-		dash := map[bool]string{true: ` stroke-dasharray="6 4"`}[s.Dash]
+		dash := ""
+		if s.Dash {
+			dash = ` stroke-dasharray="6 4"`
+		}
 		wr(`<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`, s.Color, dash, strings.Join(pts, " "))
 		lx, ly := int(x0)+10, int(y0)+14+i*16
 		wr(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`, lx, ly-4, lx+22, ly-4, s.Color, dash)

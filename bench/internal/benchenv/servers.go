@@ -239,14 +239,16 @@ type Peer struct {
 	Why     string // why it is skipped
 	Version string
 	Proc    *Proc // nil unless started here
+	bin     string
 }
 
 // Peers are Redis (default persistence), Redis (appendfsync always) and
 // etcd: the server named by its environment variable ("-": skipped), or
 // one started here. Stop the Procs when done.
 func Peers(ctx context.Context) []*Peer {
-	peers := []*Peer{{Name: "Redis (default persistence)", Env: "PGLEASE_BENCH_REDIS_ADDR"},
-		{Name: "Redis (appendfsync always)", Env: "PGLEASE_BENCH_REDIS_FSYNC_ADDR"}, {Name: "etcd (single member)", Env: "PGLEASE_BENCH_ETCD_URL"}}
+	peers := []*Peer{{Name: "Redis (default persistence)", Env: "PGLEASE_BENCH_REDIS_ADDR", bin: "redis-server"},
+		{Name: "Redis (appendfsync always)", Env: "PGLEASE_BENCH_REDIS_FSYNC_ADDR", bin: "redis-server"},
+		{Name: "etcd (single member)", Env: "PGLEASE_BENCH_ETCD_URL", bin: "etcd"}}
 	start := []func() (*Proc, error){
 		func() (*Proc, error) { return StartRedis(ctx, "redis-default") },
 		func() (*Proc, error) { return StartRedis(ctx, "redis-fsync", RedisFsyncAlways...) },
@@ -265,9 +267,7 @@ func Peers(ctx context.Context) []*Peer {
 				}
 				continue
 			}
-			p.Addr = p.Proc.Addr
-			bin := map[bool]string{true: "etcd", false: "redis-server"}[i == 2]
-			p.Version = Version(bin, "--version")
+			p.Addr, p.Version = p.Proc.Addr, Version(p.bin, "--version")
 		}
 	}
 	return peers
