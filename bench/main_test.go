@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -21,16 +20,9 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-// Environment variables through which the runner (cmd/benchrun) hands the
-// servers it started to this test binary. When one is unset, TestMain starts
-// that server itself (PostgreSQL always; Redis and etcd when installed).
-const (
-	EnvPG         = "PGLEASE_BENCH_PG_URL"
-	EnvRedis      = "PGLEASE_BENCH_REDIS_ADDR"       // Redis with its defaults (no fsync per write)
-	EnvRedisFsync = "PGLEASE_BENCH_REDIS_FSYNC_ADDR" // Redis with appendfsync always
-	EnvEtcd       = "PGLEASE_BENCH_ETCD_URL"
-	// "-" in any of the peer variables means: the runner found no binary, skip.
-)
+// EnvPG hands benchrun's PostgreSQL to this test binary; unset, TestMain
+// starts one (and the peers, benchenv.Peers, likewise).
+const EnvPG = "PGLEASE_BENCH_PG_URL"
 
 // PoolSize is the size of the shared pools (the floor, pglease and the
 // PostgreSQL peers all use the same pool).
@@ -41,12 +33,9 @@ var (
 	pool       *pgxpool.Pool // the shared pgx pool
 	sqlDB      *sql.DB       // the shared database/sql pool (pgx stdlib)
 	serverCPU  *benchenv.ServerCPU
-	redisAddr  = map[string]string{} // config name -> address
-	redisWhy   = map[string]string{} // config name -> why it is skipped
-	etcdURL    string
-	etcdWhy    string
-	lostLeases atomic.Int64 // leases lost during the benchmarks (should stay 0)
-	renewWarns atomic.Int64 // renews that failed and were retried
+	peers      = map[string]*benchenv.Peer{} // by environment variable
+	lostLeases atomic.Int64                  // leases lost during the benchmarks (should stay 0)
+	renewWarns atomic.Int64                  // renews that failed and were retried
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -54,20 +43,13 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var stops []func()
-	defer func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
-		}
-	}()
-	pgURL = os.Getenv(EnvPG)
-	if pgURL == "" {
+	if pgURL = os.Getenv(EnvPG); pgURL == "" {
 		c, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cannot start a durable throw-away PostgreSQL: %v\n", err)
 			return 1
 		}
-		stops = append(stops, func() { _ = c.Stop() })
+		defer c.Stop()
 		pgURL = c.URL()
 	}
 	if err := setupPG(ctx); err != nil {
@@ -76,47 +58,14 @@ func run(m *testing.M) int {
 	}
 	defer pool.Close()
 	defer sqlDB.Close()
-
-	for _, rc := range []struct {
-		name, env string
-		args      []string
-	}{{"default", EnvRedis, nil}, {"fsync-always", EnvRedisFsync, benchenv.RedisFsyncAlways}} {
-		switch v := os.Getenv(rc.env); v {
-		case "-":
-			redisWhy[rc.name] = "redis-server not installed (apt-get install -y redis-server)"
-		case "":
-			p, err := benchenv.StartRedis(ctx, "redis-"+rc.name, rc.args...)
-			if err != nil {
-				redisWhy[rc.name] = err.Error()
-				fmt.Fprintf(os.Stderr, "bench: skipping the Redis (%s) peer: %v\n", rc.name, err)
-				continue
-			}
-			stops = append(stops, p.Stop)
-			redisAddr[rc.name] = p.Addr
-		default:
-			redisAddr[rc.name] = v
+	for _, p := range benchenv.Peers(ctx) {
+		peers[p.Env] = p
+		if p.Proc != nil {
+			defer p.Proc.Stop()
 		}
-	}
-	switch v := os.Getenv(EnvEtcd); v {
-	case "-":
-		etcdWhy = "etcd not installed (apt-get install -y etcd-server)"
-	case "":
-		p, err := benchenv.StartEtcd(ctx)
-		if err != nil {
-			etcdWhy = err.Error()
-			fmt.Fprintf(os.Stderr, "bench: skipping the etcd peer: %v\n", err)
-			break
-		}
-		stops = append(stops, p.Stop)
-		etcdURL = p.Addr
-	default:
-		etcdURL = v
 	}
 	code := m.Run()
-	if n := renewWarns.Load(); n > 0 {
-		// Expected: BenchmarkRenew holds the Locker's renew back while it
-		// re-executes the statement, and that renew times out; the next
-		// beat renews. A loss would be counted below.
+	if n := renewWarns.Load(); n > 0 { // BenchmarkRenew holds the Locker's renew back: it times out, the next beat renews
 		fmt.Fprintf(os.Stderr, "bench: %d renews were retried at the next beat (held back by BenchmarkRenew)\n", n)
 	}
 	if n := lostLeases.Load(); n > 0 {
@@ -124,6 +73,15 @@ func run(m *testing.M) int {
 		code = 1
 	}
 	return code
+}
+
+// peerAddr is the address of the peer handed over in env, or skips b.
+func peerAddr(b *testing.B, env string) string {
+	p := peers[env]
+	if p.Addr == "" {
+		b.Skipf("%s peer skipped: %s", p.Name, p.Why)
+	}
+	return p.Addr
 }
 
 func setupPG(ctx context.Context) error {
@@ -135,8 +93,7 @@ func setupPG(ctx context.Context) error {
 	if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return err
 	}
-	ccfg := cfg.ConnConfig.Copy()
-	sqlDB = stdlib.OpenDB(*ccfg)
+	sqlDB = stdlib.OpenDB(*cfg.ConnConfig.Copy())
 	sqlDB.SetMaxOpenConns(PoolSize)
 	sqlDB.SetMaxIdleConns(PoolSize)
 	if err := pglease.Migrate(ctx, pool); err != nil {
@@ -152,79 +109,63 @@ func setupPG(ctx context.Context) error {
 	if durable != "on/on" {
 		fmt.Fprintf(os.Stderr, "bench: WARNING: the server runs with fsync/synchronous_commit = %s, not durable\n", durable)
 	}
-	// Warm up: the first durable commits of a fresh cluster (new WAL
-	// segments, cold caches) are slower than the rest.
+	// Warm up: the first durable commits of a fresh cluster are slower than the rest.
 	for t0 := time.Now(); time.Since(t0) < 3*time.Second; {
-		if _, err := pool.Exec(ctx, `INSERT INTO bench_floor (id, n) VALUES (0, 1) ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`); err != nil {
+		if _, err := pool.Exec(ctx, upsertSQL(0)); err != nil {
 			return err
 		}
 	}
-	serverCPU, err = benchenv.NewServerCPU(ctx, pool)
-	if err != nil {
+	if serverCPU, err = benchenv.NewServerCPU(ctx, pool); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: no server CPU figures: %v\n", err)
 	}
 	return nil
 }
 
-// lossLogger counts lease losses (ERROR records) and drops everything else.
-var lossLogger = slog.New(lossHandler{slog.NewTextHandler(io.Discard, nil)})
-
-type lossHandler struct{ slog.Handler }
-
-func (h lossHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (h lossHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelError {
-		if lostLeases.Add(1) <= 3 {
-			fmt.Fprintf(os.Stderr, "bench: pglease: %s %s\n", r.Message, recordAttrs(r))
-		}
-	} else {
-		renewWarns.Add(1)
-	}
-	return nil
+// upsertSQL is the floor's one-row upsert (one durable commit) of row id.
+func upsertSQL(id int) string {
+	return fmt.Sprintf(`INSERT INTO bench_floor (id, n) VALUES (%d, 1) ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`, id)
 }
 
-func recordAttrs(r slog.Record) string {
-	out := ""
-	r.Attrs(func(a slog.Attr) bool {
-		out += " " + a.String()
-		return true
-	})
-	return out
+// lossHandler counts lease losses (ERROR records) and retried renews
+// (WARN), and prints the first losses.
+type lossHandler struct{ slog.Handler }
+
+func (lossHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h lossHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level < slog.LevelError {
+		renewWarns.Add(1)
+	} else if lostLeases.Add(1) <= 3 {
+		fmt.Fprintf(os.Stderr, "bench: pglease: %s\n", r.Message)
+	}
+	return nil
 }
 
 // newLocker returns a Locker on db for the benchmarks (losses are counted).
 func newLocker[D pglease.DB](b *testing.B, db D, opts ...pglease.Option) *pglease.Locker {
 	b.Helper()
-	l, err := pglease.New(db, append([]pglease.Option{pglease.WithLogger(lossLogger)}, opts...)...)
-	if err != nil {
-		b.Fatal(err)
-	}
+	l, err := pglease.New(db, append([]pglease.Option{pglease.WithLogger(slog.New(lossHandler{}))}, opts...)...)
+	must(b, err)
 	b.Cleanup(func() { _ = l.Close() })
 	return l
 }
 
 // measure wraps a benchmark loop: it reads the server counters and CPU
 // before and after, outside the timer, and reports per operation the
-// transaction ids assigned, the WAL written and the server CPU used.
+// transaction ids assigned, the WAL written, and the server's and this
+// process's CPU.
 func measure(b *testing.B, loop func()) {
 	b.Helper()
 	ctx := context.Background()
 	before, err := benchenv.ReadCounters(ctx, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cpu0, own0 := cpuSeconds(), ownCPUSeconds()
+	must(b, err)
+	cpu0, own0 := serverCPU.Seconds(), ownCPUSeconds()
 	b.ResetTimer()
 	loop()
 	b.StopTimer()
-	cpu1, own1 := cpuSeconds(), ownCPUSeconds()
+	cpu1, own1 := serverCPU.Seconds(), ownCPUSeconds()
 	after, err := benchenv.ReadCounters(ctx, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	d := after.Sub(before)
-	n := float64(b.N)
-	// The counter read itself: reading assigns no xid and writes no WAL.
+	must(b, err)
+	d, n := after.Sub(before), float64(b.N)
 	b.ReportMetric(float64(d.NextXid)/n, "xids/op")
 	b.ReportMetric(float64(d.WALLSN)/n, "WAL-B/op")
 	if serverCPU != nil {
@@ -233,21 +174,13 @@ func measure(b *testing.B, loop func()) {
 	b.ReportMetric((own1-own0)*1e6/n, "clientcpu-us/op")
 }
 
-// ownCPUSeconds is this process's CPU time (user + system): the client's
-// side of a benchmark, driver and runtime included.
+// ownCPUSeconds is this process's CPU time (user + system).
 func ownCPUSeconds() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
 	}
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
-
-func cpuSeconds() float64 {
-	if serverCPU == nil {
-		return 0
-	}
-	return serverCPU.Seconds()
 }
 
 func must(b *testing.B, err error) {
@@ -258,3 +191,40 @@ func must(b *testing.B, err error) {
 }
 
 func isHeld(err error) bool { return errors.Is(err, pglease.ErrAlreadyLocked) }
+
+// conn is one of the shared pools: pgxpool, or database/sql.
+type conn struct {
+	p *pgxpool.Pool
+	d *sql.DB
+}
+
+// drivers runs fn once per pool type, on the shared pools.
+func drivers(b *testing.B, fn func(b *testing.B, c conn)) {
+	b.Run("driver=pgxpool", func(b *testing.B) { fn(b, conn{p: pool}) })
+	b.Run("driver=sqldb", func(b *testing.B) { fn(b, conn{d: sqlDB}) })
+}
+
+func (c conn) exec(b *testing.B, q string, args ...any) {
+	var err error
+	if c.p != nil {
+		_, err = c.p.Exec(context.Background(), q, args...)
+	} else {
+		_, err = c.d.ExecContext(context.Background(), q, args...)
+	}
+	must(b, err)
+}
+
+func (c conn) scan(b *testing.B, q string, args []any, dest ...any) {
+	if c.p != nil {
+		must(b, c.p.QueryRow(context.Background(), q, args...).Scan(dest...))
+	} else {
+		must(b, c.d.QueryRowContext(context.Background(), q, args...).Scan(dest...))
+	}
+}
+
+func (c conn) locker(b *testing.B, opts ...pglease.Option) *pglease.Locker {
+	if c.p != nil {
+		return newLocker(b, c.p, opts...)
+	}
+	return newLocker(b, c.d, opts...)
+}

@@ -12,42 +12,21 @@ import (
 )
 
 // BenchmarkParts takes pglease's two hot paths apart on the pgxpool,
-// interleaved like BenchmarkInterleaved (each iteration times every part
-// once, in an order that rotates; each figure is the median over the run).
-//
-// op=Skip: a SELECT 1; a statement of the claim's shape (its six arguments
-// and seven reply columns, constants only: the driver's and the protocol's
-// share); the plain indexed read of the held row; the claim statement
-// itself (the call of the table's claim function, which reads the row and
-// returns), sent as the library sends it, under context.Background and under a
-// context with a deadline as the library's (pgx watches a context that can
-// end, and skips that for one that cannot); and Lock on the held key.
-//
-// op=LockUnlock: a SELECT 1; the floor upsert (one durable commit); a
-// one-row UPDATE whose commit is not durable (what any release must write);
-// Lock of a free key; and its Unlock, timed apart.
-//
-// Where PostgreSQL was started with pg_stat_statements (benchrun's server
-// and this package's own), each part's server execution time is reported
-// too (exec-us: the executor's time only, as pg_stat_statements counts it).
+// interleaved, with each statement's server execution time where
+// pg_stat_statements is loaded. op=Skip: SELECT 1; a statement of the
+// claim's shape (constants only); the plain read of the held row; the
+// claim statement as the library sends it, under context.Background and
+// under a deadline; Lock on the held key. op=LockUnlock: SELECT 1; the
+// floor upsert; a non-durable one-row UPDATE; Lock of a free key; its Unlock.
 func BenchmarkParts(b *testing.B) {
 	b.Run("op=Skip", partsSkip)
 	b.Run("op=LockUnlock", partsLockUnlock)
 }
 
-// part is one timed operation of BenchmarkParts; stmt, when set, is the
-// text by which pg_stat_statements finds its statement.
-type part struct {
-	name string
-	stmt string
-	op   func()
-}
-
 func partsSkip(b *testing.B) {
 	ctx := context.Background()
 	const key = "bench-parts-held"
-	other := newLocker(b, pool, pglease.WithHolder("parts-other-replica"))
-	held, err := other.Lock(ctx, key)
+	held, err := newLocker(b, pool, pglease.WithHolder("parts-other-replica")).Lock(ctx, key)
 	must(b, err)
 	defer held.Unlock(ctx)
 	l := newLocker(b, pool)
@@ -57,10 +36,9 @@ WHERE $1::text IS NOT NULL`
 	const lookup = `SELECT holder, fence, expires_at FROM ` + pglease.DefaultTable + `
 WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 	var r claimRow
-	// key, holder, claim token, lease duration and failover delay (µs, the
-	// defaults), tick.
+	// key, holder, claim token, lease duration and failover delay (µs, the defaults), tick.
 	args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6)}
-	parts := []part{
+	med := interleave(b, []part{
 		{"select1", "SELECT 1", func() { must(b, pool.QueryRow(ctx, `SELECT 1`).Scan(&r.fence)) }},
 		{"shaped", "WHERE $1::text IS NOT NULL", func() { must(b, r.scan(pool.QueryRow(ctx, shaped, args...))) }},
 		{"lookup", "WHERE key = $1 AND released_at IS NULL", func() { must(b, pool.QueryRow(ctx, lookup, key).Scan(&r.holder, &r.fence, &r.expires)) }},
@@ -70,23 +48,14 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 			defer cancel()
 			must(b, r.scan(pool.QueryRow(c, claim, args...)))
 		}},
-		{"skip", "", func() {
-			if _, err := l.Lock(ctx, key); !isHeld(err) {
-				b.Fatalf("Lock on a held key: %v", err)
-			}
-		}},
-	}
-	med := runParts(b, parts)
-	for _, n := range []string{"shaped", "lookup", "claimstmt", "claimdeadline", "skip"} {
-		b.ReportMetric(med[n]/med["select1"], n+"/select1")
-	}
+		{"skip", "", func() { skipOnce(b, l, key) }},
+	})
+	ratios(b, med, "shaped/select1", "shaped", "select1", "lookup/select1", "lookup", "select1", "claimstmt/select1", "claimstmt", "select1",
+		"claimdeadline/select1", "claimdeadline", "select1", "skip/select1", "skip", "select1")
 }
 
 func partsLockUnlock(b *testing.B) {
 	ctx := context.Background()
-	const upsert = `INSERT INTO bench_floor (id, n) VALUES (5, 1) ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
-	const update = `WITH c AS (SELECT set_config('synchronous_commit', 'off', true))
-UPDATE bench_floor SET n = n + 1 FROM c WHERE id = 6`
 	_, err := pool.Exec(ctx, `INSERT INTO bench_floor (id, n) VALUES (6, 0) ON CONFLICT (id) DO NOTHING`)
 	must(b, err)
 	l := newLocker(b, pool)
@@ -94,76 +63,24 @@ UPDATE bench_floor SET n = n + 1 FROM c WHERE id = 6`
 		one int
 		le  *pglease.Lease
 	)
-	parts := []part{
+	med := interleave(b, []part{
 		{"select1", "SELECT 1", func() { must(b, pool.QueryRow(ctx, `SELECT 1`).Scan(&one)) }},
-		{"upsert", "INSERT INTO bench_floor", func() { _, err := pool.Exec(ctx, upsert); must(b, err) }},
-		{"update", "UPDATE bench_floor", func() { _, err := pool.Exec(ctx, update); must(b, err) }},
-		{"lock", claimCall, func() {
-			var err error
-			le, err = l.Lock(ctx, "bench-parts-free")
-			must(b, err)
-		}},
+		{"upsert", "INSERT INTO bench_floor", func() { _, err := pool.Exec(ctx, upsertSQL(5)); must(b, err) }},
+		{"update", "UPDATE bench_floor", func() { _, err := pool.Exec(ctx, updateSQL, 6); must(b, err) }},
+		{"lock", claimCall, func() { le, err = l.Lock(ctx, "bench-parts-free"); must(b, err) }},
 		{"unlock", "SET released_at", func() { must(b, le.Unlock(ctx)) }},
-	}
-	// Unlock must follow its Lock: the two rotate as one slot.
-	med := runParts(b, parts, [2]int{3, 4})
-	b.ReportMetric(med["lock"]/med["upsert"], "lock/upsert")
-	b.ReportMetric(med["unlock"]/med["select1"], "unlock/select1")
-	b.ReportMetric(med["update"]/med["select1"], "update/select1")
+	}, []int{3, 4}) // Unlock follows its Lock
+	ratios(b, med, "lock/upsert", "lock", "upsert", "unlock/select1", "unlock", "select1", "update/select1", "update", "select1")
 	b.ReportMetric((med["lock"]+med["unlock"])/med["upsert"], "lockunlock/upsert")
 	b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
 }
 
-// runParts times each part once per iteration, in a rotating order (pairs
-// of parts that must run in turn count as one slot), and reports each
-// part's median time (NAME-ns) and, with pg_stat_statements, its server
-// execution time (NAME-exec-us). It returns the medians by name.
-func runParts(b *testing.B, parts []part, pairs ...[2]int) map[string]float64 {
-	var slots [][]int
-	paired := map[int]bool{}
-	for _, p := range pairs {
-		slots = append(slots, []int{p[0], p[1]})
-		paired[p[0]], paired[p[1]] = true, true
-	}
-	for i := range parts {
-		if !paired[i] {
-			slots = append(slots, []int{i})
-		}
-	}
-	stats := benchenv.NewStatStatements(context.Background(), pool)
-	times := make([][]time.Duration, len(parts))
-	measure(b, func() {
-		for i := 0; i < b.N; i++ {
-			for j := range slots {
-				for _, k := range slots[(i+j)%len(slots)] {
-					t0 := time.Now()
-					parts[k].op()
-					times[k] = append(times[k], time.Since(t0))
-				}
-			}
-		}
-	})
-	med := map[string]float64{}
-	for k, p := range parts {
-		med[p.name] = median(times[k])
-		b.ReportMetric(med[p.name], p.name+"-ns")
-		if p.stmt == "" {
-			continue
-		}
-		if us, ok := stats.ExecMicros(p.stmt); ok {
-			b.ReportMetric(us, p.name+"-exec-us")
-		}
-	}
-	return med
-}
-
 // claimRow receives the claim's reply.
 type claimRow struct {
-	outcome, holder string
-	fence, freeIn   int64
-	journaled       int64
-	expires         time.Time
-	tick            *time.Time
+	outcome, holder          string
+	fence, freeIn, journaled int64
+	expires                  time.Time
+	tick                     *time.Time
 }
 
 func (r *claimRow) scan(row interface{ Scan(...any) error }) error {
@@ -173,19 +90,15 @@ func (r *claimRow) scan(row interface{ Scan(...any) error }) error {
 // capturedClaim is the text of the claim statement as the library sends it,
 // seen by a tracer while a Locker claims key (held by another).
 func capturedClaim(b *testing.B, key string) string {
-	ctx := context.Background()
 	cfg := pool.Config().Copy()
 	tr := &benchenv.Tracer{}
-	cfg.ConnConfig.Tracer = tr
-	cfg.MaxConns = 1
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg.ConnConfig.Tracer, cfg.MaxConns = tr, 1
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	must(b, err)
 	defer p.Close()
-	if _, err := newLocker(b, p).Lock(ctx, key); !isHeld(err) {
-		b.Fatalf("Lock on a held key: %v", err)
-	}
+	skipOnce(b, newLocker(b, p), key)
 	for _, s := range tr.Take() {
-		if benchenv.Classify(s.SQL) == benchenv.KindClaim {
+		if s.Kind == benchenv.KindClaim {
 			return s.SQL
 		}
 	}

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -14,90 +13,46 @@ import (
 	"github.com/pglease/pglease"
 )
 
-// drivers runs fn once per pool type, on the shared pools.
-func drivers(b *testing.B, fn func(b *testing.B, pgx *pgxpool.Pool, sdb *sql.DB)) {
-	b.Run("driver=pgxpool", func(b *testing.B) { fn(b, pool, nil) })
-	b.Run("driver=sqldb", func(b *testing.B) { fn(b, nil, sqlDB) })
-}
-
 // BenchmarkFloor is what the database allows at best on the same pool: one
 // round trip (SELECT 1) and one durable commit (a one-row upsert).
 func BenchmarkFloor(b *testing.B) {
-	ctx := context.Background()
-	const upsert = `INSERT INTO bench_floor (id, n) VALUES (1, 1)
-ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`
 	b.Run("op=SELECT1", func(b *testing.B) {
-		drivers(b, func(b *testing.B, p *pgxpool.Pool, d *sql.DB) {
+		drivers(b, func(b *testing.B, c conn) {
 			var one int
-			measure(b, func() {
-				for i := 0; i < b.N; i++ {
-					if p != nil {
-						must(b, p.QueryRow(ctx, `SELECT 1`).Scan(&one))
-					} else {
-						must(b, d.QueryRowContext(ctx, `SELECT 1`).Scan(&one))
-					}
-				}
-			})
+			loop(b, func() { c.scan(b, `SELECT 1`, nil, &one) })
 		})
 	})
 	b.Run("op=upsert", func(b *testing.B) {
-		drivers(b, func(b *testing.B, p *pgxpool.Pool, d *sql.DB) {
-			measure(b, func() {
-				for i := 0; i < b.N; i++ {
-					var err error
-					if p != nil {
-						_, err = p.Exec(ctx, upsert)
-					} else {
-						_, err = d.ExecContext(ctx, upsert)
-					}
-					must(b, err)
-				}
-			})
-		})
+		drivers(b, func(b *testing.B, c conn) { loop(b, func() { c.exec(b, upsertSQL(1)) }) })
 	})
 }
 
-func lockerOn(b *testing.B, p *pgxpool.Pool, d *sql.DB, opts ...pglease.Option) *pglease.Locker {
-	if p != nil {
-		return newLocker(b, p, opts...)
-	}
-	return newLocker(b, d, opts...)
+// loop runs op b.N times inside measure.
+func loop(b *testing.B, op func()) {
+	measure(b, func() {
+		for i := 0; i < b.N; i++ {
+			op()
+		}
+	})
 }
 
 // BenchmarkPglease measures pglease's two hot paths: Lock+Unlock of a free
-// key (one durable commit: the claim; the release runs with
-// synchronous_commit off and is not waited for), and Lock on a key another replica holds (the
-// skip path every other replica takes on every tick: it must write nothing).
+// key, and Lock on a key another replica holds (the skip path).
 func BenchmarkPglease(b *testing.B) {
-	ctx := context.Background()
 	b.Run("op=LockUnlock", func(b *testing.B) {
-		drivers(b, func(b *testing.B, p *pgxpool.Pool, d *sql.DB) {
-			l := lockerOn(b, p, d)
-			key := fmt.Sprintf("bench-free-%T-%d", l, time.Now().UnixNano()%1000)
-			measure(b, func() {
-				for i := 0; i < b.N; i++ {
-					le, err := l.Lock(ctx, key)
-					must(b, err)
-					must(b, le.Unlock(ctx))
-				}
-			})
+		drivers(b, func(b *testing.B, c conn) {
+			l := c.locker(b)
+			key := fmt.Sprintf("bench-free-%d", time.Now().UnixNano()%1000)
+			loop(b, func() { lockUnlock(b, l, key) })
 		})
 	})
 	b.Run("op=Skip", func(b *testing.B) {
-		drivers(b, func(b *testing.B, p *pgxpool.Pool, d *sql.DB) {
-			other := lockerOn(b, p, d, pglease.WithHolder("other-replica"))
-			const key = "bench-held"
-			held, err := other.Lock(ctx, key)
+		drivers(b, func(b *testing.B, c conn) {
+			held, err := c.locker(b, pglease.WithHolder("other-replica")).Lock(context.Background(), "bench-held")
 			must(b, err)
-			defer held.Unlock(ctx)
-			l := lockerOn(b, p, d)
-			measure(b, func() {
-				for i := 0; i < b.N; i++ {
-					if _, err := l.Lock(ctx, key); !isHeld(err) {
-						b.Fatalf("Lock on a held key: got %v, want ErrAlreadyLocked", err)
-					}
-				}
-			})
+			defer held.Unlock(context.Background())
+			l := c.locker(b)
+			loop(b, func() { skipOnce(b, l, "bench-held") })
 		})
 	})
 }
@@ -107,10 +62,7 @@ func BenchmarkPglease(b *testing.B) {
 // once. ns/op is wall time per Lock attempt (all workers together);
 // acquired/op is the share of attempts that got the key.
 func BenchmarkContended(b *testing.B) {
-	for _, c := range []struct{ pool, workers, keys int }{
-		{1, 16, 64}, {4, 16, 64}, {16, 16, 64},
-		{4, 16, 1}, {16, 64, 1000},
-	} {
+	for _, c := range []struct{ pool, workers, keys int }{{1, 16, 64}, {4, 16, 64}, {16, 16, 64}, {4, 16, 1}, {16, 64, 1000}} {
 		b.Run(fmt.Sprintf("pool=%d/W=%d/K=%d", c.pool, c.workers, c.keys), func(b *testing.B) {
 			ctx := context.Background()
 			cfg := pool.Config().Copy()
@@ -119,33 +71,23 @@ func BenchmarkContended(b *testing.B) {
 			must(b, err)
 			defer p.Close()
 			l := newLocker(b, p)
-			keys := make([]string, c.keys)
-			for i := range keys {
-				keys[i] = fmt.Sprintf("bench-contended-%d", i)
-			}
 			var next, acquired atomic.Int64
 			var firstErr atomic.Value
 			measure(b, func() {
 				var wg sync.WaitGroup
 				for w := 0; w < c.workers; w++ {
-					wg.Add(1)
-					go func(w int) {
-						defer wg.Done()
+					wg.Go(func() {
 						for i := int(next.Add(1)); i <= b.N; i = int(next.Add(1)) {
-							k := keys[(i*7+w)%len(keys)]
-							le, err := l.Lock(ctx, k)
-							switch {
-							case isHeld(err):
-							case err != nil:
-								firstErr.CompareAndSwap(nil, err)
-							default:
+							le, err := l.Lock(ctx, fmt.Sprintf("bench-contended-%d", (i*7+w)%c.keys))
+							if err == nil {
 								acquired.Add(1)
-								if err := le.Unlock(ctx); err != nil {
-									firstErr.CompareAndSwap(nil, err)
-								}
+								err = le.Unlock(ctx)
+							}
+							if err != nil && !isHeld(err) {
+								firstErr.CompareAndSwap(nil, err)
 							}
 						}
-					}(w)
+					})
 				}
 				wg.Wait()
 			})
@@ -162,20 +104,41 @@ func BenchmarkContended(b *testing.B) {
 // else and unexpired?" check would cost, on the same pool.
 func BenchmarkLookup(b *testing.B) {
 	ctx := context.Background()
-	other := newLocker(b, pool, pglease.WithHolder("lookup-other-replica"))
-	held, err := other.Lock(ctx, "bench-lookup-held")
+	held, err := newLocker(b, pool, pglease.WithHolder("lookup-other-replica")).Lock(ctx, "bench-lookup-held")
 	must(b, err)
 	defer held.Unlock(ctx)
-	q := `SELECT holder, fence, expires_at FROM ` + pglease.DefaultTable + `
-WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
-	measure(b, func() {
-		for i := 0; i < b.N; i++ {
-			var (
-				h  string
-				f  int64
-				ex time.Time
-			)
-			must(b, pool.QueryRow(ctx, q, "bench-lookup-held").Scan(&h, &f, &ex))
-		}
+	var (
+		h  string
+		f  int64
+		ex time.Time
+	)
+	loop(b, func() {
+		must(b, pool.QueryRow(ctx, `SELECT holder, fence, expires_at FROM `+pglease.DefaultTable+`
+WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`, "bench-lookup-held").Scan(&h, &f, &ex))
 	})
+}
+
+// BenchmarkFencedTx measures a fenced transaction's overhead: BEGIN, a
+// one-row upsert, COMMIT, without (op=plain) and with (op=guarded)
+// Lease.GuardPgx before the write.
+func BenchmarkFencedTx(b *testing.B) {
+	ctx := context.Background()
+	le, err := newLocker(b, pool).Lock(ctx, "bench-fenced")
+	must(b, err)
+	defer le.Unlock(ctx)
+	for _, op := range []string{"plain", "guarded"} {
+		guarded := op == "guarded"
+		b.Run("op="+op, func(b *testing.B) {
+			loop(b, func() {
+				tx, err := pool.Begin(ctx)
+				must(b, err)
+				if guarded {
+					must(b, le.GuardPgx(ctx, tx))
+				}
+				_, err = tx.Exec(ctx, upsertSQL(2))
+				must(b, err)
+				must(b, tx.Commit(ctx))
+			})
+		})
+	}
 }

@@ -1,74 +1,54 @@
 // Command benchrun runs all of pglease's benchmarks in one go and writes
 // BENCHMARKS.md at the repository root, plus bench/renew-cost.svg,
-// bench/handoff.svg and bench/capacity.svg.
+// bench/handoff.svg and bench/capacity.svg (see bench/README.md).
 //
 //	cd bench && go run ./cmd/benchrun
 //
-// It starts a durable throw-away PostgreSQL (fsync and synchronous_commit
-// on), redis-server twice (default persistence, and appendfsync always) and
-// a single-member etcd, each on free loopback ports — a peer whose binary is
-// missing is skipped with a message saying what to install. Then it runs the
-// testing.B benchmarks of this module (`go test -bench`, raw output kept in
-// bench/results/latest.txt for benchstat) against those servers, and, in
-// this process against the same PostgreSQL: the skip-path counters, the
-// renew planner check, the table-health run with several fillfactors, the
-// handoff benchmark (handoff.go: waiters woken by LISTEN/NOTIFY or by
-// polling, a vanished holder, many waiters on one key) and the capacity
-// benchmark (capacity.go: fleets of up to 1,000 Lockers through PgBouncer,
-// a scheduled fleet, a saturation ramp), which write bench/handoff.svg and
-// bench/capacity.svg. -sections runs a subset.
+// It starts a durable throw-away PostgreSQL and the peers (benchenv.Peers),
+// runs this module's testing.B benchmarks against them in a child go test
+// (raw output kept in bench/results/latest.txt for benchstat), then, in
+// this process: the skip-path counters, the renew planner check, the
+// table-health run, the Handoff section (handoff.go, crowd.go) and the
+// Capacity section (capacity.go, saturation.go, peers_capacity.go).
+// -sections runs a subset; -render rewrites the report from a run's JSON.
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/bench/internal/benchenv"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
 type config struct {
-	bench        string
-	benchtime    string
-	count        int
-	rounds       int    // rounds of BenchmarkInterleaved and BenchmarkJournal
-	variants     string // its Locker variants (names in bench's lockerVariants; empty: all)
-	roundN       int    // their iterations per round
-	health       time.Duration
-	healthLeases int
-	healthBeat   time.Duration
-	fillfactors  string
-	skipN        int
-	plannerN     string
-	out, svg     string
-	raw          string
-	json         string // the report's data, for -render
-	render       string // render BENCHMARKS.md from this JSON instead of measuring
-	sections     string
-	handoffN     int
-	vanishN      int
-	handoffSVG   string
-	capacity     capacityConfig
-	capacitySVG  string
+	bench, benchtime            string
+	count, rounds, roundN       int // go test -count; rounds and iterations of the interleaved benchmarks
+	variants                    string
+	health                      time.Duration
+	healthLeases                int
+	healthBeat                  time.Duration
+	fillfactors, plannerN       string
+	skipN                       int
+	out, svg, raw, json, render string
+	sections                    string
+	handoffN, vanishN           int
+	handoffSVG, capacitySVG     string
+	capacity                    capacityConfig
 }
 
 // has reports whether section s is to run (-sections).
 func (c config) has(s string) bool {
 	for _, x := range strings.Split(c.sections, ",") {
-		if strings.TrimSpace(x) == s || strings.TrimSpace(x) == "all" {
+		if x = strings.TrimSpace(x); x == s || x == "all" {
 			return true
 		}
 	}
@@ -107,38 +87,60 @@ func main() {
 	}
 }
 
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "benchrun %s: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
-}
-
 func run(c config, args []string) error {
-	start := time.Now()
-	if _, err := os.Stat("go.mod"); err != nil {
-		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
-	}
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
 	}
 	if c.render != "" {
-		return render(c)
+		rep, err := readJSON(c.render)
+		if err != nil {
+			return err
+		}
+		rep.Config = c // this run's flags for what the data does not hold (-count, -rounds, …)
+		return writeFile(c.out, rep.markdown)
 	}
-	ctx := context.Background()
-	rep := &report{Args: args, Config: c, Started: start.UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
+	rep := &report{Args: args, Config: c, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
+	if err := measure(context.Background(), c, rep); err != nil {
+		return err
+	}
+	rep.Took = time.Since(rep.Started)
+	rep.SVGLink, rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
+	for _, f := range []struct {
+		ok   bool
+		path string
+		svg  func() string
+	}{
+		{c.has("bench"), c.svg, func() string { return renewSVG(rep) }},
+		{rep.Handoff != nil, c.handoffSVG, func() string { return handoffSVG(rep.Handoff) }},
+		{rep.Capacity != nil, c.capacitySVG, func() string { return capacitySVG(rep.Capacity) }},
+	} {
+		if f.ok {
+			if err := writeFile(f.path, func() (string, error) { return f.svg(), nil }); err != nil {
+				return err
+			}
+		}
+	}
+	b, err := json.MarshalIndent(rep, "", "\t")
+	if err != nil {
+		return err
+	}
+	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
+		return err
+	}
+	logf("measured for %v", rep.Took.Round(time.Second))
+	return writeFile(c.out, rep.markdown)
+}
 
+// measure runs the sections, filling rep.
+func measure(ctx context.Context, c config, rep *report) error {
 	logf("starting a durable throw-away PostgreSQL")
-	// pg_stat_statements: the Capacity section reads the server-side time
-	// of the fleet's renew statements (loading it costs the other figures
-	// nothing measurable: it is only consulted there).
+	// pg_stat_statements: the server time of statements (BenchmarkParts, the Capacity section).
 	cl, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
 	if err != nil {
 		return err
 	}
 	defer cl.Stop()
-	pcfg, err := pgxpool.ParseConfig(cl.URL())
-	if err != nil {
-		return err
-	}
-	admin, err := pgxpool.NewWithConfig(ctx, pcfg)
+	admin, err := newPool(ctx, cl.URL(), 2, nil)
 	if err != nil {
 		return err
 	}
@@ -147,192 +149,141 @@ func run(c config, args []string) error {
 		return err
 	}
 	rep.Machine = append(benchenv.MachineInfo(), [2]string{"Go", runtime.Version()})
-
-	env := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+cl.URL())
-	peerProcs := map[string]*benchenv.Proc{}
-	peer := func(name, envName string, start func() (*benchenv.Proc, error), versionCmd ...string) {
-		p, err := start()
-		if err != nil {
-			var miss *benchenv.MissingError
-			if errors.As(err, &miss) {
-				logf("SKIPPING the %s peer: %v", name, err)
-				rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", name, err))
-				env = append(env, envName+"=-")
-				return
-			}
-			logf("SKIPPING the %s peer: it did not start: %v", name, err)
-			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: did not start: %v", name, err))
-			env = append(env, envName+"=-")
-			return
-		}
-		rep.Peers = append(rep.Peers, [2]string{name, benchenv.Version(versionCmd[0], versionCmd[1:]...)})
-		peerProcs[envName] = p
-		env = append(env, envName+"="+p.Addr)
-		stops = append(stops, p.Stop)
-	}
-	defer func() {
-		for _, s := range stops {
-			s()
-		}
-	}()
-	logf("starting the peers (redis-server twice, etcd)")
-	peer("Redis (default persistence)", "PGLEASE_BENCH_REDIS_ADDR",
-		func() (*benchenv.Proc, error) { return benchenv.StartRedis(ctx, "redis-default") }, "redis-server", "--version")
-	peer("Redis (appendfsync always)", "PGLEASE_BENCH_REDIS_FSYNC_ADDR",
-		func() (*benchenv.Proc, error) {
-			return benchenv.StartRedis(ctx, "redis-fsync", benchenv.RedisFsyncAlways...)
-		}, "redis-server", "--version")
-	peer("etcd (single member)", "PGLEASE_BENCH_ETCD_URL",
-		func() (*benchenv.Proc, error) { return benchenv.StartEtcd(ctx) }, "etcd", "--version")
-
-	// 1. The testing.B benchmarks, in a child go test, against these servers.
-	if c.has("bench") {
-		if err := os.MkdirAll(filepath.Dir(c.raw), 0o755); err != nil {
-			return err
-		}
-		raw, err := os.Create(c.raw)
-		if err != nil {
-			return err
-		}
-		defer raw.Close()
-		// BenchmarkInterleaved, the source of the target ratios, and
-		// BenchmarkJournal, the journal's on/off ratios, run on their
-		// own: a fixed number of iterations per round, more rounds
-		// than the other benchmarks' runs.
-		goArgs := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", roundsBench, "-benchtime", c.benchtime,
-			"-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."}
-		rep.GoTest = "go " + strings.Join(goArgs, " ")
-		logf("running %s", rep.GoTest)
-		out, err := goTest(goArgs, env, raw)
-		if err != nil {
-			return err
-		}
-		rep.LoadBefore["interleaved"] = loadAvg()
-		interArgs := []string{"test", "-run", "^$", "-bench", roundsBench, "-benchtime", fmt.Sprintf("%dx", c.roundN),
-			"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
-		rep.GoTestInterleaved = "go " + strings.Join(interArgs, " ")
-		logf("running %s", rep.GoTestInterleaved)
-		inter, err := goTest(interArgs, append(env, "PGLEASE_BENCH_VARIANTS="+c.variants), raw)
-		if err != nil {
-			return err
-		}
-		rep.Results = parseBench(out + inter)
-		if len(rep.Results) == 0 {
-			return errors.New("go test printed no benchmark result")
-		}
-	}
-
-	// 2. The probes, in this process, on the same server.
-	if c.has("counters") {
-		logf("skip-path counters: %d claims on a held key", c.skipN)
-		if rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN); err != nil {
-			return fmt.Errorf("skip counters: %w", err)
-		}
-	}
-	for _, s := range strings.Split(c.plannerN, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n <= 0 || !c.has("planner") {
-			continue
-		}
-		logf("renew planner check with %d leases", n)
-		pc, err := plannerCheck(ctx, cl.URL(), n)
-		if err != nil {
-			return fmt.Errorf("planner check: %w", err)
-		}
-		rep.Planner = append(rep.Planner, pc)
-	}
-	if c.health > 0 && c.has("health") {
-		var ffs []int
-		for _, s := range strings.Split(c.fillfactors, ",") {
-			var f int
-			if _, err := fmt.Sscan(strings.TrimSpace(s), &f); err == nil && f >= 10 && f <= 100 {
-				ffs = append(ffs, f)
-			}
-		}
-		logf("table health: %d leases per table, renewed every %v for %v, fillfactors %v", c.healthLeases, c.healthBeat, c.health, ffs)
-		if rep.Health, err = tableHealth(ctx, cl.URL(), ffs, c.healthLeases, c.healthBeat, c.health); err != nil {
-			return fmt.Errorf("table health: %w", err)
-		}
-	}
 	cpu, err := benchenv.NewServerCPU(ctx, admin)
 	if err != nil {
 		return err
 	}
-	if c.has("handoff") {
-		rep.LoadBefore["handoff"] = loadAvg()
-		if rep.Handoff, err = runHandoff(ctx, cl.URL(), cpu, c.handoffN, c.vanishN); err != nil {
+	env, stop := startPeers(ctx, &c, rep)
+	defer stop()
+	env = append(env, "PGLEASE_BENCH_PG_URL="+cl.URL())
+	for _, s := range []struct {
+		name string
+		run  func() error
+	}{
+		{"bench", func() error { return benches(c, env, rep) }},
+		{"counters", func() (err error) {
+			logf("skip-path counters: %d claims on a held key", c.skipN)
+			rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN)
 			return err
-		}
-	}
-	if c.has("capacity") {
-		rep.LoadBefore["capacity"] = loadAvg()
-		if p := peerProcs["PGLEASE_BENCH_REDIS_FSYNC_ADDR"]; p != nil {
-			c.capacity.redisAddr, c.capacity.redisPID = p.Addr, p.PID()
-		}
-		if p := peerProcs["PGLEASE_BENCH_ETCD_URL"]; p != nil {
-			c.capacity.etcdURL, c.capacity.etcdPID = p.Addr, p.PID()
-		}
-		if rep.Capacity, err = runCapacity(ctx, cl, cpu, c.capacity); err != nil {
-			return fmt.Errorf("capacity: %w", err)
-		}
-	}
-	rep.Took = time.Since(start)
-
-	if c.has("bench") {
-		if err := os.WriteFile(c.svg, []byte(renewSVG(rep)), 0o644); err != nil {
+		}},
+		{"planner", func() error {
+			for _, n := range ints(c.plannerN, func(n int) bool { return n > 0 }) {
+				logf("renew planner check with %d leases", n)
+				pc, err := plannerCheck(ctx, cl.URL(), n)
+				if err != nil {
+					return err
+				}
+				rep.Planner = append(rep.Planner, pc)
+			}
+			return nil
+		}},
+		{"health", func() (err error) {
+			ffs := ints(c.fillfactors, func(f int) bool { return f >= 10 && f <= 100 })
+			if c.health > 0 {
+				logf("table health: %d leases per table, renewed every %v for %v, fillfactors %v", c.healthLeases, c.healthBeat, c.health, ffs)
+				rep.Health, err = tableHealth(ctx, cl.URL(), ffs, c.healthLeases, c.healthBeat, c.health)
+			}
 			return err
-		}
-	}
-	rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
-	if rep.Handoff != nil {
-		if err := os.WriteFile(c.handoffSVG, []byte(handoffSVG(rep.Handoff)), 0o644); err != nil {
+		}},
+		{"handoff", func() (err error) {
+			rep.LoadBefore["handoff"] = loadAvg()
+			rep.Handoff, err = runHandoff(ctx, cl.URL(), cpu, c.handoffN, c.vanishN)
 			return err
-		}
-	}
-	if rep.Capacity != nil {
-		if err := os.WriteFile(c.capacitySVG, []byte(capacitySVG(rep.Capacity)), 0o644); err != nil {
+		}},
+		{"capacity", func() (err error) {
+			rep.LoadBefore["capacity"] = loadAvg()
+			rep.Capacity, err = runCapacity(ctx, cl.URL(), cpu, c.capacity)
 			return err
+		}},
+	} {
+		if c.has(s.name) {
+			if err := s.run(); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
 		}
 	}
-	rel, _ := filepath.Rel(filepath.Dir(c.out), c.svg)
-	if abs, err := filepath.Abs(c.svg); err == nil {
-		if outAbs, err := filepath.Abs(filepath.Dir(c.out)); err == nil {
-			rel, _ = filepath.Rel(outAbs, abs)
-		}
-	}
-	rep.SVGLink = filepath.ToSlash(rel)
-	if err := writeJSON(c.json, rep); err != nil {
-		return err
-	}
-	if err := writeMarkdown(c.out, rep); err != nil {
-		return err
-	}
-	logf("wrote %s, %s and %s in %v", c.out, c.svg, c.json, rep.Took.Round(time.Second))
 	return nil
 }
 
-// roundsBench selects the benchmarks that run in rounds (-rounds of
-// -round-n iterations) rather than with the others: the interleaved ones,
-// whose ratios are the median of their rounds.
-const roundsBench = "^(BenchmarkInterleaved|BenchmarkJournal)$"
+// startPeers starts the peers and returns the environment that hands
+// them to go test ("-" for those skipped) and what stops them.
+func startPeers(ctx context.Context, c *config, rep *report) (env []string, stop func()) {
+	logf("starting the peers (redis-server twice, etcd)")
+	peers := benchenv.Peers(ctx)
+	env = os.Environ()
+	for _, p := range peers {
+		if p.Addr == "" {
+			logf("SKIPPING the %s peer: %s", p.Name, p.Why)
+			rep.Skipped, env = append(rep.Skipped, p.Name+": "+p.Why), append(env, p.Env+"=-")
+			continue
+		}
+		rep.Peers, env = append(rep.Peers, [2]string{p.Name, p.Version}), append(env, p.Env+"="+p.Addr)
+		switch p.Env {
+		case "PGLEASE_BENCH_REDIS_FSYNC_ADDR":
+			c.capacity.redis = p
+		case "PGLEASE_BENCH_ETCD_URL":
+			c.capacity.etcd = p
+		}
+	}
+	return env, func() {
+		for _, p := range peers {
+			if p.Proc != nil {
+				p.Proc.Stop()
+			}
+		}
+	}
+}
 
-func writeMarkdown(path string, rep *report) error {
-	md, err := rep.markdown()
+// benches runs the testing.B benchmarks in a child go test against the
+// servers in env: all but the interleaved ones, then those on their own in
+// rounds (-rounds of -round-n iterations), whose ratios are the median of
+// their rounds.
+func benches(c config, env []string, rep *report) error {
+	const rounds = "^(BenchmarkInterleaved|BenchmarkJournal)$"
+	if err := os.MkdirAll(filepath.Dir(c.raw), 0o755); err != nil {
+		return err
+	}
+	raw, err := os.Create(c.raw)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, []byte(md), 0o644)
-}
-
-func writeJSON(path string, rep *report) error {
-	b, err := json.MarshalIndent(rep, "", "\t")
+	defer raw.Close()
+	args := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", rounds, "-benchtime", c.benchtime,
+		"-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."}
+	inter := []string{"test", "-run", "^$", "-bench", rounds, "-benchtime", fmt.Sprintf("%dx", c.roundN),
+		"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
+	rep.GoTest, rep.GoTestInterleaved = "go "+strings.Join(args, " "), "go "+strings.Join(inter, " ")
+	logf("running %s", rep.GoTest)
+	out, err := goTest(args, env, raw)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, b, 0o644)
+	rep.LoadBefore["interleaved"] = loadAvg()
+	logf("running %s", rep.GoTestInterleaved)
+	more, err := goTest(inter, append(env, "PGLEASE_BENCH_VARIANTS="+c.variants), raw)
+	if err != nil {
+		return err
+	}
+	if rep.Results = parseBench(out + more); len(rep.Results) == 0 {
+		return errors.New("go test printed no benchmark result")
+	}
+	return nil
 }
 
-// readJSON reads a report written by writeJSON.
+// writeFile writes what content returns to path.
+func writeFile(path string, content func() (string, error)) error {
+	s, err := content()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s", path)
+	return nil
+}
+
+// readJSON reads a report written by run (-json).
 func readJSON(path string) (*report, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -343,77 +294,4 @@ func readJSON(path string) (*report, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return rep, nil
-}
-
-// render rewrites the report from an earlier run's data (-render), with
-// this run's flags for what the data does not hold (-count, -rounds, …).
-func render(c config) error {
-	rep, err := readJSON(c.render)
-	if err != nil {
-		return err
-	}
-	rep.Config = c
-	if err := writeMarkdown(c.out, rep); err != nil {
-		return err
-	}
-	logf("wrote %s from %s", c.out, c.render)
-	return nil
-}
-
-var stops []func()
-
-// goTest runs go test, echoing its output and appending it to raw.
-func goTest(args, env []string, raw *os.File) (string, error) {
-	cmd := exec.Command("go", args...)
-	cmd.Env = env
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	var all strings.Builder
-	sc := bufio.NewScanner(io.TeeReader(out, raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		fmt.Println(line)
-		all.WriteString(line + "\n")
-	}
-	if err := cmd.Wait(); err != nil {
-		return all.String(), fmt.Errorf("go test: %w (output in %s)", err, raw.Name())
-	}
-	return all.String(), nil
-}
-
-// linkFrom is the path of file relative to the directory of the report.
-func linkFrom(report, file string) string {
-	abs, err := filepath.Abs(file)
-	if err != nil {
-		return file
-	}
-	dir, err := filepath.Abs(filepath.Dir(report))
-	if err != nil {
-		return file
-	}
-	rel, err := filepath.Rel(dir, abs)
-	if err != nil {
-		return file
-	}
-	return filepath.ToSlash(rel)
-}
-
-// loadAvg is /proc/loadavg's three load averages.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], ", ")
 }

@@ -51,11 +51,7 @@ func parseBench(out string) map[string]*result {
 			slices.Sort(vs)
 			r.Runs = max(r.Runs, len(vs))
 			r.Min[unit], r.Max[unit] = vs[0], vs[len(vs)-1]
-			if len(vs)%2 == 1 {
-				r.Median[unit] = vs[len(vs)/2]
-			} else {
-				r.Median[unit] = (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
-			}
+			r.Median[unit] = (vs[(len(vs)-1)/2] + vs[len(vs)/2]) / 2
 		}
 		res[name] = r
 	}

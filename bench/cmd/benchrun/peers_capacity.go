@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,37 +17,40 @@ import (
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
-// peerShape is a peer holding the fleet's leases at the same shape.
+// peerShape is a peer ("redis" or "etcd") holding the fleet's leases at
+// the same shape: CPU is the peer server's process's (cores), RefreshPerS
+// the refresh round trips per second of all replicas.
 type peerShape struct {
-	Peer         string
-	R, J         int
-	SetupTook    time.Duration
-	Window       time.Duration
-	CPU          float64 // cores: the peer server's process
-	RefreshPerS  float64 // refresh round trips per second (all replicas)
-	P50, P99     time.Duration
-	Lost, Errors int64
-	How          string
+	Peer                     string
+	R, J                     int
+	Lease, SetupTook, Window time.Duration
+	CPU, RefreshPerS         float64
+	P50, P99                 time.Duration
+	Lost, Errors             int64
 }
 
-// procCPU is the CPU time of a process and its reaped children, in seconds.
-func procCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
+// peerFleets holds the fleet shape's leases in Redis (appendfsync always)
+// and etcd, when they run; why says what did not.
+func peerFleets(ctx context.Context, c capacityConfig, shape [2]int) (out []peerShape, why string) {
+	var whys []string
+	for _, p := range []struct {
+		name, pkg string
+		peer      *benchenv.Peer
+		run       func(context.Context, string, int, int, int, time.Duration, time.Duration) (peerShape, error)
+	}{{"Redis", "redis-server", c.redis, redisFleet}, {"etcd", "etcd-server", c.etcd, etcdFleet}} {
+		if p.peer == nil || p.peer.Proc == nil {
+			whys = append(whys, fmt.Sprintf("%s did not run (%s not installed)", p.name, p.pkg))
+			continue
+		}
+		logf("capacity: %s holding %d replicas × %d keys", p.peer.Name, shape[0], shape[1])
+		res, err := p.run(ctx, p.peer.Addr, p.peer.Proc.PID(), shape[0], shape[1], c.lease, c.window)
+		if err != nil {
+			whys = append(whys, p.name+": "+err.Error())
+			continue
+		}
+		out = append(out, res)
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+1:])
-	if len(f) < 15 {
-		return 0
-	}
-	var t int64
-	for _, k := range []int{11, 12, 13, 14} {
-		v, _ := strconv.ParseInt(f[k], 10, 64)
-		t += v
-	}
-	return float64(t) / 100
+	return out, strings.Join(whys, "; ")
 }
 
 // refreshScript extends a key's TTL only while it still holds this
@@ -60,31 +61,18 @@ var refreshScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] th
 // keys each (SET NX PX lease) and refresh them every beat with one
 // pipelined round trip of J token-checked PEXPIREs (a Lua script each).
 func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
-	res := peerShape{Peer: "Redis, appendfsync always", R: r, J: j,
-		How: fmt.Sprintf("SET NX PX %v per key; every %v one pipeline of %d token-checked PEXPIRE scripts per replica", lease, lease/3, j)}
+	res := peerShape{Peer: "redis", R: r, J: j, Lease: lease}
 	t0 := time.Now()
-	clients := make([]*redis.Client, r)
-	defer func() {
-		for _, c := range clients {
-			if c != nil {
-				_ = c.Close()
-			}
-		}
-	}()
-	var lost, errs atomic.Int64
-	var mu sync.Mutex
-	var durs []int64
-	measuring := atomic.Bool{}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
-	for i := 0; i < r; i++ {
+	st := &redisRefresh{j: j, lease: lease}
+	for i := range r {
 		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MinIdleConns: 1})
-		clients[i] = c
-		token := fmt.Sprintf("replica-%04d", i)
+		defer c.Close()
 		pipe := c.Pipeline()
-		for k := 0; k < j; k++ {
-			pipe.SetNX(ctx, fmt.Sprintf("peerfleet-%04d-%03d", i, k), token, lease)
+		for k := range j {
+			pipe.SetNX(ctx, fmt.Sprintf("peerfleet-%04d-%03d", i, k), fmt.Sprintf("replica-%04d", i), lease)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return res, fmt.Errorf("redis setup: %w", err)
@@ -92,61 +80,71 @@ func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window t
 		if err := refreshScript.Load(ctx, c).Err(); err != nil {
 			return res, err
 		}
-		wg.Add(1)
-		go func(i int, c *redis.Client) {
-			defer wg.Done()
-			beat := lease / 3
-			t := time.NewTimer(beat)
-			defer t.Stop()
-			for {
-				select {
-				case <-rctx.Done():
-					return
-				case <-t.C:
-				}
-				t.Reset(beat)
-				t1 := time.Now()
-				pipe := c.Pipeline()
-				cmds := make([]*redis.Cmd, j)
-				for k := 0; k < j; k++ {
-					cmds[k] = refreshScript.EvalSha(rctx, pipe, []string{fmt.Sprintf("peerfleet-%04d-%03d", i, k)}, token, lease.Milliseconds())
-				}
-				_, err := pipe.Exec(rctx)
-				d := time.Since(t1)
-				if rctx.Err() != nil {
-					return
-				}
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				for _, cmd := range cmds {
-					if v, _ := cmd.Int64(); v != 1 {
-						lost.Add(1)
-					}
-				}
-				if measuring.Load() {
-					mu.Lock()
-					durs = append(durs, int64(d))
-					mu.Unlock()
-				}
-			}
-		}(i, c)
+		wg.Go(func() { st.loop(rctx, c, i) })
 	}
 	res.SetupTook = time.Since(t0)
-	cpu0, w0 := procCPU(pid), time.Now()
-	measuring.Store(true)
+	cpu0, w0 := benchenv.ProcCPU(pid), time.Now()
+	st.measuring.Store(true)
 	time.Sleep(window)
-	measuring.Store(false)
+	st.measuring.Store(false)
 	res.Window = time.Since(w0)
-	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	res.CPU = (benchenv.ProcCPU(pid) - cpu0) / res.Window.Seconds()
 	stop()
 	wg.Wait()
-	slices.Sort(durs)
-	res.RefreshPerS = float64(len(durs)) / res.Window.Seconds()
-	res.P50, res.P99 = benchenv.Pct(durs, 50), benchenv.Pct(durs, 99)
-	res.Lost, res.Errors = lost.Load(), errs.Load()
+	slices.Sort(st.durs)
+	res.RefreshPerS = float64(len(st.durs)) / res.Window.Seconds()
+	res.P50, res.P99 = benchenv.Pct(st.durs, 50), benchenv.Pct(st.durs, 99)
+	res.Lost, res.Errors = st.lost.Load(), st.errs.Load()
 	return res, nil
+}
+
+// redisRefresh is what the Redis replicas' refreshes saw: keys lost,
+// failed round trips, and the durations of those made while measuring.
+type redisRefresh struct {
+	j          int
+	lease      time.Duration
+	lost, errs atomic.Int64
+	measuring  atomic.Bool
+	mu         sync.Mutex
+	durs       []int64
+}
+
+// loop refreshes replica i's keys every beat until ctx ends.
+func (st *redisRefresh) loop(ctx context.Context, c *redis.Client, i int) {
+	t := time.NewTicker(st.lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t1 := time.Now()
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, st.j)
+		for k := range cmds {
+			cmds[k] = refreshScript.EvalSha(ctx, pipe, []string{fmt.Sprintf("peerfleet-%04d-%03d", i, k)}, fmt.Sprintf("replica-%04d", i), st.lease.Milliseconds())
+		}
+		_, err := pipe.Exec(ctx)
+		d := time.Since(t1)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			st.errs.Add(1)
+			continue
+		}
+		for _, cmd := range cmds {
+			if v, _ := cmd.Int64(); v != 1 {
+				st.lost.Add(1)
+			}
+		}
+		if st.measuring.Load() {
+			st.mu.Lock()
+			st.durs = append(st.durs, int64(d))
+			st.mu.Unlock()
+		}
+	}
 }
 
 // etcdFleet: R replicas (a clientv3 client each) open a session (a lease
@@ -154,8 +152,7 @@ func redisFleet(ctx context.Context, addr string, pid, r, j int, lease, window t
 // The keep-alive is one stream message per replica every TTL/3; it times
 // nothing per key, so the latency column is empty.
 func etcdFleet(ctx context.Context, url string, pid, r, j int, lease, window time.Duration) (peerShape, error) {
-	res := peerShape{Peer: "etcd (single member)", R: r, J: j,
-		How: fmt.Sprintf("one concurrency.Session per replica (lease TTL %v, kept alive by the client every TTL/3), %d keys put under its lease", lease, j)}
+	res := peerShape{Peer: "etcd", R: r, J: j, Lease: lease}
 	t0 := time.Now()
 	var clis []*clientv3.Client
 	var sess []*concurrency.Session
@@ -173,29 +170,14 @@ func etcdFleet(ctx context.Context, url string, pid, r, j int, lease, window tim
 	}()
 	clis = make([]*clientv3.Client, r)
 	sess = make([]*concurrency.Session, r)
-	var first atomic.Value
-	var wg sync.WaitGroup
-	next := atomic.Int64{}
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < r && first.Load() == nil; i = int(next.Add(1)) - 1 {
-				if err := etcdReplica(ctx, url, i, j, lease, clis, sess); err != nil {
-					first.CompareAndSwap(nil, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, ok := first.Load().(error); ok {
+	if err := parallel(r, 16, func(i int) error { return etcdReplica(ctx, url, i, j, lease, clis, sess) }); err != nil {
 		return res, err
 	}
 	res.SetupTook = time.Since(t0)
-	cpu0, w0 := procCPU(pid), time.Now()
+	cpu0, w0 := benchenv.ProcCPU(pid), time.Now()
 	time.Sleep(window)
 	res.Window = time.Since(w0)
-	res.CPU = (procCPU(pid) - cpu0) / res.Window.Seconds()
+	res.CPU = (benchenv.ProcCPU(pid) - cpu0) / res.Window.Seconds()
 	for _, s := range sess {
 		if s == nil {
 			continue

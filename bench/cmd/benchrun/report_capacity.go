@@ -6,49 +6,6 @@ import (
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
-func capacitySVG(c *capacityReport) string {
-	cpu := chart{Title: "Fleet in steady state: CPU per second", XLabel: "leases held (log scale)", YLabel: "% of one core",
-		LogX: true, XFmt: numFmt, YFmt: pctFmt}
-	ren := chart{Title: "Fleet in steady state: renew statement latency", XLabel: "leases held (log scale)", YLabel: "renew latency",
-		LogX: true, XFmt: numFmt, YFmt: msFmt}
-	var sv, bv, p50, p99 plotSeries
-	sv = plotSeries{Name: "PostgreSQL (all processes)", Color: palette[0]}
-	bv = plotSeries{Name: "PgBouncer", Color: palette[1], Dash: true}
-	p50 = plotSeries{Name: "p50", Color: palette[0]}
-	p99 = plotSeries{Name: "p99", Color: palette[1]}
-	for _, s := range c.Shapes {
-		x := float64(s.Leases)
-		sv.Pts = append(sv.Pts, [2]float64{x, s.ServerCPU * 100})
-		bv.Pts = append(bv.Pts, [2]float64{x, s.BouncerCPU * 100})
-		p50.Pts = append(p50.Pts, [2]float64{x, float64(s.RenewP50) / 1e6})
-		p99.Pts = append(p99.Pts, [2]float64{x, float64(s.RenewP99) / 1e6})
-	}
-	cpu.Series = []plotSeries{sv, bv}
-	ren.Series = []plotSeries{p50, p99}
-	charts := []chart{cpu, ren}
-	if len(c.Sat) > 0 {
-		thr := chart{Title: "Saturation: Lock+Unlock claims per second", XLabel: "concurrent claimers (log scale)", YLabel: "claims/s",
-			LogX: true, XFmt: numFmt, YFmt: numFmt}
-		lat := chart{Title: "Saturation: claim latency", XLabel: "concurrent claimers (log scale)", YLabel: "latency (log scale)",
-			LogX: true, LogY: true, XFmt: numFmt, YFmt: msFmt}
-		t := plotSeries{Name: "claims/s", Color: palette[2]}
-		l50 := plotSeries{Name: "claim p50", Color: palette[0]}
-		l99 := plotSeries{Name: "claim p99", Color: palette[1]}
-		r99 := plotSeries{Name: "background renew p99", Color: palette[4], Dash: true}
-		for _, s := range c.Sat {
-			x := float64(s.Workers)
-			t.Pts = append(t.Pts, [2]float64{x, s.ClaimsPerSec})
-			l50.Pts = append(l50.Pts, [2]float64{x, float64(s.P50) / 1e6})
-			l99.Pts = append(l99.Pts, [2]float64{x, float64(s.P99) / 1e6})
-			r99.Pts = append(r99.Pts, [2]float64{x, float64(s.RenewP99) / 1e6})
-		}
-		thr.Series = []plotSeries{t}
-		lat.Series = []plotSeries{l50, l99, r99}
-		charts = append(charts, thr, lat)
-	}
-	return svgDoc(2, 520, 320, charts...)
-}
-
 // knee is the step of the highest throughput: past it, more claimers add
 // no claims per second, only latency. found is false when the last step
 // is the highest (the ramp did not reach the knee).
@@ -62,45 +19,22 @@ func knee(s []satStep) (int, bool) {
 	return best, best < len(s)-1
 }
 
+// The fleet target's shape: 1,000 replicas holding 100 leases each.
+const targetR, targetJ = 1000, 100
+
 // capacityView fills report_capacity.md.tmpl.
 type capacityView struct {
 	*capacityReport
 	Load, Link, MaxConns string
-	Shapes               []shapeRow
-	Sched                *schedRow
-	Sat                  []satRow
 	Knee                 *kneeView
-	PeerShapes           []shapeRow // pglease's fleet at the peers' shape
-	Target               *shapeRow  // the shape of the fleet target (targetR × targetJ), nil if it did not run
-}
-
-// The fleet target's shape: 1,000 replicas holding 100 leases each.
-const targetR, targetJ = 1000, 100
-
-type shapeRow struct {
-	shapeResult
-	Renews, Claims, Other float64 // statements per second
-	RenewStatements       int64   // in the window
-	WAL                   int64   // bytes per second
-	TopWaits              []waitShare
-	WaitSamples           int
-}
-
-type schedRow struct {
-	schedResult
-	TwoWins, Writes int64
-	PerThousand     float64 // server CPU per 1,000 skips, ns
-	DirectSkipCPU   float64 // µs of server CPU per skip on a direct pgxpool (0: not measured)
-}
-
-type satRow struct {
-	satStep
-	CPUBound, FsyncBound bool // the machine's cores, or WAL fsyncs, were the limit
+	PeerShapes           []shapeResult // pglease's fleet at the peers' shape
+	Target               *shapeResult  // the shape of the fleet target, nil if it did not run
+	DirectSkipCPU        float64       // µs of server CPU per skip on a direct pgxpool (0: not measured)
 }
 
 type kneeView struct {
 	Found           bool
-	At, Last, First satRow
+	At, Last, First satStep
 }
 
 // capacityView is the Capacity section's figures (nil if it did not run).
@@ -109,47 +43,58 @@ func (r *report) capacityView() *capacityView {
 	if c == nil {
 		return nil
 	}
-	v := &capacityView{capacityReport: c, Load: r.LoadBefore["capacity"], Link: r.CapacityLink, MaxConns: r.setting("max_connections")}
-	for _, s := range c.Shapes {
-		row := shapeRow{shapeResult: s, Renews: s.PerKind[benchenv.KindRenew], Claims: s.PerKind[benchenv.KindClaim],
-			RenewStatements: int64(s.PerKind[benchenv.KindRenew]*s.Window.Seconds() + 0.5), WAL: int64(s.WALPerSec)}
-		for k, n := range s.PerKind {
-			if k != benchenv.KindRenew && k != benchenv.KindClaim {
-				row.Other += n
-			}
-		}
-		row.TopWaits = s.Waits[:min(4, len(s.Waits))]
-		for _, w := range s.Waits {
-			row.WaitSamples += w.N
-		}
-		v.Shapes = append(v.Shapes, row)
+	v := &capacityView{capacityReport: c, Load: r.LoadBefore["capacity"], Link: r.CapacityLink, MaxConns: r.Setting("max_connections"),
+		DirectSkipCPU: r.Med(skipP, "dbcpu-us/op")}
+	for i, s := range c.Shapes {
 		if s.R == targetR && s.J == targetJ {
-			t := row
-			v.Target = &t
+			v.Target = &c.Shapes[i]
 		}
 		if len(c.Peers) > 0 && s.R == c.Peers[0].R && s.J == c.Peers[0].J {
-			v.PeerShapes = append(v.PeerShapes, row)
+			v.PeerShapes = append(v.PeerShapes, s)
 		}
 	}
-	if s := c.Sched; s != nil {
-		row := &schedRow{schedResult: *s, TwoWins: 2 * s.Wins, Writes: s.Xids - s.Renews - 2*s.Wins,
-			PerThousand: (s.ServerCPU - s.BaseCPU) / float64(s.Skips+s.Ran) * 1000 * 1e9}
-		row.DirectSkipCPU, _ = r.get(skipP, "dbcpu-us/op")
-		v.Sched = row
-	}
-	for _, s := range c.Sat {
-		v.Sat = append(v.Sat, satRow{s, s.MachineCPU >= 1.8, s.FsyncBusy >= 0.6})
-	}
-	if len(v.Sat) > 0 {
+	if len(c.Sat) > 0 {
 		k, found := knee(c.Sat)
-		v.Knee = &kneeView{found, v.Sat[k], v.Sat[len(v.Sat)-1], v.Sat[0]}
+		v.Knee = &kneeView{found, c.Sat[k], c.Sat[len(c.Sat)-1], c.Sat[0]}
 	}
 	return v
 }
 
-func durOrDash(d time.Duration) string {
-	if d == 0 {
-		return "—"
+// The figures report_capacity.md.tmpl reads of each result: statements per
+// second by kind, renew statements in the window, WAL bytes per second, the
+// four commonest wait events and the samples taken.
+
+func (s shapeResult) Renews() float64 { return s.PerKind[benchenv.KindRenew] }
+func (s shapeResult) Claims() float64 { return s.PerKind[benchenv.KindClaim] }
+func (s shapeResult) Other() (n float64) {
+	for k, x := range s.PerKind {
+		if k != benchenv.KindRenew && k != benchenv.KindClaim {
+			n += x
+		}
 	}
-	return fmtDur(float64(d))
+	return n
 }
+func (s shapeResult) RenewStatements() int64 { return int64(s.Renews()*s.Window.Seconds() + 0.5) }
+func (s shapeResult) WAL() int64             { return int64(s.WALPerSec) }
+func (s shapeResult) TopWaits() []waitShare  { return s.Waits[:min(4, len(s.Waits))] }
+func (s shapeResult) WaitSamples() (n int) {
+	for _, w := range s.Waits {
+		n += w.N
+	}
+	return n
+}
+
+// TwoWins, Writes and PerThousand: a claim and a release per win; the xids
+// left for the skips; server CPU per 1,000 skips beyond the held fleet's, ns.
+func (s schedResult) TwoWins() int64 { return 2 * s.Wins }
+func (s schedResult) Writes() int64  { return s.Xids - s.Renews - 2*s.Wins }
+func (s schedResult) PerThousand() float64 {
+	return (s.ServerCPU - s.BaseCPU) / float64(s.Skips+s.Ran) * 1000 * 1e9
+}
+
+// Beat is the peer's refresh interval, a third of the lease.
+func (p peerShape) Beat() time.Duration { return p.Lease / 3 }
+
+// CPUBound and FsyncBound: the machine's cores, or WAL fsyncs, were the limit.
+func (s satStep) CPUBound() bool   { return s.MachineCPU >= 1.8 }
+func (s satStep) FsyncBound() bool { return s.FsyncBusy >= 0.6 }

@@ -1,6 +1,6 @@
 // Package benchenv starts and measures what the benchmarks need: the peer
-// servers (Redis, etcd) as child processes on free loopback ports, and the
-// PostgreSQL counters and CPU time the benchmarks report per operation.
+// servers (Redis, etcd) and PgBouncer as child processes on free loopback
+// ports, and the PostgreSQL counters and CPU time the benchmarks report.
 package benchenv
 
 import (
@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,9 +24,7 @@ import (
 )
 
 // MissingError says a server binary is not installed, and how to install it.
-type MissingError struct {
-	Binary, Install string
-}
+type MissingError struct{ Binary, Install string }
 
 func (e *MissingError) Error() string {
 	return fmt.Sprintf("%s not found on PATH: install it with `%s` to run this peer", e.Binary, e.Install)
@@ -35,7 +34,7 @@ func (e *MissingError) Error() string {
 // directory, killed with the parent if the parent dies.
 type Proc struct {
 	Name string
-	Addr string // host:port (Redis) or URL (etcd)
+	Addr string // host:port, or a URL (etcd)
 	dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -61,26 +60,70 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startProc(name, binary string, args []string, dir string) (*Proc, error) {
+// lookBin finds a server binary on PATH or in /usr/sbin.
+func lookBin(name, install string) (string, error) {
+	if bin, err := exec.LookPath(name); err == nil {
+		return bin, nil
+	}
+	if _, err := os.Stat("/usr/sbin/" + name); err == nil {
+		return "/usr/sbin/" + name, nil
+	}
+	return "", &MissingError{name, "apt-get install -y " + install}
+}
+
+// startProc starts binary in dir (removed when it fails), as the user
+// postgres when asPostgres is set and this process runs as root, and waits
+// until ping succeeds.
+func startProc(ctx context.Context, name, binary, dir, addr string, asPostgres bool, ping func(context.Context) error, args ...string) (_ *Proc, err error) {
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(binary, args...)
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if asPostgres && os.Geteuid() == 0 {
+		if cmd.SysProcAttr.Credential, err = chownTo(dir, "postgres"); err != nil {
+			return nil, err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", binary, err)
 	}
-	p := &Proc{Name: name, dir: dir, cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Name: name, Addr: addr, dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		logf.Close()
 		close(p.done)
 	}()
+	if err := p.waitReady(ctx, ping); err != nil {
+		p.Stop()
+		return nil, err
+	}
 	return p, nil
+}
+
+// chownTo gives dir and its files to the user name, whose credential it returns.
+func chownTo(dir, name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs a %q user: %w", name, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	err = filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err == nil {
+			err = os.Chown(path, uid, gid)
+		}
+		return err
+	})
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, err
 }
 
 // PID is the server's process id.
@@ -101,106 +144,8 @@ func (p *Proc) Stop() {
 	})
 }
 
-func (p *Proc) tail() string {
-	b, _ := os.ReadFile(filepath.Join(p.dir, p.Name+".log"))
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
-
-// RedisFsyncAlways are the redis-server arguments of the durable variant:
-// every write appended to the AOF and fsynced before the reply.
-var RedisFsyncAlways = []string{"--appendonly", "yes", "--appendfsync", "always"}
-
-// StartRedis starts redis-server on a free loopback port with the given
-// extra arguments (none: Redis's defaults, RDB snapshots and no AOF).
-func StartRedis(ctx context.Context, name string, extra ...string) (*Proc, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, &MissingError{"redis-server", "apt-get install -y redis-server"}
-	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "pglease-bench-"+name+"-")
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--daemonize", "no", "--protected-mode", "yes"}, extra...)
-	p, err := startProc(name, bin, args, dir)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	p.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr})
-	defer rdb.Close()
-	if err := waitReady(ctx, p, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	return p, nil
-}
-
-// StartEtcd starts a single-member etcd on free loopback ports with a fresh
-// data directory (etcd's defaults otherwise: every write fsynced to its WAL).
-func StartEtcd(ctx context.Context) (*Proc, error) {
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		return nil, &MissingError{"etcd", "apt-get install -y etcd-server"}
-	}
-	cport, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	pport, err := FreePort()
-	for err == nil && pport == cport {
-		pport, err = FreePort()
-	}
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "pglease-bench-etcd-")
-	if err != nil {
-		return nil, err
-	}
-	curl := fmt.Sprintf("http://127.0.0.1:%d", cport)
-	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	args := []string{
-		"--name", "bench", "--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", curl, "--advertise-client-urls", curl,
-		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-		"--initial-cluster", "bench=" + purl, "--initial-cluster-state", "new",
-		"--log-level", "warn",
-	}
-	p, err := startProc("etcd", bin, args, dir)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	p.Addr = curl
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{curl}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		p.Stop()
-		return nil, err
-	}
-	defer cli.Close()
-	if err := waitReady(ctx, p, func(ctx context.Context) error {
-		_, err := cli.Put(ctx, "/pglease-bench/ready", "1")
-		return err
-	}); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	return p, nil
-}
-
-func waitReady(ctx context.Context, p *Proc, ping func(context.Context) error) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+func (p *Proc) waitReady(ctx context.Context, ping func(context.Context) error) error {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		select {
 		case <-p.done:
 			return fmt.Errorf("%s exited during start-up; log:\n%s", p.Name, p.tail())
@@ -215,6 +160,115 @@ func waitReady(ctx context.Context, p *Proc, ping func(context.Context) error) e
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return errors.Join(fmt.Errorf("%s not ready: %w; log:\n%s", p.Name, err, p.tail()), ctx.Err())
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func (p *Proc) tail() string {
+	b, _ := os.ReadFile(filepath.Join(p.dir, p.Name+".log"))
+	return string(b[max(0, len(b)-2000):])
+}
+
+// RedisFsyncAlways are the redis-server arguments of the durable variant:
+// every write appended to the AOF and fsynced before the reply.
+var RedisFsyncAlways = []string{"--appendonly", "yes", "--appendfsync", "always"}
+
+// StartRedis starts redis-server on a free loopback port with the given
+// extra arguments (none: Redis's defaults, RDB snapshots and no AOF).
+func StartRedis(ctx context.Context, name string, extra ...string) (*Proc, error) {
+	bin, err := lookBin("redis-server", "redis-server")
+	if err != nil {
+		return nil, err
+	}
+	port, dir, err := freeDir(name)
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	return startProc(ctx, name, bin, dir, addr, false, func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir, "--daemonize", "no", "--protected-mode", "yes"}, extra...)...)
+}
+
+// freeDir is a free port and a fresh temporary directory for server name.
+func freeDir(name string) (int, string, error) {
+	port, err := FreePort()
+	if err != nil {
+		return 0, "", err
+	}
+	dir, err := os.MkdirTemp("", "pglease-bench-"+name+"-")
+	return port, dir, err
+}
+
+// StartEtcd starts a single-member etcd on free loopback ports with a fresh
+// data directory (etcd's defaults otherwise: every write fsynced to its WAL).
+func StartEtcd(ctx context.Context) (*Proc, error) {
+	bin, err := lookBin("etcd", "etcd-server")
+	if err != nil {
+		return nil, err
+	}
+	cport, dir, err := freeDir("etcd")
+	if err != nil {
+		return nil, err
+	}
+	pport, err := FreePort()
+	for err == nil && pport == cport {
+		pport, err = FreePort()
+	}
+	if err != nil {
+		return nil, err
+	}
+	curl, purl := fmt.Sprintf("http://127.0.0.1:%d", cport), fmt.Sprintf("http://127.0.0.1:%d", pport)
+	return startProc(ctx, "etcd", bin, dir, curl, false, func(ctx context.Context) error {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{curl}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err == nil {
+			_, err = cli.Put(ctx, "/pglease-bench/ready", "1")
+			cli.Close()
+		}
+		return err
+	}, "--name", "bench", "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", curl, "--advertise-client-urls", curl,
+		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl,
+		"--initial-cluster-state", "new", "--log-level", "warn")
+}
+
+// Peer is a lock server compared with pglease.
+type Peer struct {
+	Name    string // as the report names it
+	Env     string // the variable through which benchrun hands it to go test
+	Addr    string // empty when skipped
+	Why     string // why it is skipped
+	Version string
+	Proc    *Proc // nil unless started here
+	bin     string
+}
+
+// Peers are Redis (default persistence), Redis (appendfsync always) and
+// etcd: the server named by its environment variable ("-": skipped), or
+// one started here. Stop the Procs when done.
+func Peers(ctx context.Context) []*Peer {
+	peers := []*Peer{{Name: "Redis (default persistence)", Env: "PGLEASE_BENCH_REDIS_ADDR", bin: "redis-server"},
+		{Name: "Redis (appendfsync always)", Env: "PGLEASE_BENCH_REDIS_FSYNC_ADDR", bin: "redis-server"},
+		{Name: "etcd (single member)", Env: "PGLEASE_BENCH_ETCD_URL", bin: "etcd"}}
+	start := []func() (*Proc, error){
+		func() (*Proc, error) { return StartRedis(ctx, "redis-default") },
+		func() (*Proc, error) { return StartRedis(ctx, "redis-fsync", RedisFsyncAlways...) },
+		func() (*Proc, error) { return StartEtcd(ctx) },
+	}
+	for i, p := range peers {
+		var err error
+		switch p.Addr = os.Getenv(p.Env); p.Addr {
+		case "-":
+			p.Addr, p.Why = "", "not installed"
+		case "":
+			if p.Proc, err = start[i](); err != nil {
+				p.Why = err.Error()
+				if !errors.As(err, new(*MissingError)) {
+					p.Why = "did not start: " + p.Why
+				}
+				continue
+			}
+			p.Addr, p.Version = p.Proc.Addr, Version(p.bin, "--version")
+		}
+	}
+	return peers
 }
