@@ -14,12 +14,12 @@ import (
 // goldenSchema is the catalogue a fresh Migrate creates for DefaultTable,
 // as checked in: a change of the schema, even of one migration file's text
 // once shipped, shows in the diff and is reviewed like the API files.
-const goldenSchema = "api/schema.txt"
+const goldenSchema = "internal/store/testdata/schema.txt"
 
 // TestSchemaGolden migrates DefaultTable in a database of its own and
 // compares its catalogue (tables with their columns, storage options and
 // constraints, indexes, functions with their whole definition) with
-// api/schema.txt. PGLEASE_UPDATE_SCHEMA=1 rewrites the file instead.
+// internal/store/testdata/schema.txt. PGLEASE_UPDATE_SCHEMA=1 rewrites the file instead.
 func TestSchemaGolden(t *testing.T) {
 	c := ctx(t)
 	admin := pgleasetest.DB(t, 1)
