@@ -22,7 +22,7 @@ import (
 
 func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
 
-var screenshot = flag.String("screenshot", "", "also save the status page's screenshot to this file (e.g. ../../../docs/status-page.png)")
+var screenshot = flag.String("screenshot", "", "also save the status page's screenshot to this file (e.g. ../docs/status-page.png)")
 
 // chromium finds Debian's chromium. A missing browser fails the test: it is
 // part of what CI installs (.ci/run), never a reason to skip.

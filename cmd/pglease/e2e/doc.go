@@ -4,5 +4,5 @@
 // of the library's.
 //
 // Run from this directory: go test -race ./...
-// To refresh the README's screenshot: go test -run StatusPage -screenshot ../../../docs/status-page.png
+// To refresh the README's screenshot: go test -run StatusPage -screenshot ../docs/status-page.png
 package e2e
