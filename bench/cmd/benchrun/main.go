@@ -1,5 +1,5 @@
 // Command benchrun runs all of pglease's benchmarks in one go and writes
-// BENCHMARKS.md at the repository root, plus bench/renew-cost.svg,
+// bench/BENCHMARKS.md, beside bench/renew-cost.svg,
 // bench/handoff.svg and bench/capacity.svg (see bench/README.md).
 //
 //	cd bench && go run ./cmd/benchrun
@@ -69,7 +69,7 @@ func main() {
 	flag.StringVar(&c.fillfactors, "fillfactors", "100,70,50", "fillfactors tried in the table-health run")
 	flag.IntVar(&c.skipN, "skip-claims", 10000, "skip-path claims in the counter check")
 	flag.StringVar(&c.plannerN, "planner-n", "1000,3000,10000", "lease counts of the renew planner check (empty: skip)")
-	flag.StringVar(&c.out, "out", "../BENCHMARKS.md", "the report to write")
+	flag.StringVar(&c.out, "out", "BENCHMARKS.md", "the report to write")
 	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	flag.StringVar(&c.json, "json", "results/latest.json", "where to keep the report's data (JSON: -render input)")
@@ -87,6 +87,13 @@ func main() {
 	}
 }
 
+// link points the report's links to the plots from where the report is
+// written: they depend on the files' places, not on the run's data.
+func (rep *report) link() {
+	c := rep.Config
+	rep.SVGLink, rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
+}
+
 func run(c config, args []string) error {
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
@@ -97,6 +104,7 @@ func run(c config, args []string) error {
 			return err
 		}
 		rep.Config = c // this run's flags for what the data does not hold (-count, -rounds, …)
+		rep.link()
 		return writeFile(c.out, rep.markdown)
 	}
 	rep := &report{Args: args, Config: c, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
@@ -104,7 +112,7 @@ func run(c config, args []string) error {
 		return err
 	}
 	rep.Took = time.Since(rep.Started)
-	rep.SVGLink, rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
+	rep.link()
 	for _, f := range []struct {
 		ok   bool
 		path string

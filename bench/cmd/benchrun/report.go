@@ -219,7 +219,7 @@ func (r *report) view() reportView {
 	v.Notes = okSel && okLU && okSkip
 	out := r.Config.out
 	if out == "" {
-		out = "../BENCHMARKS.md"
+		out = "BENCHMARKS.md"
 	}
 	v.StatusPageLink = linkFrom(out, "../docs/status-page.md") + "#measured-with-100000-leases"
 	return v

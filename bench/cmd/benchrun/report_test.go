@@ -105,8 +105,10 @@ func TestBenchmarksMDIsTheCommittedRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt", out: "../BENCHMARKS.md"}
-	want, err := os.ReadFile("../BENCHMARKS.md")
+	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt", out: "BENCHMARKS.md",
+		svg: "renew-cost.svg", handoffSVG: "handoff.svg", capacitySVG: "capacity.svg"}
+	r.link()
+	want, err := os.ReadFile("BENCHMARKS.md")
 	if err != nil {
 		t.Fatal(err)
 	}

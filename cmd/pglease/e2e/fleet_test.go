@@ -16,7 +16,7 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-var fleetShots = flag.String("fleet-screenshots", "", "also save the fleet test's screenshots in this directory (e.g. ../../../docs)")
+var fleetShots = flag.String("fleet-screenshots", "", "also save the fleet test's screenshots in this directory (e.g. ../docs)")
 
 // fleetSize is the fleet of BENCHMARKS.md: 1,000 replicas × 100 leases.
 const fleetSize = 100_000
