@@ -192,9 +192,9 @@ func TestNewCronJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	restart := time.Now()
 	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
 	missedTick := restart.Truncate(period)
-	after := f.waitRuns(len(before) + 3)
+	f.waitRuns(len(before) + 3)
 	f.stopAll(reps)
-	after = f.runs()
+	after := f.runs()
 	n, cu := catchUps(after)
 	if n != 1 || !cu.Tick.Equal(missedTick) {
 		t.Fatalf("catch-up runs: %d (last %+v); want exactly one, for the tick %v", n, cu, missedTick)
