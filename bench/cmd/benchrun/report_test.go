@@ -67,7 +67,7 @@ func TestReportRenders(t *testing.T) {
 		"## What the journal costs", "| `Lock`+`Unlock` with the journal on ≤ 1.15× the same with it off (same pool, interleaved) | ",
 		"run with the library's defaults (journal on): 10 claims on a held key, 0 xids assigned",
 		"**the journal is on and the failover delay is on**", "which this run did not include",
-		"](docs/status-page.md#measured-with-100000-leases)",
+		"](../docs/status-page.md#measured-with-100000-leases)",
 		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
