@@ -476,3 +476,51 @@ func TestAddJobBadInput(t *testing.T) {
 		t.Fatalf("%d entries added by bad input", n)
 	}
 }
+
+// TestAddJobRecordsTheScheduleAtTheFirstRunAfterAFailure: AddJob cannot
+// record the schedule (the table is not there yet): it logs the failure at
+// Error, adds the job anyway, and its first run records the schedule, so
+// that Audit reports the next tick overdue once the replica stops.
+func TestAddJobRecordsTheScheduleAtTheFirstRunAfterAFailure(t *testing.T) {
+	t.Parallel()
+	table := fmt.Sprintf("pglc_late_%d", time.Now().UnixNano()) // not migrated (pgleasetest.Table's are)
+	db := pgleasetest.DB(t, 2)
+	t.Cleanup(func() {
+		for _, suffix := range []string{"", "_version", "_fences", "_timelines", "_journal", "_journal_pruned", "_schedules"} {
+			if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + suffix + `"`); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	l := newLocker(t, db, table, "replica-1", 5*time.Second)
+	log := newRunLog()
+	c := cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC))
+	ran := make(chan struct{}, 8)
+	if _, err := pgleasecron.AddJob(c, l, secondsParser, "* * * * * *", "sync", cron.FuncJob(func() { ran <- struct{}{} }),
+		pgleasecron.WithLocation(time.UTC), pgleasecron.WithLogger(log), pgleasecron.WithGrace(100*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if errs := log.errors(); len(errs) != 1 {
+		t.Fatalf("errors logged by AddJob on a missing table: %v; want the failed record", errs)
+	}
+	if err := pglease.Migrate(t.Context(), db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	c.Start()
+	<-ran
+	<-c.Stop().Done()
+	_ = l.Close()
+	runs, err := pglease.History(t.Context(), db, "sync", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil || len(runs) != 1 || runs[0].NextTick == nil {
+		t.Fatalf("runs: %+v (%v)", runs, err)
+	}
+	due := *runs[0].NextTick
+	time.Sleep(time.Until(due.Add(300 * time.Millisecond)))
+	res, err := pglease.Audit(t.Context(), db, time.Time{}, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Missed) != 1 || !res.Missed[0].Due.Equal(due) || res.Missed[0].NextRun != nil {
+		t.Fatalf("audit: missed %+v; want the tick %v overdue (the schedule recorded at the first run)", res.Missed, due)
+	}
+}
