@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -247,16 +248,49 @@ func checkOncePerTick(t *testing.T, runs []pglease.RunInfo, period time.Duration
 	}
 }
 
+// catchUpLog counts, from the wrapper's log, the catch-up entries added
+// and the catch-up claims refused.
+type catchUpLog struct {
+	mu             sync.Mutex
+	added, refused int
+}
+
+func (l *catchUpLog) Info(msg string, kv ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if strings.Contains(msg, "catch-up run is added") {
+		l.added++
+	}
+	if strings.Contains(msg, "run skipped") && slices.Contains(kv, any("catch_up")) && kv[slices.Index(kv, any("catch_up"))+1] == true {
+		l.refused++
+	}
+}
+
+func (l *catchUpLog) Error(error, string, ...any) {}
+
 // TestAddJobCatchesUpOnceAfterAnOutage (issue 27): every replica is down
 // across 3 ticks; the 4 replicas, restarted at random offsets early in an
 // interval inside the catch-up window, run the latest missed tick exactly
 // once, marked as a catch-up, and then every tick once again. The ticks
-// missed before it are reported by Audit.
+// missed before it are reported by Audit. Restarted within 800 ms of each
+// other, the replicas that start after the catch-up ran find nothing to
+// catch up; within 50 ms, several add a catch-up entry and the ledger
+// grants the tick to one.
 func TestAddJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	t.Parallel()
+	for _, spread := range []time.Duration{800 * time.Millisecond, 50 * time.Millisecond} {
+		t.Run(spread.String(), func(t *testing.T) {
+			t.Parallel()
+			catchUpOnceAfterAnOutage(t, spread)
+		})
+	}
+}
+
+func catchUpOnceAfterAnOutage(t *testing.T, spread time.Duration) {
 	const period, spec = 2 * time.Second, "*/2 * * * * *"
 	f := newCronFleet(t)
-	opts := []pgleasecron.Option{pgleasecron.WithCatchUp(30 * time.Second)}
+	log := &catchUpLog{}
+	opts := []pgleasecron.Option{pgleasecron.WithCatchUp(30 * time.Second), pgleasecron.WithLogger(log)}
 	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
 	before := f.waitRuns(2)
 	f.stopAll(reps)
@@ -266,7 +300,7 @@ func TestAddJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 		sleepPastTick(period, 100*time.Millisecond)
 	}
 	restart := time.Now()
-	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
+	reps = f.startAll(4, spread, spec, opts...)
 	missedTick := restart.Truncate(period)
 	f.waitRuns(len(before) + 3)
 	f.stopAll(reps)
@@ -297,6 +331,12 @@ func TestAddJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	}
 	if len(res.Missed) != 1 || !res.Missed[0].Due.Equal(last.Tick.Add(period)) || res.Missed[0].NextRun == nil || !res.Missed[0].NextRun.CatchUp {
 		t.Fatalf("audit: missed %+v; want the first tick of the outage, then its catch-up", res.Missed)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	t.Logf("restart spread %v: %d catch-up entries added, %d refused, 1 ran", spread, log.added, log.refused)
+	if log.added != log.refused+1 {
+		t.Fatalf("%d catch-up entries added, %d refused: want all but one refused", log.added, log.refused)
 	}
 }
 
