@@ -188,7 +188,7 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, opts []Optio
 			return nil, err
 		}
 	}
-	js, err := newJobSchedule(sched, c.loc, c.now())
+	js, err := newJobSchedule(sched, c.loc, time.Now()) // not c.now: a test clock may not be set yet
 	if err != nil {
 		return nil, err
 	}
