@@ -260,10 +260,10 @@ func (w *wrapper) wrap(j cron.Job) cron.Job { return cron.FuncJob(func() { w.run
 var errNoActivation = errors.New("pgleasecron: no activation of the schedule within the tolerance before this run")
 
 func (w *wrapper) run(j cron.Job) {
+	now := w.cfg.now().In(w.cfg.loc) // before the record, which may take up to 5 s
 	if !w.js.registered.Load() {
 		w.register() // the catch-up it may find is not run: this run is the job's own
 	}
-	now := w.cfg.now().In(w.cfg.loc)
 	tick, ok := Activation(w.sched, now, w.cfg.tolerance)
 	if !ok {
 		w.cfg.logger.Error(errNoActivation, "pgleasecron: run skipped", "key", w.key, "now", now, "tolerance", w.cfg.tolerance)
