@@ -9,6 +9,11 @@
 // the last activation claimed for the key and refuses that activation, and
 // every earlier one, to every other replica, however short the job and
 // however far apart the replicas' clocks.
+//
+// AddJob also records each job's schedule in the database, so that an
+// activation that ran nowhere (every replica was down across it) is run
+// once when the replicas come back, if it is recent enough (WithCatchUp),
+// and reported by pglease audit otherwise.
 package pgleasecron
 
 import (
@@ -212,12 +217,12 @@ var errNoSpec = errors.New("pgleasecron: the schedule prints a pointer address, 
 // (pglease.Locker.RegisterSchedule, one statement bounded by 5 s; on failure
 // it is logged at Error and retried at the first run). With catch-up on
 // (WithCatchUp; on by default), if the latest activation before now ran
-// nowhere (every replica was down across it), came due after the schedule
-// was first recorded with this schedule and lies within the catch-up
-// window, AddJob also adds to c a one-off entry that runs job once as soon
+// nowhere (every replica was down across it), came due after the fleet
+// first recorded this schedule and lies within the catch-up window, AddJob also adds to c a one-off entry that runs job once as soon
 // as c runs, as that activation (pglease.Tick, marked pglease.CatchUp in
 // the journal), and then removes itself: of all replicas starting together,
-// one runs it, the others are refused (pglease.ErrAlreadyRun). Only the
+// one runs it, the others are refused (pglease.ErrAlreadyRun, or
+// pglease.ErrAlreadyLocked while it runs) and log it at Info. Only the
 // latest missed activation runs, never one per missed activation; a job
 // added for the first time, or with a changed schedule, has nothing to
 // catch up. The catch-up entry goes through c's chain (cron.WithChain) like
