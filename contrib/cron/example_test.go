@@ -63,3 +63,25 @@ func ExampleOnce() {
 		log.Print("refreshing the cache")
 	})))
 }
+
+// A replica that adds a job after one of its activations ran nowhere (every
+// replica was down across it) runs that activation once, across the fleet,
+// if it was due no longer ago than the catch-up window: one hour by
+// default, here ten minutes; WithCatchUp(0) turns it off.
+func ExampleWithCatchUp() {
+	var locker *pglease.Locker // from pglease.New
+	// snippet: catch-up
+	c := cron.New(cron.WithLocation(time.UTC))
+	parser := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	// Every day at 00:00: if the fleet was down at midnight and a replica
+	// starts before 00:10, that replica runs it (once) as soon as c starts.
+	_, err := pgleasecron.AddJob(c, locker, parser, "0 0 * * *", "nightly-billing",
+		cron.FuncJob(func() { log.Print("billing") }),
+		pgleasecron.WithLocation(time.UTC), pgleasecron.WithCatchUp(10*time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Start()
+	defer func() { <-c.Stop().Done() }()
+	// end snippet: catch-up
+}

@@ -9,6 +9,11 @@
 // the last activation claimed for the key and refuses that activation, and
 // every earlier one, to every other replica, however short the job and
 // however far apart the replicas' clocks.
+//
+// AddJob also records each job's schedule in the database, so that an
+// activation that ran nowhere (every replica was down across it) is run
+// once when the replicas come back, if it is recent enough (WithCatchUp),
+// and reported by pglease audit otherwise.
 package pgleasecron
 
 import (
@@ -32,6 +37,8 @@ type config struct {
 	tolerance time.Duration
 	minHold   time.Duration
 	logger    cron.Logger
+	catchUp   time.Duration // -1: DefaultCatchUpWithin
+	grace     time.Duration // -1: the period, at most a minute
 }
 
 // An Option configures Once.
@@ -126,11 +133,42 @@ func WithLogger(l cron.Logger) Option {
 // activations earlier than the last one run. Keep clocks closer than that
 // (NTP does far better).
 //
+// Each run also records when the key's next activation is due
+// (pglease.NextTick: for @every the next period on the grid, otherwise the
+// schedule's next activation), and the first run records the job's schedule
+// for the fleet (pglease.Locker.RegisterSchedule, bounded by 5 s; retried at
+// each run until it succeeds), so that pglease audit reports an activation
+// that ran nowhere (every replica was down across it) once it is more than
+// the grace (WithGrace) late. Once has no Cron to add a run to, so it does
+// not catch such an activation up: AddJob does (WithCatchUp). The schedule
+// is recorded under a text derived from it, which must be the same on every
+// replica and change when the schedule changes: for a *cron.SpecSchedule its
+// fields and its time zone (the wrapper's location, WithLocation, unless it
+// was parsed with CRON_TZ=), for @every the delay, for a Schedule of your
+// own that implements fmt.Stringer its String(), for any other its type and
+// value as fmt prints them (%T %+v). A Schedule of your own whose value
+// prints a pointer address (which differs between processes) and has no
+// String method is not recorded: its runs are still once per activation,
+// but missed activations are neither reported nor caught up; it is logged
+// at Error when the wrapper is made.
+//
 // With the journal on (pglease.WithJournal, the default), each run is
 // journaled with its activation as the tick and its outcome (Do records
 // it): ok when the job returns, panic when it panics, lost when the lease
 // was lost during the run; see pglease.History.
+//
+// A nil l or sched, an empty key, an @every delay under a second, a
+// schedule that never fires or an invalid option fail with an error
+// wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the key).
 func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
+	w, err := newWrapper(l, key, sched, opts)
+	if err != nil {
+		return nil, err
+	}
+	return w.wrap, nil
+}
+
+func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, opts []Option) (*wrapper, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
@@ -145,7 +183,8 @@ func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (c
 			return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
 		}
 	}
-	c := config{now: time.Now, loc: time.Local, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger}
+	c := config{now: time.Now, loc: time.Local, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger,
+		catchUp: -1, grace: -1}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: pgleasecron: nil Option", pglease.ErrInvalidOption)
@@ -154,48 +193,100 @@ func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (c
 			return nil, err
 		}
 	}
-	w := &wrapper{l: l, key: key, sched: sched, cfg: c}
-	return func(j cron.Job) cron.Job { return cron.FuncJob(func() { w.run(j) }) }, nil
+	js, err := newJobSchedule(sched, c.loc, time.Now()) // not c.now: a test clock may not be set yet
+	if err != nil {
+		return nil, err
+	}
+	if js.spec == "" {
+		c.logger.Error(errNoSpec, "pgleasecron: the job's schedule is not recorded: missed activations are neither reported nor caught up",
+			"key", key, "schedule", fmt.Sprintf("%T", sched))
+	}
+	return &wrapper{l: l, key: key, sched: sched, js: js, cfg: c}, nil
 }
+
+// errNoSpec: a Schedule of the user's own prints a pointer address.
+var errNoSpec = errors.New("pgleasecron: the schedule prints a pointer address, which differs between replicas; give its type a String method")
 
 // AddJob parses spec with parser (cron.NewParser with the fields the Cron
 // uses: cron.Minute|cron.Hour|cron.Dom|cron.Month|cron.Dow|cron.Descriptor
 // by default, cron.Second first with cron.WithSeconds), wraps job with Once
-// and adds it to c. Give WithLocation the Cron's location if it is not time.Local.
+// and adds it to c. Give WithLocation the Cron's location if it is not
+// time.Local.
+//
+// Unlike Once, AddJob records the job's schedule for the fleet at once
+// (pglease.Locker.RegisterSchedule, one statement bounded by 5 s; on failure
+// it is logged at Error and retried at the first run). With catch-up on
+// (WithCatchUp; on by default), if the latest activation before now ran
+// nowhere (every replica was down across it), came due after the fleet
+// first recorded this schedule and lies within the catch-up window, AddJob also adds to c a one-off entry that runs job once as soon
+// as c runs, as that activation (pglease.Tick, marked pglease.CatchUp in
+// the journal), and then removes itself: of all replicas starting together,
+// one runs it, the others are refused (pglease.ErrAlreadyRun, or
+// pglease.ErrAlreadyLocked while it runs) and log it at Info. Only the
+// latest missed activation runs, never one per missed activation; a job
+// added for the first time, or with a changed schedule, has nothing to
+// catch up. The catch-up entry goes through c's chain (cron.WithChain) like
+// the job's own.
+//
+// A nil c, parser or job, a spec that does not parse, or any input Once
+// refuses fail with an error wrapping pglease.ErrInvalidOption
+// (pglease.ErrInvalidKey for the key) and add nothing to c.
 func AddJob(c *cron.Cron, l *pglease.Locker, parser cron.ScheduleParser, spec, key string, job cron.Job, opts ...Option) (cron.EntryID, error) {
 	if c == nil || parser == nil || job == nil {
 		return 0, fmt.Errorf("%w: pgleasecron: nil Cron, parser or job", pglease.ErrInvalidOption)
 	}
 	sched, err := parser.Parse(spec)
 	if err != nil {
-		return 0, fmt.Errorf("pgleasecron: schedule %q: %w", spec, err)
+		return 0, fmt.Errorf("%w: pgleasecron: schedule %q: %w", pglease.ErrInvalidOption, spec, err)
 	}
-	once, err := Once(l, key, sched, opts...)
+	w, err := newWrapper(l, key, sched, opts)
 	if err != nil {
 		return 0, err
 	}
-	return c.Schedule(sched, once(job)), nil
+	id := c.Schedule(sched, w.wrap(job))
+	if missed := w.register(); !missed.IsZero() {
+		w.addCatchUp(c, job, missed)
+	}
+	return id, nil
 }
 
 type wrapper struct {
 	l     *pglease.Locker
 	key   string
 	sched cron.Schedule
+	js    *jobSchedule
 	cfg   config
 }
+
+func (w *wrapper) wrap(j cron.Job) cron.Job { return cron.FuncJob(func() { w.run(j) }) }
 
 // errNoActivation: the run started more than the tolerance after any
 // activation.
 var errNoActivation = errors.New("pgleasecron: no activation of the schedule within the tolerance before this run")
 
 func (w *wrapper) run(j cron.Job) {
-	now := w.cfg.now().In(w.cfg.loc)
+	now := w.cfg.now().In(w.cfg.loc) // before the record, which may take up to 5 s
+	if !w.js.registered.Load() {
+		w.register() // the catch-up it may find is not run: this run is the job's own
+	}
 	tick, ok := Activation(w.sched, now, w.cfg.tolerance)
 	if !ok {
 		w.cfg.logger.Error(errNoActivation, "pgleasecron: run skipped", "key", w.key, "now", now, "tolerance", w.cfg.tolerance)
 		return
 	}
+	w.claim(j, tick, false)
+}
+
+// claim runs j under a claim of the key for tick, a catch-up run if
+// catchUp.
+func (w *wrapper) claim(j cron.Job, tick time.Time, catchUp bool) {
 	opts := []pglease.LockOption{pglease.Tick(tick)}
+	if next := w.nextTick(tick); !next.IsZero() {
+		opts = append(opts, pglease.NextTick(next))
+	}
+	if catchUp {
+		opts = append(opts, pglease.CatchUp())
+	}
 	if w.cfg.minHold >= 0 {
 		opts = append(opts, pglease.MinHold(w.cfg.minHold))
 	}
@@ -206,9 +297,9 @@ func (w *wrapper) run(j cron.Job) {
 	switch {
 	case err == nil:
 	case errors.Is(err, pglease.ErrAlreadyRun), errors.Is(err, pglease.ErrAlreadyLocked):
-		w.cfg.logger.Info("pgleasecron: run skipped", "key", w.key, "activation", tick, "reason", err.Error())
+		w.cfg.logger.Info("pgleasecron: run skipped", "key", w.key, "activation", tick, "catch_up", catchUp, "reason", err.Error())
 	default:
-		w.cfg.logger.Error(err, "pgleasecron: run skipped or its lease failed", "key", w.key, "activation", tick)
+		w.cfg.logger.Error(err, "pgleasecron: run skipped or its lease failed", "key", w.key, "activation", tick, "catch_up", catchUp)
 	}
 }
 

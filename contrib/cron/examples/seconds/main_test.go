@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -76,6 +77,76 @@ func TestSecondsRunsOncePerActivation(t *testing.T) {
 	for s := from; s < to; s++ {
 		if n := len(runs[s]); n != 1 {
 			t.Errorf("activation %s ran %d times (replicas %v), want once", time.Unix(s, 0).Format("15:04:05"), n, runs[s])
+		}
+	}
+}
+
+// TestSecondsCatchesUpAfterAnOutage runs the README's cron (newCron)
+// unchanged (catch-up on by default) on 3 replicas with a job every 2
+// seconds: the fleet is stopped across 3 activations and restarted; the
+// latest missed activation runs once, as a catch-up, and every activation
+// after it once.
+func TestSecondsCatchesUpAfterAnOutage(t *testing.T) {
+	const period = 2 * time.Second
+	ctx := context.Background()
+	table := pgleasetest.Table(t)
+	admin := pgleasetest.DB(t, 1)
+	start := func() (stop func()) {
+		var stops []func()
+		for i := range 3 {
+			locker, err := pglease.New(pgleasetest.DB(t, 3), pglease.WithTable(table),
+				pglease.WithHolder(fmt.Sprintf("replica-%d", i)), pglease.WithLeaseDuration(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := newCron(locker, "*/2 * * * * *", func() {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Start()
+			stops = append(stops, func() { <-c.Stop().Done(); _ = locker.Close() })
+		}
+		return func() {
+			for _, stop := range stops {
+				stop()
+			}
+		}
+	}
+	runs := func(atLeast int) []pglease.RunInfo {
+		for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			r, err := pglease.History(ctx, admin, "refresh-cache", time.Time{}, 0, pglease.WithTable(table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r) >= atLeast {
+				slices.Reverse(r)
+				return r
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%d runs after a minute, want %d", len(r), atLeast)
+			}
+		}
+	}
+	stop := start()
+	before := runs(1)
+	stop()
+	last := *before[len(before)-1].Tick
+	// Restart 100 ms into an interval, once 3 activations have passed.
+	restart := last.Add(4*period + 100*time.Millisecond)
+	for time.Now().After(restart) {
+		restart = restart.Add(period)
+	}
+	time.Sleep(time.Until(restart))
+	stop = start()
+	after := runs(len(before) + 3)
+	stop()
+	tail := after[len(before):]
+	if !tail[0].CatchUp || !tail[0].Tick.Equal(restart.Truncate(period)) {
+		t.Fatalf("first run after the outage: %+v; want the catch-up of %v", tail[0], restart.Truncate(period))
+	}
+	for i := 1; i < len(tail); i++ {
+		if tail[i].CatchUp || tail[i].Tick.Sub(*tail[i-1].Tick) != period {
+			t.Fatalf("runs after the catch-up: %+v; want one per activation, none a catch-up", tail)
 		}
 	}
 }
