@@ -79,7 +79,13 @@ type jobSchedule struct {
 	sched      pglease.Schedule
 	period     time.Duration // between two ticks, for the default grace
 	registered atomic.Bool   // RegisterSchedule succeeded
+	lastTry    atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
 }
+
+// registerRetry is how often a run retries a failed registration: a
+// database that cannot be reached then delays at most one run in that
+// time by the registration's bound, not every run.
+const registerRetry = time.Minute
 
 // grid is the schedule of a duration job: a tick at every multiple of the
 // period since the Unix epoch.
@@ -102,7 +108,8 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 // minimum hold.
 //
 // Adding the job records its schedule in the database (one statement,
-// bounded by 5 s; on failure it is logged and retried at the first run),
+// bounded by 5 s; on failure it is logged and retried at a run, at most
+// once a minute),
 // so that a tick that ran nowhere is reported (pglease audit). With
 // catch-up on (WithCatchUp; on by default), if the latest activation before
 // now ran nowhere, came due after the schedule was first recorded with
@@ -196,6 +203,7 @@ func (k *Locker) addJob(s gocron.Scheduler, name string, def gocron.JobDefinitio
 // register records the job's schedule (pglease.Locker.RegisterSchedule)
 // and returns the tick to catch up, if any.
 func (k *Locker) register(name string) time.Time {
+	k.job.lastTry.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
 	defer cancel()
 	grace := k.grace
@@ -219,7 +227,7 @@ func (k *Locker) register(name string) time.Time {
 // scheduledClaim returns the options of a claim by a job's own Locker: the
 // run's scheduled tick (or the tick it catches up) and the next one.
 func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption, error) {
-	if !k.job.registered.Load() {
+	if !k.job.registered.Load() && time.Since(time.Unix(0, k.job.lastTry.Load())) >= registerRetry {
 		k.register(key) // the catch-up it may find is not run: this run is the job's own
 	}
 	tick := k.catchUpTick
