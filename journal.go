@@ -111,18 +111,17 @@ func (le *Lease) witnessTold(why lossReason) {
 	default:
 		return
 	}
-	l := le.locker
-	if l.cfg.journalOff {
+	if le.locker.cfg.journalOff {
 		return
 	}
-	at := le.serverTime(time.Now())
-	l.background(func() { le.writeWitness(context.Background(), "", at) })
+	le.retryWitness("", le.serverTime(time.Now()))
 }
 
 // witnessLoss journals, once per lease, that its holder unlocked it after
-// losing it: the time its run really ended (journalLostSQL). Bounded by the
-// release timeout; a failure is logged and otherwise ignored (the journal
-// then ends the run at the loss).
+// losing it: the time its run really ended (journalLostSQL). The first
+// attempt is bounded by the release timeout; if it fails, the row is
+// retried in the background until it lands or the Locker closes (see
+// retryWitness), so that Audit sees the run end where it did.
 func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	l := le.locker
 	if l.cfg.journalOff {
@@ -135,12 +134,25 @@ func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	if done {
 		return
 	}
-	le.writeWitness(ctx, o, le.serverTime(time.Now()))
+	at := le.serverTime(time.Now())
+	if err := le.writeWitness(ctx, o, at); err != nil {
+		le.retryWitness(o, at)
+	}
+}
+
+// retryWitness writes the witness in the background, retried with backoff
+// until it lands or the Locker closes (Close makes one last attempt,
+// bounded by the release timeout). A retry of a row whose first attempt
+// committed but whose reply was lost writes the same row again: the run's
+// end is the same.
+func (le *Lease) retryWitness(o Outcome, at time.Time) {
+	le.locker.retryInBackground("journaling the end of a run whose lease was lost", le.key, 0,
+		func(ctx context.Context) error { return le.writeWitness(ctx, o, at) })
 }
 
 // writeWitness writes one lost row dated at (journalLostSQL), with
 // OutcomeLost if the run records an outcome.
-func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) {
+func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) error {
 	l := le.locker
 	var out any
 	if o != "" {
@@ -149,11 +161,10 @@ func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
 	if _, err := l.db.exec(ctx, l.sql.journalLost, le.key, l.holder, le.fence, le.token, out, at); err != nil {
-		l.log.Warn("pglease: journaling the end of a run whose lease was lost failed",
-			"key", le.key, "holder", l.holder, "fence", le.fence, "error", l.table.wrapDB("journal", err))
-		return
+		return err
 	}
 	l.obs.journaled(1)
+	return nil
 }
 
 // Pruning. pruneEvery is how often each Locker tries to become the pruner,

@@ -66,7 +66,11 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
 		if lost := le.lostErr(); lost != nil {
-			return lost // the deadline passed while the release was trying
+			// The deadline passed while the release was trying: the run
+			// ended now, after its lease (the release's own journal row
+			// did not land).
+			le.witnessLoss(ctx, o)
+			return lost
 		}
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
 			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
