@@ -358,7 +358,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 		e.keys = append(e.keys, fmt.Sprintf("job-%d", i))
 	}
 	e.tickKeys = []string{"tick-0"}
-	if err := SetupTables(ctx, e.admin, e.table, append(append([]string(nil), e.keys...), e.tickKeys...)); err != nil {
+	if err := SetupTables(ctx, e.admin, e.table, e.allKeys()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -562,4 +562,10 @@ func hostPort(t *testing.T, u string) string {
 		return p.Host + ":5432"
 	}
 	return p.Host
+}
+
+// allKeys are the run's keys and its scheduled keys: every key a replica
+// writes under, which a failover's snapshot must cover.
+func (e *env) allKeys() []string {
+	return append(append([]string(nil), e.keys...), e.tickKeys...)
 }

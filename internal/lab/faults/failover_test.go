@@ -107,7 +107,7 @@ func (e *env) snapshot(s *pgcluster.Cluster, t0 int64) {
 		e.t.Fatal(err)
 	}
 	defer db.Close()
-	for _, k := range e.keys {
+	for _, k := range e.allKeys() {
 		var fence, n int64
 		if err := db.QueryRowContext(e.ctx, `SELECT coalesce((SELECT fence FROM "`+e.table+`" WHERE key = $1), 0),
 			(SELECT n FROM "`+ResourceTable(e.table)+`" WHERE key = $1)`, k).Scan(&fence, &n); err != nil {

@@ -116,7 +116,7 @@ func patroniFault(e *env, _ *handle) string {
 	if err != nil {
 		e.t.Errorf("switch point of %s: %v", next, err)
 	} else if s := rows[next]; s != nil && s.replay >= sp {
-		for _, k := range e.keys {
+		for _, k := range e.allKeys() {
 			e.ctl.Add(Event{T0: t0, Proc: "controller", Kind: EvSnapshot, Key: k, Fence: s.fence[k], N: s.n[k]})
 		}
 		snap = "snapshot at " + lsnString(s.replay)
@@ -228,7 +228,7 @@ func (e *env) watchStandby(w *standbyWatch, name string) {
 			}
 			conn = c
 		}
-		s, inRecovery, err := readStandby(ctx, conn, rowsSQL, e.keys)
+		s, inRecovery, err := readStandby(ctx, conn, rowsSQL, e.allKeys())
 		if err != nil {
 			conn.Close(context.Background())
 			conn = nil
