@@ -56,32 +56,13 @@ var migrations = store.Migrations()
 // A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
 // and change nothing.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
-	b, err := newBackend(db)
-	if err != nil {
-		return err
-	}
-	_, t, err := tableConfig(opts)
-	if err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("pglease: migrate: %w", err)
-	}
-	st := t.statements()
-	err = b.inTx(ctx, func(tx backend) error {
-		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
-			return err
-		}
+	return schemaTx(ctx, db, opts, "migrate", func(tx backend, t table, st statements) error {
 		if _, err := tx.exec(ctx, st.versionTable); err != nil {
 			return err
 		}
-		var current int
-		if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
+		current, err := currentVersion(ctx, tx, t, st, "")
+		if err != nil {
 			return err
-		}
-		if current > len(migrations) {
-			return fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d",
-				ErrSchemaTooNew, t.display, current, len(migrations))
 		}
 		var existed bool
 		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &existed); err != nil {
@@ -103,13 +84,52 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 		}
 		return nil
 	})
+}
+
+// schemaTx runs fn in one transaction serialised across replicas by the
+// table's migration lock (Migrate, Drop); what names the operation in
+// errors.
+func schemaTx[D DB](ctx context.Context, db D, opts []TableOption, what string, fn func(tx backend, t table, st statements) error) error {
+	b, err := newBackend(db)
+	if err != nil {
+		return err
+	}
+	_, t, err := tableConfig(opts)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pglease: %s: %w", what, err)
+	}
+	st := t.statements()
+	err = b.inTx(ctx, func(tx backend) error {
+		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
+			return err
+		}
+		return fn(tx, t, st)
+	})
 	if err != nil {
 		if sqlState(err) != "" {
-			return t.wrapDB("migrate", err)
+			return t.wrapDB(what, err)
 		}
-		return fmt.Errorf("pglease: migrate on %s: %w", t.display, err)
+		return fmt.Errorf("pglease: %s on %s: %w", what, t.display, err)
 	}
 	return nil
+}
+
+// currentVersion reads the table's schema version (its version table must
+// exist) and refuses a version newer than this pglease knows; suffix ends
+// that error's message.
+func currentVersion(ctx context.Context, tx backend, t table, st statements, suffix string) (int, error) {
+	var current int
+	if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
+		return 0, err
+	}
+	if current > len(migrations) {
+		return 0, fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
+			ErrSchemaTooNew, t.display, current, len(migrations), suffix)
+	}
+	return current, nil
 }
 
 // Drop removes everything Migrate created for the table named by WithTable:
@@ -128,22 +148,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 // (ErrNotMigrated: not one that Migrate created), or when an object of the
 // application depends on one of the tables (a view, a foreign key).
 func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
-	b, err := newBackend(db)
-	if err != nil {
-		return err
-	}
-	_, t, err := tableConfig(opts)
-	if err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("pglease: drop: %w", err)
-	}
-	st := t.statements()
-	err = b.inTx(ctx, func(tx backend) error {
-		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
-			return err
-		}
+	return schemaTx(ctx, db, opts, "drop", func(tx backend, t table, st statements) error {
 		var hasTable, hasVersion bool
 		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &hasTable); err != nil {
 			return err
@@ -156,25 +161,13 @@ func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
 				ErrNotMigrated, t.display, t.version)
 		}
 		if hasVersion {
-			var current int
-			if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
+			if _, err := currentVersion(ctx, tx, t, st, "; nothing dropped"); err != nil {
 				return err
-			}
-			if current > len(migrations) {
-				return fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d; nothing dropped",
-					ErrSchemaTooNew, t.display, current, len(migrations))
 			}
 		}
 		_, err := tx.exec(ctx, st.drop)
 		return err
 	})
-	if err != nil {
-		if sqlState(err) != "" {
-			return t.wrapDB("drop", err)
-		}
-		return fmt.Errorf("pglease: drop on %s: %w", t.display, err)
-	}
-	return nil
 }
 
 // SchemaVersionOf reports the schema version the table named by WithTable
