@@ -69,6 +69,9 @@ type JobSchedule struct {
 	// CatchUpWithin ago is returned by RegisterSchedule, to be run now. 0
 	// turns catch-up off; at most 366 days.
 	CatchUpWithin time.Duration
+	// Now is the time on the scheduler's clock, the clock its ticks are
+	// read on (a fake clock in tests); the zero time: time.Now().
+	Now time.Time
 }
 
 // maxGrace bounds JobSchedule.Grace.
@@ -97,7 +100,7 @@ func (js JobSchedule) check() error {
 // statement; every run then claims its tick with Tick and NextTick.
 //
 // The first registration of a key records the next tick due after now
-// (on the local clock): no tick before it counts as missed, so a job
+// (js.Now, on the scheduler's clock): no tick before it counts as missed, so a job
 // deployed for the first time does not run at once. A registration with
 // another Spec (the schedule changed) does the same, so no burst of
 // catch-ups follows. A registration with the same Spec changes nothing
@@ -122,7 +125,10 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	if l.isClosed() {
 		return time.Time{}, ErrClosed
 	}
-	now := time.Now()
+	now := js.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
 	next := js.Schedule.Next(now)
 	if next.IsZero() {
 		return time.Time{}, fmt.Errorf("%w: schedule %q has no tick after %s", ErrInvalidOption, js.Spec, now.Format(time.RFC3339))

@@ -243,3 +243,22 @@ func TestScheduleBadInput(t *testing.T) {
 		t.Fatalf("%d rows written by invalid calls", n)
 	}
 }
+
+// RegisterSchedule reads ticks on the scheduler's clock (JobSchedule.Now),
+// not the local one: with a clock ten hours behind, the missed tick it
+// returns is that clock's, not the real clock's.
+func TestRegisterScheduleOnTheSchedulersClock(t *testing.T) {
+	f := newFixture(t)
+	l := f.replica(1)
+	g := grid(time.Hour)
+	then := time.Now().Add(-10 * time.Hour)
+	js := JobSchedule{Spec: "hourly", Schedule: g, Grace: time.Hour, CatchUpWithin: 24 * time.Hour, Now: then}
+	if tick, err := l.RegisterSchedule(ctx(t), "k", js); err != nil || !tick.IsZero() {
+		t.Fatalf("first registration: %v, %v", tick, err)
+	}
+	js.Now = then.Add(3 * time.Hour) // three ticks later on that clock, none run
+	tick, err := l.RegisterSchedule(ctx(t), "k", js)
+	if want := js.Now.Truncate(time.Hour); err != nil || !tick.Equal(want) {
+		t.Fatalf("registration three hours later on the scheduler's clock: %v, %v; want %v", tick, err, want)
+	}
+}

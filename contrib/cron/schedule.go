@@ -155,7 +155,8 @@ func (w *wrapper) register() time.Time {
 	if within < 0 {
 		within = DefaultCatchUpWithin
 	}
-	missed, err := w.l.RegisterSchedule(ctx, w.key, pglease.JobSchedule{Spec: w.js.spec, Schedule: w.js.sched, Grace: grace, CatchUpWithin: within})
+	missed, err := w.l.RegisterSchedule(ctx, w.key, pglease.JobSchedule{Spec: w.js.spec, Schedule: w.js.sched, Grace: grace, CatchUpWithin: within,
+		Now: w.cfg.now().In(w.cfg.loc)})
 	if err != nil {
 		w.cfg.logger.Error(err, "pgleasecron: could not record the job's schedule (retried at its first run): a tick missed before then is neither caught up nor reported",
 			"key", w.key)

@@ -214,7 +214,7 @@ func (k *Locker) register(name string) time.Time {
 	if within < 0 {
 		within = DefaultCatchUpWithin
 	}
-	missed, err := k.l.RegisterSchedule(ctx, name, pglease.JobSchedule{Spec: k.job.spec, Schedule: k.job.sched, Grace: grace, CatchUpWithin: within})
+	missed, err := k.l.RegisterSchedule(ctx, name, pglease.JobSchedule{Spec: k.job.spec, Schedule: k.job.sched, Grace: grace, CatchUpWithin: within, Now: k.now()})
 	if err != nil {
 		k.log().Warn("pgleasegocron: could not record the job's schedule (retried at its first run): a tick missed before then is neither caught up nor reported",
 			"job", name, "error", err)
