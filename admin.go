@@ -22,14 +22,25 @@ type LeaseInfo struct {
 	// none is pending): until then the key stays blocked.
 	HoldUntil *time.Time
 	LastTick  *time.Time // the last tick claimed on the key (see Tick); nil if none
-	// State is "held", "expired", "released", or "min-hold" (released by
-	// its holder, blocked until HoldUntil).
-	State string
+	// State is KeyHeld, KeyExpired, KeyReleased or KeyMinHold.
+	State KeyState
 	// ExpiresIn is the time left on the server clock: until ExpiresAt while
 	// held (negative once expired), until HoldUntil in "min-hold", 0 once
 	// released.
 	ExpiresIn time.Duration
 }
+
+// KeyState is the state of a key's lease row on the server's clock
+// (LeaseInfo.State).
+type KeyState string
+
+// The states of a lease row.
+const (
+	KeyHeld     KeyState = "held"     // claimed, unreleased, unexpired
+	KeyExpired  KeyState = "expired"  // unreleased, past its expiry: free
+	KeyReleased KeyState = "released" // released by its holder (or force-released): free
+	KeyMinHold  KeyState = "min-hold" // released, blocked until HoldUntil by its minimum hold
+)
 
 // List returns every row of the lease table, ordered by key, with each
 // lease's state on the server's clock. It writes nothing.
@@ -51,7 +62,7 @@ func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, er
 			return err
 		}
 		li.ReleasedAt, li.HoldUntil, li.LastTick = timePtr(rel), timePtr(hold), timePtr(tick)
-		if li.State != "released" {
+		if li.State != KeyReleased {
 			li.ExpiresIn = time.Duration(in)
 		}
 		out = append(out, li)

@@ -35,11 +35,11 @@ func toJSON(ls []pglease.LeaseInfo) []leaseJSON {
 	out := make([]leaseJSON, 0, len(ls))
 	for _, l := range ls {
 		j := leaseJSON{
-			Key: l.Key, Holder: l.Holder, Fence: l.Fence, State: l.State,
+			Key: l.Key, Holder: l.Holder, Fence: l.Fence, State: string(l.State),
 			AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC(), ReleasedAt: utcPtr(l.ReleasedAt),
 			HoldUntil: utcPtr(l.HoldUntil), LastTick: utcPtr(l.LastTick),
 		}
-		if l.State != "released" {
+		if l.State != pglease.KeyReleased {
 			ms := l.ExpiresIn.Milliseconds()
 			j.ExpiresInMS = &ms
 		}

@@ -284,7 +284,7 @@ func (e *env) holder() *handle {
 		if err == nil {
 			e.rng.Shuffle(len(ls), func(i, j int) { ls[i], ls[j] = ls[j], ls[i] })
 			for _, li := range ls {
-				if li.State != "held" || li.ExpiresIn < e.lease()/3 {
+				if li.State != pglease.KeyHeld || li.ExpiresIn < e.lease()/3 {
 					continue
 				}
 				e.mu.Lock()
