@@ -77,7 +77,7 @@ func (l *Locker) retryIn(err error, failures int) time.Duration {
 	poll = time.Duration(float64(poll) * (0.8 + 0.4*rand.Float64()))
 	var held *AlreadyLockedError
 	switch {
-	case errors.As(err, &held) && held.Holder == "" && !held.FailoverDelay:
+	case errors.As(err, &held) && held.Reason == LockedInFlight:
 		// A concurrent claim was in flight: look again very soon.
 		return time.Duration(2+rand.IntN(8)) * time.Millisecond
 	case errors.As(err, &held) && held.FreeIn > 0:

@@ -91,13 +91,15 @@ type claimReply struct {
 func (r *claimReply) err(key string, lc lockConfig) error {
 	switch {
 	case r == nil:
-		return &AlreadyLockedError{Key: key}
+		return &AlreadyLockedError{Key: key, Reason: LockedInFlight}
 	case r.outcome == "ran":
 		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.lastTick.Time, Holder: r.holder, Fence: r.fence}
 	case r.outcome == "failover-delay":
-		return &AlreadyLockedError{Key: key, FreeIn: r.freeIn, FailoverDelay: true}
+		return &AlreadyLockedError{Key: key, FreeIn: r.freeIn, Reason: LockedFailoverDelay}
+	case r.outcome == "min-hold":
+		return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, Reason: LockedMinHold}
 	}
-	return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, MinHold: r.outcome == "min-hold"}
+	return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, Reason: LockedHeld}
 }
 
 // claim runs the claim statement once. It returns the lease, or the reply

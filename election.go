@@ -151,7 +151,7 @@ func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 			next = e.l.retryIn(err, 1)
 			continue
 		default:
-			next = e.l.retryIn(&AlreadyLockedError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn}, 0)
+			next = e.l.retryIn(&AlreadyLockedError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn, Reason: LockedHeld}, 0)
 		}
 		if last != nil && last.Holder == li.Holder && last.Fence == li.Fence {
 			continue

@@ -61,38 +61,53 @@ var (
 	ErrReadOnly = errors.New("pglease: server is read-only")
 )
 
-// AlreadyLockedError is returned (wrapping ErrAlreadyLocked) when another holder has
-// the key, or may have it: during a failover delay (FailoverDelay true;
-// the error then wraps ErrFailoverDelay too). Holder and Fence are zero
-// when the claim met a concurrent claim still in flight (it cannot tell
-// who will win) and during a failover delay (the promoted server does not
-// know who the old primary's holder is).
+// LockedReason says why a claim found the key blocked
+// (AlreadyLockedError.Reason).
+type LockedReason string
+
+// Why a key is blocked.
+const (
+	// LockedHeld: another holder's lease is live.
+	LockedHeld LockedReason = "held"
+	// LockedMinHold: the holder released the key and only its minimum hold
+	// blocks it.
+	LockedMinHold LockedReason = "min-hold"
+	// LockedFailoverDelay: the key looks free, but the server's timeline is
+	// inside its failover delay (see WithFailoverDelay).
+	LockedFailoverDelay LockedReason = "failover-delay"
+	// LockedInFlight: another claim of the key was in flight; who wins is
+	// not known yet.
+	LockedInFlight LockedReason = "in-flight"
+)
+
+// AlreadyLockedError is returned (wrapping ErrAlreadyLocked) when another
+// holder has the key, or may have it: Reason says which. During a failover
+// delay the error also wraps ErrFailoverDelay. Holder and Fence are zero
+// for LockedInFlight (the claim cannot tell who will win) and
+// LockedFailoverDelay (the promoted server does not know who the old
+// primary's holder is).
 type AlreadyLockedError struct {
 	Key    string
 	Holder string
 	Fence  int64
 	// FreeIn is how long the key stays blocked, measured on the server's
-	// clock when the claim ran: until the lease's expiry, or the end of
-	// its minimum hold. The holder may renew or release before then.
+	// clock when the claim ran: until the lease's expiry, the end of its
+	// minimum hold, or the end of the failover delay. The holder may renew
+	// or release before then.
 	FreeIn time.Duration
-	// MinHold is true when the holder has released the key and only its
-	// minimum hold blocks it.
-	MinHold bool
-	// FailoverDelay is true when the key looks free but the server's
-	// timeline is inside its failover delay (see WithFailoverDelay); FreeIn
-	// is then the time left until the delay ends.
-	FailoverDelay bool
+	// Reason is why the key is blocked.
+	Reason LockedReason
 }
 
 // Error says who holds the key, or why it is blocked.
 func (e *AlreadyLockedError) Error() string {
-	switch {
-	case e.FailoverDelay:
+	switch e.Reason {
+	case LockedFailoverDelay:
 		return fmt.Sprintf("pglease: %q is not granted for another %v: the database failed over less than the failover delay ago, "+
 			"and a holder of the old primary may still be working", e.Key, e.FreeIn.Round(time.Millisecond))
-	case e.Holder == "":
+	case LockedInFlight:
 		return fmt.Sprintf("pglease: %q is being claimed by another holder right now", e.Key)
-	case e.MinHold:
+	case LockedMinHold:
 		return fmt.Sprintf("pglease: %q was released by %q (fence %d) and is blocked by its minimum hold for another %v",
 			e.Key, e.Holder, e.Fence, e.FreeIn.Round(time.Millisecond))
 	}
@@ -101,9 +116,9 @@ func (e *AlreadyLockedError) Error() string {
 }
 
 // Is makes errors.Is(err, ErrAlreadyLocked) true, and errors.Is(err,
-// ErrFailoverDelay) true when FailoverDelay is.
+// ErrFailoverDelay) true for LockedFailoverDelay.
 func (e *AlreadyLockedError) Is(target error) bool {
-	return target == ErrAlreadyLocked || (e.FailoverDelay && target == ErrFailoverDelay)
+	return target == ErrAlreadyLocked || (e.Reason == LockedFailoverDelay && target == ErrFailoverDelay)
 }
 
 // AlreadyRunError is returned (wrapping ErrAlreadyRun) by a claim for a

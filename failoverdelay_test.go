@@ -177,7 +177,7 @@ func TestFailoverDelayKeepsOldHolderAlone(t *testing.T) {
 	_, err = b.Lock(x.c, "job")
 	var held *AlreadyLockedError
 	if !errors.Is(err, ErrFailoverDelay) || !errors.Is(err, ErrAlreadyLocked) || !errors.As(err, &held) ||
-		!held.FailoverDelay || held.FreeIn <= 0 || held.FreeIn > foLease {
+		held.Reason != LockedFailoverDelay || held.FreeIn <= 0 || held.FreeIn > foLease {
 		t.Fatalf("first claim of a free key on the new timeline: %v; want ErrFailoverDelay (and ErrAlreadyLocked) free in (0, %v]", err, foLease)
 	}
 	t.Logf("first claim on timeline 2: %v", err)
@@ -320,7 +320,7 @@ func TestFailoverDelaySecondFailover(t *testing.T) {
 	c := x.locker(x.sdb, "c")
 	_, err = c.Lock(x.c, "job")
 	var held *AlreadyLockedError
-	if !errors.As(err, &held) || !held.FailoverDelay || held.FreeIn < foLease-time.Second {
+	if !errors.As(err, &held) || held.Reason != LockedFailoverDelay || held.FreeIn < foLease-time.Second {
 		t.Fatalf("first claim on timeline 3: %v; want a new delay of about %v", err, foLease)
 	}
 	if got := x.timelines(x.table); got != "2:set,3:set" {

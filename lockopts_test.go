@@ -22,7 +22,7 @@ func TestMinHoldBlocksUntilItEnds(t *testing.T) {
 	}
 	_, err = b.Lock(c, "job")
 	var held *AlreadyLockedError
-	if !errors.As(err, &held) || !held.MinHold || held.FreeIn <= 0 || held.FreeIn > time.Second {
+	if !errors.As(err, &held) || held.Reason != LockedMinHold || held.FreeIn <= 0 || held.FreeIn > time.Second {
 		t.Fatalf("claim inside the minimum hold: %v", err)
 	}
 	infos, err := List(c, f.admin, WithTable(f.table))

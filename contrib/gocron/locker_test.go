@@ -161,7 +161,7 @@ func TestLockErrorGivesNilLock(t *testing.T) {
 	}
 	_, err = b.Lock(ctx, "job")
 	var held *pglease.AlreadyLockedError
-	if !errors.As(err, &held) || !held.MinHold {
+	if !errors.As(err, &held) || held.Reason != pglease.LockedMinHold {
 		t.Fatalf("Lock right after Unlock = %v; want a AlreadyLockedError from the default minimum hold", err)
 	}
 	waitFor(t, 5*time.Second, "the default minimum hold to end", func() bool {
