@@ -123,6 +123,13 @@
 // grid of d, so each period runs once. The adapters for gocron v2 and
 // robfig/cron, in their own modules under contrib/, derive the ticks.
 //
+// A tick can also run zero times: every replica was down across it.
+// Locker.RegisterSchedule records a key's schedule for the fleet, and every
+// run records its next due tick (NextTick) in its claim; a replica that
+// starts after a missed tick is told of the latest one within the
+// catch-up window and runs it once across the fleet (CatchUp, granted by
+// the same tick ledger), and Audit reports the ticks that ran zero times.
+//
 // # The journal
 //
 // Every state change of a lease — a grant, a release, an expiry taken over,
