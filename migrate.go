@@ -18,17 +18,15 @@ var migrations = store.Migrations()
 // version table (<table>_version), the fence-guard table (<table>_fences,
 // see FenceTable) and the journal (<table>_journal, with its one-row pruning
 // ledger <table>_journal_pruned; see WithJournal, History, Audit). The
-// journal grows by two rows per run — a grant and its end — about 381 bytes
-// with its index (measured with 22-byte holder ids and short keys; longer
-// ones add their length), until the retention (WithJournalRetention)
-// deletes them. On the lease table it also creates the natural-order index
+// journal grows by two rows per run — a grant and its end — until the
+// retention (WithJournalRetention) deletes them. On the lease table it also creates the natural-order index
 // (<table>_natural_key: keys without their trailing digits, then by that
 // number, so job-2 sorts before job-10), which lets `pglease serve` read a
 // page in key order without sorting the table: one index entry per new key;
 // renewals and releases do not change the key and stay HOT updates. Adding
 // it to an existing table (the upgrade to schema version 6) builds it in
-// Migrate's transaction, which holds the table's writes until it is built
-// (measured: about 110 ms per 100,000 keys).
+// Migrate's transaction, which holds the table's writes until it is built:
+// the time of an index build over every key.
 //
 // Migrate also creates the table's claim function (<table>_claim, in the
 // table's schema; PL/pgSQL, which PostgreSQL installs in every database),
