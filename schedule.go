@@ -63,22 +63,23 @@ type JobSchedule struct {
 	Schedule Schedule
 	// Grace is how late a tick's run may start and still be on time: a due
 	// tick with no run claimed for it after Grace is missed (Audit). At
-	// least 0, at most 24 hours.
+	// least 0, at most MaxGrace.
 	Grace time.Duration
 	// CatchUpWithin turns on catch-up: a tick missed no more than
 	// CatchUpWithin ago is returned by RegisterSchedule, to be run now. 0
-	// turns catch-up off; at most 366 days.
+	// turns catch-up off; at most MaxCatchUpWithin.
 	CatchUpWithin time.Duration
 	// Now is the time on the scheduler's clock, the clock its ticks are
 	// read on (a fake clock in tests); the zero time: time.Now().
 	Now time.Time
 }
 
-// maxGrace bounds JobSchedule.Grace.
-const maxGrace = 24 * time.Hour
-
-// maxCatchUpWithin bounds JobSchedule.CatchUpWithin.
-const maxCatchUpWithin = 366 * 24 * time.Hour
+// MaxGrace and MaxCatchUpWithin bound JobSchedule.Grace and
+// JobSchedule.CatchUpWithin (a year covers every cron expression).
+const (
+	MaxGrace         = 24 * time.Hour
+	MaxCatchUpWithin = 366 * 24 * time.Hour
+)
 
 func (js JobSchedule) check() error {
 	switch {
@@ -86,10 +87,10 @@ func (js JobSchedule) check() error {
 		return fmt.Errorf("%w: empty schedule spec", ErrInvalidOption)
 	case js.Schedule == nil:
 		return fmt.Errorf("%w: nil Schedule", ErrInvalidOption)
-	case js.Grace < 0 || js.Grace > maxGrace:
-		return fmt.Errorf("%w: grace %v must be between 0 and %v", ErrInvalidOption, js.Grace, maxGrace)
-	case js.CatchUpWithin < 0 || js.CatchUpWithin > maxCatchUpWithin:
-		return fmt.Errorf("%w: catch-up window %v must be between 0 and %v", ErrInvalidOption, js.CatchUpWithin, maxCatchUpWithin)
+	case js.Grace < 0 || js.Grace > MaxGrace:
+		return fmt.Errorf("%w: grace %v must be between 0 and %v", ErrInvalidOption, js.Grace, MaxGrace)
+	case js.CatchUpWithin < 0 || js.CatchUpWithin > MaxCatchUpWithin:
+		return fmt.Errorf("%w: catch-up window %v must be between 0 and %v", ErrInvalidOption, js.CatchUpWithin, MaxCatchUpWithin)
 	}
 	return nil
 }

@@ -211,7 +211,7 @@ func TestScheduleBadInput(t *testing.T) {
 		"empty spec":     {Schedule: g},
 		"nil schedule":   {Spec: "x"},
 		"negative grace": {Spec: "x", Schedule: g, Grace: -1},
-		"grace too long": {Spec: "x", Schedule: g, Grace: maxGrace + 1},
+		"grace too long": {Spec: "x", Schedule: g, Grace: MaxGrace + 1},
 		"negative catch": {Spec: "x", Schedule: g, CatchUpWithin: -1},
 		"no next tick":   {Spec: "x", Schedule: at{}},
 	} {

@@ -266,7 +266,8 @@ var errNoActivation = errors.New("pgleasecron: no activation of the schedule wit
 
 func (w *wrapper) run(j cron.Job) {
 	now := w.cfg.now().In(w.cfg.loc) // before the record, which may take up to 5 s
-	if !w.js.registered.Load() {
+	if !w.js.registered.Load() && time.Since(time.Unix(0, w.js.lastTry.Load())) >= registerRetry {
+		w.js.lastTry.Store(time.Now().UnixNano())
 		w.register() // the catch-up it may find is not run: this run is the job's own
 	}
 	tick, ok := Activation(w.sched, now, w.cfg.tolerance)
@@ -318,17 +319,7 @@ func Activation(sched cron.Schedule, now time.Time, tolerance time.Duration) (t 
 		}
 		return now.Truncate(d), true
 	}
-	t = sched.Next(now.Add(-tolerance))
-	if t.IsZero() || t.After(now) {
-		return time.Time{}, false
-	}
-	for {
-		n := sched.Next(t)
-		if n.IsZero() || n.After(now) || !n.After(t) {
-			return t, true
-		}
-		t = n
-	}
+	return pglease.LatestTick(sched, now, tolerance)
 }
 
 // every returns the delay of an @every schedule; ok is false for any other.

@@ -23,9 +23,6 @@ const DefaultCatchUpWithin = time.Hour
 // registerTimeout bounds the statement that records a job's schedule.
 const registerTimeout = 5 * time.Second
 
-// maxCatchUpWithin bounds WithCatchUp: pglease.JobSchedule's limit.
-const maxCatchUpWithin = 366 * 24 * time.Hour
-
 // WithCatchUp sets how long after a missed tick — one that ran nowhere,
 // because every replica was down across it — a replica that adds the job
 // with AddJob still runs it, once across the fleet (see AddJob); default
@@ -34,8 +31,8 @@ const maxCatchUpWithin = 366 * 24 * time.Hour
 // catch-up run to, never catches up.
 func WithCatchUp(within time.Duration) Option {
 	return func(c *config) error {
-		if within < 0 || within > maxCatchUpWithin {
-			return fmt.Errorf("%w: pgleasecron: catch-up window %v must be between 0 and %v", pglease.ErrInvalidOption, within, maxCatchUpWithin)
+		if within < 0 || within > pglease.MaxCatchUpWithin {
+			return fmt.Errorf("%w: pgleasecron: catch-up window %v must be between 0 and %v", pglease.ErrInvalidOption, within, pglease.MaxCatchUpWithin)
 		}
 		c.catchUp = within
 		return nil
@@ -47,8 +44,8 @@ func WithCatchUp(within time.Duration) Option {
 // minute).
 func WithGrace(d time.Duration) Option {
 	return func(c *config) error {
-		if d < 0 || d > 24*time.Hour {
-			return fmt.Errorf("%w: pgleasecron: grace %v must be between 0 and 24h", pglease.ErrInvalidOption, d)
+		if d < 0 || d > pglease.MaxGrace {
+			return fmt.Errorf("%w: pgleasecron: grace %v must be between 0 and %v", pglease.ErrInvalidOption, d, pglease.MaxGrace)
 		}
 		c.grace = d
 		return nil
@@ -111,7 +108,14 @@ type jobSchedule struct {
 	// registered: RegisterSchedule succeeded (or the schedule is not
 	// recorded).
 	registered atomic.Bool
+	lastTry    atomic.Int64 // when it was last tried (Unix ns), to retry at most every registerRetry
 }
+
+// registerRetry is how often runs retry a failed record (the first run
+// after a failure at AddJob always does): a database
+// that cannot be reached then delays one run a minute by the record's
+// bound, not every run.
+const registerRetry = time.Minute
 
 // newJobSchedule describes sched, read in loc, at now.
 func newJobSchedule(sched cron.Schedule, loc *time.Location, now time.Time) (*jobSchedule, error) {

@@ -28,7 +28,7 @@ const registerTimeout = 5 * time.Second
 
 // lookBack bounds how far before now a run's tick is looked for: a year
 // covers every cron expression.
-const lookBack = 366 * 24 * time.Hour
+const lookBack = pglease.MaxCatchUpWithin
 
 // WithCatchUp sets how long after a missed tick — one that ran nowhere,
 // because every replica was down across it — a replica that starts still
@@ -38,8 +38,8 @@ const lookBack = 366 * 24 * time.Hour
 // and NewDurationJob.
 func WithCatchUp(within time.Duration) Option {
 	return func(k *Locker) error {
-		if within < 0 || within > lookBack {
-			return fmt.Errorf("%w: pgleasegocron: catch-up window %v must be between 0 and %v", pglease.ErrInvalidOption, within, lookBack)
+		if within < 0 || within > pglease.MaxCatchUpWithin {
+			return fmt.Errorf("%w: pgleasegocron: catch-up window %v must be between 0 and %v", pglease.ErrInvalidOption, within, pglease.MaxCatchUpWithin)
 		}
 		k.catchUp = within
 		return nil
@@ -51,8 +51,8 @@ func WithCatchUp(within time.Duration) Option {
 // It applies to the jobs added with NewCronJob and NewDurationJob.
 func WithGrace(d time.Duration) Option {
 	return func(k *Locker) error {
-		if d < 0 || d > 24*time.Hour {
-			return fmt.Errorf("%w: pgleasegocron: grace %v must be between 0 and 24h", pglease.ErrInvalidOption, d)
+		if d < 0 || d > pglease.MaxGrace {
+			return fmt.Errorf("%w: pgleasegocron: grace %v must be between 0 and %v", pglease.ErrInvalidOption, d, pglease.MaxGrace)
 		}
 		k.grace = d
 		return nil
@@ -82,7 +82,8 @@ type jobSchedule struct {
 	lastTry    atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
 }
 
-// registerRetry is how often a run retries a failed registration: a
+// registerRetry is how often runs retry a failed registration (the first
+// run after a failure when the job was added always does): a
 // database that cannot be reached then delays at most one run in that
 // time by the registration's bound, not every run.
 const registerRetry = time.Minute
@@ -203,7 +204,6 @@ func (k *Locker) addJob(s gocron.Scheduler, name string, def gocron.JobDefinitio
 // register records the job's schedule (pglease.Locker.RegisterSchedule)
 // and returns the tick to catch up, if any.
 func (k *Locker) register(name string) time.Time {
-	k.job.lastTry.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
 	defer cancel()
 	grace := k.grace
@@ -228,6 +228,7 @@ func (k *Locker) register(name string) time.Time {
 // run's scheduled tick (or the tick it catches up) and the next one.
 func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption, error) {
 	if !k.job.registered.Load() && time.Since(time.Unix(0, k.job.lastTry.Load())) >= registerRetry {
+		k.job.lastTry.Store(time.Now().UnixNano())
 		k.register(key) // the catch-up it may find is not run: this run is the job's own
 	}
 	tick := k.catchUpTick
