@@ -3,7 +3,6 @@ package pglease
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"slices"
 	"strings"
 	"time"
@@ -144,10 +143,7 @@ func readOverdue(ctx context.Context, b backend, st statements) (map[string]Miss
 	out := map[string]MissedTickInfo{}
 	err := b.query(ctx, st.overdue, nil, func(scan func(...any) error) error {
 		var m MissedTickInfo
-		var spec string
-		var last sql.NullTime
-		var now time.Time
-		if err := scan(&m.Key, &spec, &m.Due, &last, &now); err != nil {
+		if err := scan(&m.Key, &m.Due); err != nil {
 			return err
 		}
 		out[m.Key] = m

@@ -97,14 +97,14 @@ FROM (SELECT 1) AS one LEFT JOIN old ON true`
 
 // overdueSQL lists the scheduled keys whose next due tick has passed by
 // more than their grace with no run claimed for it: a tick that ran zero
-// times (Audit, and the status page's overdue count). A run still going
-// past the due tick (one longer than its period) makes it overdue too: that
-// tick is skipped, not queued.
+// times (Audit; the status page applies the same rule in its own reads). A
+// run still going past the due tick (one longer than its period) makes it
+// overdue too: that tick is skipped, not queued.
 //
-// Result rows, by key: (key, schedule, next_due, last_tick, now).
+// Result rows, by key: (key, next_due).
 const overdueSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
-SELECT s.key, s.schedule, s.next_due, l.last_tick, now.ts
+SELECT s.key, s.next_due
 FROM {S} AS s CROSS JOIN now LEFT JOIN {T} AS l ON l.key = s.key
 WHERE s.next_due + s.grace_us * interval '1 microsecond' < now.ts
   AND (l.last_tick IS NULL OR l.last_tick < s.next_due)
