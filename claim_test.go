@@ -112,10 +112,13 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	// Let B's undo reach the server before the fenced transaction ends: it
 	// must queue behind B's claim (a backend waiting on the claim's
 	// advisory lock). Proceed when that waiter is seen, or after 3 s (an
-	// undo that did not wait has run by then).
+	// undo that did not wait has run by then). Only a waiter blocked by
+	// this table's claim counts: other tests run beside this one.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		var n int
-		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'`).Scan(&n); err != nil {
+		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity w JOIN pg_stat_activity b
+			ON b.pid = ANY (pg_blocking_pids(w.pid))
+			WHERE w.wait_event = 'advisory' AND b.query LIKE '%' || $1 || '_claim"(%'`, f.table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
@@ -417,17 +420,7 @@ func TestClaimAbandonedMidFlightIsReleased(t *testing.T) {
 		return holder == a.Holder()
 	})
 	// ...and the key comes free long before the one-minute lease would expire.
-	waitFor(t, 20*time.Second, func() bool {
-		le, err := b.Lock(c, "job")
-		if err == nil {
-			_ = le.Unlock(c)
-			return true
-		}
-		if !errors.Is(err, ErrAlreadyLocked) {
-			t.Fatal(err)
-		}
-		return false
-	})
+	_ = takeOver(t, c, b, "job", 20*time.Second, nil).Unlock(c)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -165,6 +166,45 @@ func waitDone(t *testing.T, le *Lease, within time.Duration) {
 	case <-time.After(within):
 		t.Fatalf("lease on %q still not done after %v", le.Key(), within)
 	}
+}
+
+// takeOver waits until b claims key, trying every 5 ms while the key is
+// held (any other error fails the test, as does no claim within the bound),
+// and returns b's lease. With la, the lease b takes over (nil when the
+// caller has none), it then checks the order of events, not timestamps
+// taken by two goroutines: when b's claim was granted, la had already ended,
+// lost, and b's fence is the next one.
+func takeOver(t *testing.T, c context.Context, b *Locker, key string, within time.Duration, la *Lease) *Lease {
+	t.Helper()
+	c, cancel := context.WithTimeout(c, within)
+	defer cancel()
+	var lb *Lease
+	for {
+		var err error
+		lb, err = b.Lock(c, key)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrAlreadyLocked) {
+			t.Fatalf("no takeover of %q within %v: %v", key, within, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if la == nil {
+		return lb
+	}
+	select {
+	case <-la.Done():
+	default:
+		t.Fatalf("B took %q over while A's Done was still open", key)
+	}
+	if !errors.Is(la.Err(), ErrLeaseLost) {
+		t.Fatalf("A's Err after the takeover: %v", la.Err())
+	}
+	if lb.Fence() != la.Fence()+1 {
+		t.Fatalf("B's fence %d, want %d", lb.Fence(), la.Fence()+1)
+	}
+	return lb
 }
 
 const levelError = slog.LevelError

@@ -240,25 +240,7 @@ func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
 		defer cancel()
 		unlocked <- la.Unlock(uctx)
 	}()
-	var lb *Lease
-	for {
-		lb, err = b.Lock(c, "job")
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrAlreadyLocked) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	select {
-	case <-la.Done():
-	default:
-		t.Fatal("B took the key over while A's Done was still open (A stuck in Unlock)")
-	}
-	if !errors.Is(la.Err(), ErrLeaseLost) {
-		t.Fatalf("A's Err: %v", la.Err())
-	}
+	lb := takeOver(t, c, b, "job", 30*time.Second, la) // A, stuck in Unlock, was told first
 	conn.Close()
 	if err := <-unlocked; !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("A's Unlock, after the deadline passed: %v", err)
