@@ -15,6 +15,7 @@ import (
 // unlocks: woken by the release's notification, not by a poll (the poll
 // interval and the lease are far longer than the test's bound).
 func TestAcquireWokenByRelease(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		open func(t *testing.T) *Locker
@@ -80,6 +81,7 @@ func TestAcquireWokenByRelease(t *testing.T) {
 // A holder that vanishes without unlocking is replaced at its lease's
 // expiry, which the waiter learns from the server (not from its poll).
 func TestAcquireWakesAtExpiry(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 2)
 	gone := f.locker(db, WithLeaseDuration(time.Second), WithHeartbeat(200*time.Millisecond))
@@ -103,6 +105,7 @@ func TestAcquireWakesAtExpiry(t *testing.T) {
 // Without notifications (lib/pq cannot listen; ListenNever) waiting still
 // works, by polling.
 func TestAcquirePollingFallback(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	pq, err := sql.Open("postgres", pgleasetest.URL())
 	if err != nil {
@@ -143,6 +146,7 @@ func TestAcquirePollingFallback(t *testing.T) {
 // The listener's connection is killed: it reconnects and waiters are still
 // handed the key.
 func TestAcquireSurvivesListenerKill(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db, app := namedDB(t, "pgx", 2)
 	w := f.locker(db, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
@@ -179,6 +183,7 @@ func TestAcquireSurvivesListenerKill(t *testing.T) {
 // Acquire ends with its context and with Close; a listener is held only
 // while somebody waits.
 func TestAcquireCancelAndClose(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	w := f.replica(2)
 	holder := f.replica(2)
@@ -209,6 +214,7 @@ func TestAcquireCancelAndClose(t *testing.T) {
 // Many waiters in several Lockers: each release hands the key to exactly
 // one of them, and every waiter gets it in turn.
 func TestManyWaitersOneWinnerPerRelease(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	var lockers []*Locker
@@ -251,6 +257,7 @@ func TestManyWaitersOneWinnerPerRelease(t *testing.T) {
 // With ListenAlways, a holder evicted by ForceRelease is told at once, not
 // at its next beat (10 s to 20 s here: the first beat is jittered).
 func TestEvictedHolderToldAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithLeaseDuration(time.Minute), WithListen(ListenAlways))
 	c := ctx(t)
@@ -275,6 +282,7 @@ func TestEvictedHolderToldAtOnce(t *testing.T) {
 // A release wakes one of a Locker's waiters for the key, not all of them:
 // the others would only lose the same race (a herd of reads per release).
 func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
 	cb := &countingBackend{backend: w.db, renewSQL: w.sql.renew, claimSQL: w.sql.claim, count: map[string]int{}}

@@ -11,6 +11,7 @@ import (
 )
 
 func TestListAndForceRelease(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	logs := &logs{}
 	a := f.replica(2, WithLeaseDuration(time.Second), WithLogger(slogLogger(logs)))
@@ -75,6 +76,7 @@ func TestListAndForceRelease(t *testing.T) {
 }
 
 func TestMissingSchemaIsReportedClearly(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	db := pgxPool(t)
 	err := Migrate(c, db, WithTable("no_such_schema.leases"))
@@ -89,6 +91,7 @@ func TestMissingSchemaIsReportedClearly(t *testing.T) {
 // Issue 9, defect 7 (library side): ForceRelease bounded by its context
 // while a fenced transaction holds the row says so and changes nothing.
 func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 3)
 	l := f.locker(db)
@@ -128,6 +131,7 @@ func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
 
 // Force-releasing a lease that is not live evicts nobody and keeps the fence.
 func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)

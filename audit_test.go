@@ -28,6 +28,7 @@ func heldRun(l *Locker, key string, started, stop chan struct{}) <-chan error {
 // the cause; History shows the evicted run as force-released, ended after
 // the next run began.
 func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)
@@ -73,6 +74,7 @@ func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
 // A holder that runs on past its lease's expiry, while another replica
 // took the key: past-deadline.
 func TestAuditHolderPastDeadline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)
@@ -102,6 +104,7 @@ func TestAuditHolderPastDeadline(t *testing.T) {
 // Clean runs — handed over by Unlock, a force-release of a holder that
 // stopped at once, runs in progress — give no finding.
 func TestAuditCleanRun(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)
@@ -142,6 +145,7 @@ func TestAuditCleanRun(t *testing.T) {
 // The sweep itself, on runs no server can produce in one test: an
 // asynchronous failover (the fence's timeline changed) and a tick run twice.
 func TestFindOverlaps(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	end := func(s int) *time.Time { e := at(s); return &e }
@@ -171,6 +175,7 @@ func TestFindOverlaps(t *testing.T) {
 // again (the old lease is superseded): the journal has the old run end when
 // the holder learned, after the new grant — Audit reports it.
 func TestAuditForceRelock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a := f.replica(2, WithHolder("a"))
 	c := ctx(t)

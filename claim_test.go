@@ -18,6 +18,7 @@ import (
 )
 
 func TestLockRejectsBadInputAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)
@@ -75,6 +76,7 @@ func TestLockRejectsBadInputAndChangesNothing(t *testing.T) {
 // commits when the fenced transaction ends. The proxy passes again before
 // that, so B's undo reaches the server while the claim is still queued.
 func TestNoGhostClaimAfterLostReply(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Minute))
@@ -150,6 +152,7 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 // lock, and the others return at once without writing (no transaction id)
 // instead of queueing on the row.
 func TestRacingClaimLosersWriteNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -184,6 +187,7 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 }
 
 func TestLockUnlockAndFenceSurvivesRelease(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -231,6 +235,7 @@ func TestLockUnlockAndFenceSurvivesRelease(t *testing.T) {
 }
 
 func TestFenceIncreasesAfterExpiry(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -260,6 +265,7 @@ func TestFenceIncreasesAfterExpiry(t *testing.T) {
 // A retry of the same claim (same holder and token, e.g. after a lost
 // reply) on a still-valid lease keeps the fence; any other claim does not win.
 func TestClaimRetryKeepsFence(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)
@@ -294,6 +300,7 @@ func TestClaimRetryKeepsFence(t *testing.T) {
 // Invariant 4: many goroutines of one process, one Locker, one key: exactly
 // one winner.
 func TestOneWinnerPerProcess(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(4)
 	c := ctx(t)
@@ -326,6 +333,7 @@ func TestOneWinnerPerProcess(t *testing.T) {
 // The skip path — a claim on a key someone else holds — writes nothing: no
 // transaction id is assigned, so no row lock, no WAL, no durable commit.
 func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -370,6 +378,7 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 // the claim stays committed, and A gets only an error. This reconfigures the
 // server, so it runs on a cluster of its own.
 func TestClaimAbandonedMidFlightIsReleased(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	cl, err := pgcluster.Start(c, pgcluster.Options{Settings: map[string]string{"synchronous_standby_names": "nobody"}})
 	if err != nil {
@@ -465,6 +474,7 @@ func refusedURL(t *testing.T) string {
 // ends while every pooled connection is busy. A claim cut short while the
 // server runs it (the control) is still undone.
 func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
+	t.Parallel()
 	openSQL := func(t *testing.T, url string, max int) *sql.DB {
 		db, err := sql.Open("pgx", url)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 // the row has expired on the server, so the background release reaches the
 // server before the stranded renew runs.
 func TestDeadlineLossFreesRow(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
@@ -88,6 +89,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 // after the loss), and Close then wakes the loop for its last attempt, which
 // marks the row released.
 func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 // New and Migrate work with pgx's stdlib driver, lib/pq and pgxpool.
 func TestDrivers(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	pq, err := sqlOpen("postgres", pgleasetest.URL())
@@ -72,6 +73,7 @@ func TestDrivers(t *testing.T) {
 // connection when the driver is pgx's stdlib, and through plain
 // database/sql under lib/pq; either way no connection stays in use.
 func TestSQLFastPath(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	pq, err := sqlOpen("postgres", pgleasetest.URL())
@@ -125,6 +127,7 @@ func TestSQLFastPath(t *testing.T) {
 // errors.Is. The unreachable-database error of Migrate names the operation
 // the same way as the server's errors do: "migrate on TABLE".
 func TestNilDatabaseAndUnreachableDatabase(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for name, call := range map[string]func() error{
 		"New *sql.DB":          func() error { _, err := New((*sql.DB)(nil)); return err },

@@ -9,6 +9,7 @@ import (
 
 // Do: runs, skips, reports a loss during the run, releases on panic.
 func TestDo(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond)), f.replica(2)
 	c := ctx(t)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	opts := []Option{WithLeaseDuration(time.Second), WithHeartbeat(50 * time.Millisecond)}
@@ -64,6 +65,7 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 // Campaign's leadership ends with its context: a leader loop under
 // signal.NotifyContext stops leading and resigns on shutdown.
 func TestCampaignResignsWhenContextEnds(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)
@@ -88,6 +90,7 @@ func TestCampaignResignsWhenContextEnds(t *testing.T) {
 // Election.Run: leads, observes, and returns nil on a clean shutdown; the
 // other replica takes over when the leader resigns.
 func TestElectionRun(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	la, lb := f.replica(2), f.replica(2)
 	c := ctx(t)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestNotMigratedAndReadOnly(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	table := unmigrated(t)
 	l, err := New(pgleasetest.DB(t, 1), WithTable(table))

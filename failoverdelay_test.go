@@ -143,6 +143,7 @@ func claimInTx(t *testing.T, c context.Context, db *sql.DB, l *Locker, key strin
 // and neither does a refused claim once the timeline is recorded. The delay
 // is logged once and counted in the claims metric.
 func TestFailoverDelayKeepsOldHolderAlone(t *testing.T) {
+	t.Parallel()
 	x := newPromotedPair(t)
 	kept, err := New(x.pdb, WithTable(x.table), WithHolder("kept"), WithLeaseDuration(time.Minute))
 	if err != nil {
@@ -230,6 +231,7 @@ func TestFailoverDelayKeepsOldHolderAlone(t *testing.T) {
 // it from its own first claim. A table Migrate creates on the new timeline
 // has no delay; the old table, migrated again there, keeps it.
 func TestFailoverDelayZeroAndMigrate(t *testing.T) {
+	t.Parallel()
 	x := newPromotedPair(t)
 	x.stopReceiving()
 	a := x.locker(x.pdb, "a")
@@ -289,6 +291,7 @@ func TestFailoverDelayZeroAndMigrate(t *testing.T) {
 // A second failover inside the delay starts a new delay on the new
 // timeline, counted from its own first claim.
 func TestFailoverDelaySecondFailover(t *testing.T) {
+	t.Parallel()
 	x := newPromotedPair(t)
 	x.failover()
 	b := x.locker(x.sdb, "b")
@@ -331,6 +334,7 @@ func TestFailoverDelaySecondFailover(t *testing.T) {
 // WithFailoverDelay: default the lease duration, 0 allowed, negative or
 // above MaxLeaseDuration refused by New.
 func TestWithFailoverDelay(t *testing.T) {
+	t.Parallel()
 	db := &sql.DB{}
 	for _, tc := range []struct {
 		opts []Option

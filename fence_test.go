@@ -42,6 +42,7 @@ func guardedWrite(c context.Context, db *sql.DB, g *FenceTable, resource string,
 // with fence+1: A's fenced transaction and A's guarded write are rejected,
 // B's succeed.
 func TestStaleHolderIsFencedOut(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dbA, dbB := pgleasetest.DB(t, 3), pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(2*time.Second))
@@ -170,6 +171,7 @@ func waitForLockWaiter(t *testing.T, admin *sql.DB, table string) {
 // commits, then succeeds with a higher fence. Meanwhile A's own renewals are
 // not blocked by A's transaction.
 func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
@@ -231,6 +233,7 @@ func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
 // next claim still waits for the transaction. The release itself is not
 // blocked (no self-deadlock).
 func TestUnlockDuringFencedTransaction(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 3)
 	a := f.locker(dbA)
@@ -273,6 +276,7 @@ func TestUnlockDuringFencedTransaction(t *testing.T) {
 // accepted increments and no older fence is ever accepted; unfenced, the same
 // run loses updates — so the test can fail, and fencing is the difference.
 func TestFencingStress(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if _, err := f.admin.Exec(`CREATE TABLE "` + f.table + `_counter" (mode text PRIMARY KEY, value bigint NOT NULL, last_fence bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
@@ -463,6 +467,7 @@ func (p *pausableBackend) query(ctx context.Context, q string, args []any, each 
 // Issue 9, defect 2: when Guard finds the lease gone on the server, the
 // lease ends locally at once, not at the next beat.
 func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithLeaseDuration(time.Minute)) // beat: 20 s, far beyond the test
@@ -494,6 +499,7 @@ func TestGuardFindingLeaseGoneEndsItAtOnce(t *testing.T) {
 
 // Guard counts the rows its statement locks: with lib/pq too.
 func TestGuardWithLibPQ(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	pq, err := sql.Open("postgres", pgleasetest.URL())
 	if err != nil {

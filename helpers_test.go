@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"log/slog"
 	"strings"
 	"sync"
@@ -16,7 +17,24 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
+// TestMain runs the tests with the goroutine-leak check at the end (which
+// parallel tests do not disturb: it runs once they have all ended).
+//
+// Most tests own their table and call t.Parallel; they spend their time
+// waiting for the server and for lease timers, not on the CPU, so without an
+// explicit -parallel they run 8 at a time rather than GOMAXPROCS (2 on a
+// small CI machine). 8 keeps the server well under its 200 connections.
+// Tests that change something server-wide or process-wide stay serial, each
+// saying why.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	pgleasetest.Main(m, pgleasetest.WithLeakCheck())
+}
 
 // fixture: a fresh migrated table and an admin pool to inspect it.
 type fixture struct {

@@ -9,6 +9,7 @@ import (
 
 // History lists a key's runs newest first, each with how it ended.
 func TestHistory(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)
@@ -78,6 +79,7 @@ func TestHistory(t *testing.T) {
 // an asynchronous failover, by a Locker with the journal off, or pruned) is
 // superseded by the next run, and ends when that run began.
 func TestHistorySuperseded(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)

@@ -64,6 +64,7 @@ func wantJournal(t *testing.T, got []jrow, want ...jrow) {
 // release, an eviction, a release that finds the lease gone (lost), the
 // expiry of a lease taken over, an undone claim.
 func TestJournalEvents(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
 	c := ctx(t)
@@ -115,6 +116,7 @@ func TestJournalEvents(t *testing.T) {
 // Renewals and claims that skip write no journal row; a retried claim that
 // keeps its fence writes no second grant.
 func TestJournalQuietPaths(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a := f.replica(2, WithLeaseDuration(300*time.Millisecond), WithHeartbeat(50*time.Millisecond))
 	b := f.replica(2)
@@ -143,6 +145,7 @@ func TestJournalQuietPaths(t *testing.T) {
 
 // WithJournal(false): the Locker's statements leave the journal alone.
 func TestJournalOff(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithJournal(false))
 	c := ctx(t)
@@ -167,6 +170,7 @@ func TestJournalOff(t *testing.T) {
 
 // Do records each run's outcome: ok, error, panic, lost.
 func TestDoRecordsOutcome(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithHolder("h"), WithLeaseDuration(time.Second))
 	c := ctx(t)
@@ -208,6 +212,7 @@ func TestDoRecordsOutcome(t *testing.T) {
 
 // UnlockWithOutcome records the outcome; a bad outcome changes nothing.
 func TestUnlockWithOutcome(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithHolder("h"))
 	c := ctx(t)
@@ -234,6 +239,7 @@ func TestUnlockWithOutcome(t *testing.T) {
 // Pruning deletes rows older than the retention, in batches, and one Locker
 // per interval takes the pruning ledger.
 func TestJournalPrune(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	l := f.replica(2, WithJournalRetention(24*time.Hour))
@@ -269,6 +275,7 @@ func TestJournalPrune(t *testing.T) {
 
 // The journal's growth per run, logged for docs/operating.md.
 func TestJournalRowSize(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithHolder("host-1234-0123456789ab"))
 	c := ctx(t)
@@ -305,6 +312,7 @@ func (f *fixture) expireNow(key string) {
 // The holder's estimate of the server's time tracks the server's clock:
 // between two server readings taken around it.
 func TestServerTimeEstimate(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)
@@ -337,6 +345,7 @@ func TestServerTimeEstimate(t *testing.T) {
 // after the next holder's grant, which is what Audit needs to see the
 // overlap.
 func TestWitnessRetriedUntilItLands(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())

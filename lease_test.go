@@ -11,6 +11,7 @@ import (
 // after each move. (The statements that trigger the moves are tested in
 // claim_test, renew_test and release_test.)
 func TestLeaseStateMachine(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)

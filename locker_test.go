@@ -33,6 +33,7 @@ func runningIn(fns ...string) string {
 // against a server that stops answering, with a leader observer in the
 // middle of a read and the release of a campaign whose context ended in
 // flight; once Close has returned, no goroutine of the Locker is left.
+// Serial: it looks for those goroutines among all of the process's.
 func TestCloseKeepsItsBound(t *testing.T) {
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
@@ -101,6 +102,7 @@ func TestCloseKeepsItsBound(t *testing.T) {
 // A deferred Unlock placed before the claim's error check gets an error,
 // not a panic.
 func TestUnlockNilLease(t *testing.T) {
+	t.Parallel()
 	var le *Lease
 	if err := le.Unlock(context.Background()); err == nil || !strings.Contains(err.Error(), "nil *Lease") {
 		t.Fatalf("Unlock of a nil *Lease: %v", err)
@@ -111,6 +113,7 @@ func TestUnlockNilLease(t *testing.T) {
 // claims the key again must keep the new lease alive: only the newest lease
 // of a key is renewed, and the stale one ends at once.
 func TestStaleLeaseDoesNotKillLiveOne(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithLeaseDuration(2*time.Second), WithHeartbeat(50*time.Millisecond))
 	c := ctx(t)
@@ -158,6 +161,7 @@ func renewsSeen(t *testing.T, f *fixture, key string) time.Time {
 // given it up (Unlock) or already been told it lost it; fences per key are
 // granted in strictly increasing order.
 func TestStressReplicas(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const (
 		replicas = 4

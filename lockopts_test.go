@@ -10,6 +10,7 @@ import (
 // the server clock; the fence is unchanged by it and the next claim gets
 // the next one.
 func TestMinHoldBlocksUntilItEnds(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2, WithListen(ListenNever), WithPollInterval(20*time.Millisecond))
 	c := ctx(t)
@@ -48,6 +49,7 @@ func TestMinHoldBlocksUntilItEnds(t *testing.T) {
 // A claim tied to a tick runs once per tick, whoever claims and whatever
 // the order; a tick already run writes nothing.
 func TestTickRunsOncePerTick(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -101,6 +103,7 @@ func TestTickRunsOncePerTick(t *testing.T) {
 }
 
 func TestLockOptionsBadInput(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)

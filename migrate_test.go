@@ -13,6 +13,7 @@ import (
 )
 
 func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
+	t.Parallel()
 	table := unmigrated(t)
 	c := ctx(t)
 	// Ten replicas start at once, each with its own pool.
@@ -64,6 +65,7 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 }
 
 func TestSchemaSQLAndQualifiedTable(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	admin := pgleasetest.DB(t, 1)
 	schema := "pglt_schema_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
@@ -118,6 +120,7 @@ func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 // of version 6 are added, the leases and their fences are kept, and claims
 // go on from there.
 func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
+	t.Parallel()
 	tbl := unmigrated(t)
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
@@ -158,7 +161,10 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 // function yet: replicas upgraded before Migrate ran) fails its claims with
 // ErrNotMigrated and a message that says what to do, and changes nothing;
 // after Migrate the same Locker claims.
-func TestLockBeforeMigrateToVersion7(t *testing.T) { lockBeforeMigrate(t, 6) }
+func TestLockBeforeMigrateToVersion7(t *testing.T) {
+	t.Parallel()
+	lockBeforeMigrate(t, 6)
+}
 
 // A Locker on a table still at schema version 7 (no scheduled keys, no
 // claim function with their arguments) gets ErrNotMigrated from Lock and
@@ -166,6 +172,7 @@ func TestLockBeforeMigrateToVersion7(t *testing.T) { lockBeforeMigrate(t, 6) }
 // version-7 claim function, which replicas of the previous pglease call,
 // still answers.
 func TestLockBeforeMigrateToVersion8(t *testing.T) {
+	t.Parallel()
 	tbl, admin := lockBeforeMigrate(t, 7)
 	c := ctx(t)
 	var outcome string
@@ -215,6 +222,7 @@ func lockBeforeMigrate(t *testing.T, v int) (string, *sql.DB) {
 
 // SchemaVersionOf reports the version of a migrated table, 0 for a missing one.
 func TestSchemaVersionOf(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	if v, err := SchemaVersionOf(c, f.admin, WithTable(f.table)); err != nil || v != SchemaVersion() {
@@ -286,6 +294,7 @@ func pgleaseObjects(t *testing.T, db *sql.DB, table string) []string {
 // was used (leases, fences, journal rows) and in a schema of its own — and a
 // second Drop, or a Drop of a table never migrated, is fine.
 func TestDrop(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	admin := pgleasetest.DB(t, 2)
 	schema := "pglt_drop_" + strings.ToLower(pgleasetest.Table(t))[5:]
@@ -358,6 +367,7 @@ func TestDrop(t *testing.T) {
 // Drop refuses, changing nothing, an invalid name, a table migrated by a
 // newer pglease, and a table that Migrate did not create.
 func TestDropRefuses(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	admin := pgleasetest.DB(t, 1)
 	if err := Drop(c, admin, WithTable(`x"; DROP TABLE users; --`)); !errors.Is(err, ErrInvalidOption) {

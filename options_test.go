@@ -26,6 +26,7 @@ var (
 )
 
 func TestOptionTypes(t *testing.T) {
+	t.Parallel()
 	lockerOnly := map[string]Option{
 		"WithLeaseDuration":  WithLeaseDuration(time.Second),
 		"WithHeartbeat":      WithHeartbeat(time.Second),
@@ -59,6 +60,7 @@ func TestOptionTypes(t *testing.T) {
 
 // A nil option is refused by every entry point, not dereferenced.
 func TestNilOption(t *testing.T) {
+	t.Parallel()
 	if _, err := NewFenceTable(nil); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("NewFenceTable(nil): %v", err)
 	}
@@ -68,6 +70,7 @@ func TestNilOption(t *testing.T) {
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
+	t.Parallel()
 	db := pgleasetest.DB(t, 1)
 	for _, tc := range []struct {
 		name string

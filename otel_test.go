@@ -161,6 +161,7 @@ func outcome(tbl, o string) map[string]string {
 
 // Claims by outcome, held leases and releases, after real claims.
 func TestMetricsClaimsHeldReleases(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	a := f.replica(2, WithMeterProvider(m.mp))
@@ -240,6 +241,7 @@ func TestMetricsClaimsHeldReleases(t *testing.T) {
 }
 
 func TestMetricsKeyAttribute(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	a := f.replica(2, WithMeterProvider(m.mp), WithKeyAttribute(true))
@@ -273,6 +275,7 @@ func TestMetricsKeyAttribute(t *testing.T) {
 
 // Renew duration and batch size, from the renewer's beats.
 func TestMetricsRenew(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	a := f.replica(2, WithMeterProvider(m.mp), WithLeaseDuration(2*time.Second), WithHeartbeat(100*time.Millisecond))
@@ -316,6 +319,7 @@ func TestMetricsRenew(t *testing.T) {
 // deadline passed while the database is unreachable (its failed renewals
 // are recorded with error.type).
 func TestMetricsLosses(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	tbl := map[string]string{"pglease.table": f.table}
@@ -382,6 +386,7 @@ func TestMetricsLosses(t *testing.T) {
 // Rejections: a fenced transaction of an evicted holder (Guard), and a
 // stale fence at a FenceTable.
 func TestMetricsRejections(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	a := f.replica(2, WithMeterProvider(m.mp)) // 60s lease: no beat during the test
@@ -440,6 +445,7 @@ func TestMetricsRejections(t *testing.T) {
 }
 
 func TestTelemetryOptions(t *testing.T) {
+	t.Parallel()
 	m := newMeters(t)
 	db := f0(t)
 	if _, err := New(db, WithMeterProvider(nil)); !errors.Is(err, ErrInvalidOption) {
@@ -488,6 +494,7 @@ func findSpan(rec *tracetest.SpanRecorder, name string) (sdktrace.ReadOnlySpan, 
 }
 
 func TestTraces(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rec, tp := newSpans(t)
 	a := f.replica(2, WithTracerProvider(tp), WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond))
@@ -541,6 +548,7 @@ func TestTraces(t *testing.T) {
 }
 
 func TestTraceErrors(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rec, tp := newSpans(t)
 	a := f.replica(2, WithTracerProvider(tp))
@@ -589,6 +597,7 @@ func TestTraceErrors(t *testing.T) {
 
 // Without WithTracerProvider no span is started, even with a global
 // TracerProvider set; without WithMeterProvider nothing is recorded.
+// Serial: it sets OpenTelemetry's global providers.
 func TestNoTelemetryWhenNotConfigured(t *testing.T) {
 	f := newFixture(t)
 	rec, tp := newSpans(t)
@@ -622,6 +631,7 @@ func TestNoTelemetryWhenNotConfigured(t *testing.T) {
 // The WARN line of a failed renew carries the renew span's trace and span
 // ids, besides its usual attributes.
 func TestRenewWarnCarriesTraceIDs(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rec, tp := newSpans(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
@@ -657,6 +667,7 @@ func TestRenewWarnCarriesTraceIDs(t *testing.T) {
 }
 
 // The no-op observer costs nothing: no allocation on the claim path's calls.
+// Serial: testing.AllocsPerRun counts the allocations of the whole process.
 func TestNoObserverAllocatesNothing(t *testing.T) {
 	var o observer = noObserver{}
 	c := context.Background()
@@ -714,6 +725,7 @@ func BenchmarkClaimWithTelemetry(b *testing.B) {
 // endSpan's verdicts: a claim that met a claim in flight (no row) did not
 // fail; a guard that found no row did; a context error is a timeout.
 func TestEndSpanStatus(t *testing.T) {
+	t.Parallel()
 	rec, tp := newSpans(t)
 	tr := tp.Tracer("test")
 	for i, tc := range []struct {
@@ -738,6 +750,7 @@ func TestEndSpanStatus(t *testing.T) {
 // The ERROR line of a loss carries the ids of the span of the statement
 // that found it (a renew, an Unlock), with its usual key, holder, fence.
 func TestLossErrorCarriesTraceIDs(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rec, tp := newSpans(t)
 	c := ctx(t)
@@ -826,6 +839,7 @@ func BenchmarkObserverSkipPath(b *testing.B) {
 // Waits: an Acquire that got the key after its holder let go, and one
 // whose context ended first.
 func TestMetricsWait(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	a := f.replica(2, WithMeterProvider(m.mp))
@@ -873,6 +887,7 @@ func TestMetricsWait(t *testing.T) {
 // A holder evicted by ForceRelease and told by a notification (ListenAlways,
 // no beat within the test) counts a loss with reason "forced".
 func TestMetricsForcedLoss(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	m := newMeters(t)
 	l := f.replica(2, WithMeterProvider(m.mp), WithLeaseDuration(time.Minute), WithListen(ListenAlways))

@@ -45,6 +45,7 @@ var (
 // built and run (here, and in the contrib modules' own tests), so code
 // pasted from a page compiles and works.
 func TestDocSnippetsAreTested(t *testing.T) {
+	t.Parallel()
 	found := map[string]bool{}
 	for _, page := range docPages(t) {
 		text, err := os.ReadFile(page)
@@ -128,6 +129,7 @@ func buildExample(t *testing.T, name string) string {
 }
 
 func TestQuickstartRuns(t *testing.T) {
+	t.Parallel()
 	bin := buildExample(t, "quickstart")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -143,6 +145,7 @@ func TestQuickstartRuns(t *testing.T) {
 // exits 0 — while a second replica takes over. Neither prints an empty
 // leader at the handoff.
 func TestElectionExampleShutsDownOnSignal(t *testing.T) {
+	t.Parallel()
 	bin := buildExample(t, "election")
 	start := func() (*exec.Cmd, *bufio.Scanner) {
 		cmd := exec.Command(bin)

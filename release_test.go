@@ -11,6 +11,7 @@ import (
 )
 
 func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -47,6 +48,7 @@ func TestUnlockIsIdempotentAndWorksWithCancelledContext(t *testing.T) {
 // down cancels the run's context as its deferred Unlock runs) does not cut
 // the release short: the key is free at once, not at the lease's expiry.
 func TestUnlockSurvivesCancelDuringRelease(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
@@ -79,6 +81,7 @@ func TestUnlockSurvivesCancelDuringRelease(t *testing.T) {
 // Invariant 3: the late Unlock of an earlier run — same holder, earlier
 // fence — touches nothing.
 func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a := f.replica(2, WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond))
 	c := ctx(t)
@@ -113,6 +116,7 @@ func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
 }
 
 func TestUnlockUnreachableServer(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 2)
 	l := f.locker(db, WithReleaseTimeout(time.Second))
@@ -140,6 +144,7 @@ func TestUnlockUnreachableServer(t *testing.T) {
 }
 
 func TestCloseReleasesEverything(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2)
 	c := ctx(t)
@@ -182,6 +187,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 // at the local deadline, Unlock at the release timeout, even under a caller
 // context without a deadline.
 func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
@@ -219,6 +225,7 @@ func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 // is taken) does not keep Done open past the local deadline: the holder is
 // still told before another replica can take the key over.
 func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 1)
 	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
@@ -253,6 +260,7 @@ func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
 // Close and Unlock racing on the same leases: every lease ends released,
 // none is reported lost, both calls succeed.
 func TestCloseRacingUnlock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	for round := 0; round < 5; round++ {
@@ -286,6 +294,7 @@ func TestCloseRacingUnlock(t *testing.T) {
 // Issue 9, defect 6: renew and Guard are scoped by the claim token too: a
 // row with the same holder and fence but another claim is not ours.
 func TestWritesScopedByClaimToken(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 3)
 	l := f.locker(db, WithHolder("pod-0"), WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))

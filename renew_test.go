@@ -61,6 +61,7 @@ func (c *countingBackend) exec(ctx context.Context, q string, args ...any) (int6
 // Invariant 7: renewal cost does not grow with the leases held — one
 // statement per beat for all of them.
 func TestOneRenewStatementPerBeat(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	// A lease long enough that a loaded machine loses none (a loss would add
 	// clean-up statements); the beat is what is counted.
@@ -108,6 +109,7 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 // Invariant 3 and 5(a): a renew never extends a lease that expired or
 // changed hands; the holder is told at once (Done, Err, ERROR log).
 func TestRenewFindsLeaseGone(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		break_ func(f *fixture, key string)
@@ -191,6 +193,7 @@ func rowLine(dump, key string) string {
 // before any other replica can claim the key. Asserted on the order of
 // events, not on durations.
 func TestLocalDeadlineBeatsTakeover(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
@@ -229,6 +232,7 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 // table that has never been analyzed (a new deployment, or one that just
 // grew by thousands of leases): no plan that scans the list once per row.
 func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
 	c := ctx(t)
@@ -275,6 +279,7 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 // the renew − acquired_at − duration). In step, every offset would be one
 // heartbeat; spread, 30 offsets cover most of [beat/2, beat].
 func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const n, beat, dur = 30, time.Second, 3 * time.Second
 	db := pgleasetest.DB(t, 10)
@@ -324,6 +329,7 @@ func TestRenewersStartedTogetherSpreadTheirBeats(t *testing.T) {
 // Issue 9, defect 4: the heartbeat must leave room for one retry before the
 // local deadline.
 func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	for _, tc := range []struct {
 		lease, beat time.Duration
@@ -356,6 +362,7 @@ func TestHeartbeatLeavesRoomForARetry(t *testing.T) {
 // Invariant 6: no connection is held between calls — one connection holds
 // a thousand leases, and renews them.
 func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	db := pgleasetest.DB(t, 1)
 	l := f.locker(db, WithLeaseDuration(3*time.Second))
@@ -442,6 +449,7 @@ func (r *renewLog) since(i int) ([]error, int) {
 // reachable again. The lease must survive, renewed before its deadline,
 // with a bounded number of attempts during the outage.
 func TestFailedRenewIsRetriedBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
 	if err != nil {
@@ -509,6 +517,7 @@ const levelWarn = slog.LevelWarn
 // a beat nor (beyond the first step) half the time left before the
 // deadline, and are jittered.
 func TestRenewRetryDelays(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(1, WithLeaseDuration(6*time.Second), WithHeartbeat(2*time.Second))
 	const base = 2 * time.Second / 16
@@ -546,6 +555,7 @@ func TestRenewRetryDelays(t *testing.T) {
 // so the pool's new connections are read-only, as a standby's are. The
 // lease is 30 s: its deadline is far beyond the wait.
 func TestRenewOnReadOnlyServerEndsLeaseAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
 	dbName := fmt.Sprintf("pglt_ro_%d", os.Getpid())
@@ -603,6 +613,7 @@ func TestRenewOnReadOnlyServerEndsLeaseAtOnce(t *testing.T) {
 // failover ended it (the new primary had the lease: it was replicated, and
 // renewed there).
 func TestLossReasonForceReleasedAfterFailover(t *testing.T) {
+	t.Parallel()
 	x := newPromotedPair(t)
 	logs := &logs{}
 	m := newMeters(t)

@@ -26,6 +26,7 @@ func (a at) Next(t time.Time) time.Time {
 }
 
 func TestLatestTick(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 12, 4, 12, 0, 7, 300e6, time.UTC)
 	day := 24 * time.Hour
 	for _, c := range []struct {
@@ -68,6 +69,7 @@ func runTick(t *testing.T, l *Locker, key string, g grid, tick time.Time, extra 
 // the latest missed tick only; the journal marks that run, and Audit
 // reports the tick that ran zero times.
 func TestCatchUpOnceAfterAnOutage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const key = "nightly"
 	g := grid(200 * time.Millisecond)
@@ -140,6 +142,7 @@ func TestCatchUpOnceAfterAnOutage(t *testing.T) {
 // window is not run, and Audit reports it as overdue (no next run) once its
 // grace has passed.
 func TestNoCatchUpPastTheDeadline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const key = "weekly"
 	g := grid(200 * time.Millisecond)
@@ -170,6 +173,7 @@ func TestNoCatchUpPastTheDeadline(t *testing.T) {
 // time, or with another schedule, has nothing to catch up, however long
 // its ticks have been due; neither counts as missed in Audit.
 func TestNoCatchUpForANewOrChangedSchedule(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const key = "report"
 	g := grid(200 * time.Millisecond)
@@ -204,6 +208,7 @@ func TestNoCatchUpForANewOrChangedSchedule(t *testing.T) {
 // TestScheduleBadInput: invalid registrations and claims fail with a clear
 // error and write nothing.
 func TestScheduleBadInput(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(1)
 	g := grid(time.Second)
@@ -248,6 +253,7 @@ func TestScheduleBadInput(t *testing.T) {
 // not the local one: with a clock ten hours behind, the missed tick it
 // returns is that clock's, not the real clock's.
 func TestRegisterScheduleOnTheSchedulersClock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(1)
 	g := grid(time.Hour)

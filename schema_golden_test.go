@@ -21,6 +21,7 @@ const goldenSchema = "internal/store/testdata/schema.txt"
 // constraints, indexes, functions with their whole definition) with
 // internal/store/testdata/schema.txt. PGLEASE_UPDATE_SCHEMA=1 rewrites the file instead.
 func TestSchemaGolden(t *testing.T) {
+	t.Parallel()
 	c := ctx(t)
 	admin := pgleasetest.DB(t, 1)
 	name := fmt.Sprintf("pglease_golden_%d", os.Getpid())
