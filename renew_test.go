@@ -77,10 +77,22 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 		}
 		leases = append(leases, le)
 	}
-	// Wait until every lease has been renewed at least 5 times over.
-	first := leases[0].ExpiresAt()
-	waitFor(t, 20*time.Second, func() bool { return cb.get("renew") >= 5 })
-	renews := cb.get("renew")
+	// From the last claim on (200 claims take a while on a loaded machine,
+	// and the renewer beats meanwhile), wait until every lease has been
+	// renewed and at least 5 renew statements were sent: one statement
+	// per lease would be 200 at least.
+	last := leases[len(leases)-1].ExpiresAt()
+	base := cb.get("renew")
+	renewed := func() bool {
+		for _, le := range leases {
+			if !le.ExpiresAt().After(last) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 20*time.Second, func() bool { return renewed() && cb.get("renew")-base >= 5 })
+	renews := cb.get("renew") - base
 	if renews > 50 {
 		t.Fatalf("%d renew statements for 200 leases in a few beats: more than one per beat", renews)
 	}
@@ -88,8 +100,8 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 		t.Fatalf("%d unexpected statements", other)
 	}
 	for _, le := range leases {
-		if le.Err() != nil || !le.ExpiresAt().After(first) {
-			t.Fatalf("lease %s not renewed: err %v, expires %v (first %v)", le.Key(), le.Err(), le.ExpiresAt(), first)
+		if le.Err() != nil {
+			t.Fatalf("lease %s lost: %v", le.Key(), le.Err())
 		}
 	}
 	// The renewer is one goroutine; after Close it is gone (TestMain's
