@@ -279,8 +279,8 @@ func TestEvictedHolderToldAtOnce(t *testing.T) {
 func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 	f := newFixture(t)
 	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
-	cb := &countingBackend{backend: w.db, renewSQL: w.sql.renew, claimSQL: w.sql.claim, count: map[string]int{}}
-	w.db = cb
+	cb := &countingBackend{backend: w.store.DB, renewSQL: w.store.SQL().Renew, claimSQL: w.store.SQL().Claim, count: map[string]int{}}
+	w.store.DB = cb
 	holder := f.replica(2)
 	c := ctx(t)
 	held, err := holder.Lock(c, "job")

@@ -1,4 +1,4 @@
-package pglease
+package zzequiv
 
 import (
 	"regexp"
