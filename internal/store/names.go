@@ -27,8 +27,9 @@ type Names struct {
 	// Prefix is Quoted without its closing quote: every companion table,
 	// the state view and the claim function are named by a suffix of it.
 	Prefix string
-	// Version is the quoted version table (<table>_version).
-	Version string
+	// Version is the quoted version table (<table>_version), StateView the
+	// quoted state view (<table>_state, schema version 9).
+	Version, StateView string
 	// JournalKeyIdx and NaturalKeyIdx are the two index names, quoted and
 	// unqualified (an index lives in its table's schema).
 	JournalKeyIdx, NaturalKeyIdx string
@@ -58,6 +59,7 @@ func NewNames(parts ...string) Names {
 		Quoted:        quoted,
 		Prefix:        quoted[:len(quoted)-1],
 		Version:       ident("_version"),
+		StateView:     ident("_state"),
 		JournalKeyIdx: pgx.Identifier{last + "_journal_key"}.Sanitize(),
 		NaturalKeyIdx: pgx.Identifier{last + "_natural_key"}.Sanitize(),
 		LockClass:     int32(uint32(sum)),
