@@ -192,3 +192,12 @@ func SchemaSQL(n Names) string {
 	b.WriteString(strings.TrimSpace(n.Bind(timelineCreatedSQL)) + ";\n")
 	return b.String()
 }
+
+// StateViewQuery returns the query of the state view (schema version 9)
+// for the table named by n, as the migration defines it: a reader of a
+// table not yet migrated to version 9 can select from it as a subquery.
+func StateViewQuery(n Names) string {
+	m := migrations[8]
+	start := strings.Index(m, "\nSELECT ")
+	return strings.TrimSuffix(strings.TrimSpace(n.Bind(m[start:])), ";")
+}
