@@ -12,7 +12,8 @@ import (
 
 // This file holds what the Locker itself does for the journal: the outcome
 // a run records, the witness of a run that outlived its lease, and the
-// background pruning. The rows are written by the statements in queries.go.
+// background pruning. The rows are written by the statements of
+// internal/store.
 
 // DefaultJournalRetention is how long journal rows are kept unless
 // WithJournalRetention says otherwise.
