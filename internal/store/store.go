@@ -17,9 +17,6 @@ func New(db Backend, n Names, journal bool) *Store {
 	return &Store{DB: db, names: n, sql: bind(n, journal), journal: journal}
 }
 
-// Names returns the names the Store's statements are bound to.
-func (s *Store) Names() Names { return s.names }
-
 // SQL returns the bound text of each statement, for a test that recognises
 // a statement by its text.
 func (s *Store) SQL() *Statements { return s.sql }
