@@ -83,10 +83,11 @@ type ClaimResult struct {
 
 // claimCall is one claim's arguments and destinations: one allocation.
 type claimCall struct {
-	args     [8]any
-	outcome  string
-	freeInUS int64
-	res      ClaimResult
+	args                       [8]any
+	outcome, holder            string
+	fence, freeInUS, journaled int64
+	expiresAt                  time.Time
+	lastTick                   sql.NullTime
 }
 
 // Claim runs one claim. Busy is an outcome, not an error: the caller may
@@ -103,12 +104,11 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 		next = a.NextTick
 	}
 	c.args = [8]any{a.Key, a.holder, a.Token, a.leaseUS, tick, a.delayUS, next, a.CatchUp}
-	r := &c.res
 	err := s.DB.QueryRow(ctx, s.sql.Claim, c.args[:],
-		&c.outcome, &r.Fence, &r.ExpiresAt, &r.Holder, &r.LastTick, &c.freeInUS, &r.Journaled)
+		&c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled)
 	if errors.Is(err, ErrNoRows) {
 		return ClaimResult{Outcome: Busy}, nil
 	}
-	r.Outcome, r.FreeIn = ClaimOutcome(c.outcome), time.Duration(c.freeInUS)*time.Microsecond
-	return c.res, err
+	return ClaimResult{Outcome: ClaimOutcome(c.outcome), Fence: c.fence, ExpiresAt: c.expiresAt, Holder: c.holder,
+		LastTick: c.lastTick, FreeIn: time.Duration(c.freeInUS) * time.Microsecond, Journaled: c.journaled}, err
 }
