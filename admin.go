@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -53,23 +52,18 @@ func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, er
 	if err != nil {
 		return nil, err
 	}
-	var out []LeaseInfo
-	err = b.query(ctx, t.statements().list, nil, func(scan func(...any) error) error {
-		var li LeaseInfo
-		var rel, hold, tick sql.NullTime
-		var in pgInterval
-		if err := scan(&li.Key, &li.Holder, &li.Fence, &li.AcquiredAt, &li.ExpiresAt, &rel, &hold, &tick, &li.State, &in); err != nil {
-			return err
-		}
-		li.ReleasedAt, li.HoldUntil, li.LastTick = timePtr(rel), timePtr(hold), timePtr(tick)
-		if li.State != KeyReleased {
-			li.ExpiresIn = time.Duration(in)
-		}
-		out = append(out, li)
-		return nil
-	})
+	rows, err := t.store(b, true).List(ctx)
 	if err != nil {
 		return nil, t.wrapDB("list", err)
+	}
+	var out []LeaseInfo
+	for _, r := range rows {
+		li := LeaseInfo{Key: r.Key, Holder: r.Holder, Fence: r.Fence, AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt,
+			ReleasedAt: timePtr(r.ReleasedAt), HoldUntil: timePtr(r.HoldUntil), LastTick: timePtr(r.LastTick), State: KeyState(r.State)}
+		if li.State != KeyReleased {
+			li.ExpiresIn = r.TimeLeft
+		}
+		out = append(out, li)
 	}
 	return out, nil
 }
@@ -127,26 +121,15 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOpti
 	if err != nil {
 		return ForceReleaseResult{}, err
 	}
-	r := ForceReleaseResult{Key: key}
-	st := t.statements()
-	release := func(b backend) error {
-		var notified any
-		return b.queryRow(ctx, st.forceRelease, []any{key}, &r.Holder, &r.OldFence, &r.NewFence, &r.WasLive, &notified)
-	}
+	var wait time.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		// Bound the wait for the row on the server, from ctx's deadline: a
 		// client that just stops waiting would leave the statement queued,
 		// and the eviction would happen later, unannounced.
-		err = b.inTx(ctx, func(tx backend) error {
-			ms := max(time.Until(dl)-100*time.Millisecond, time.Millisecond).Milliseconds()
-			if _, err := tx.exec(ctx, st.lockTimeout, strconv.FormatInt(ms, 10)); err != nil {
-				return err
-			}
-			return release(tx)
-		})
-	} else {
-		err = release(b)
+		wait = max(time.Until(dl)-100*time.Millisecond, time.Millisecond)
 	}
+	e, err := t.store(b, true).ForceRelease(ctx, key, wait)
+	r := ForceReleaseResult{Key: key, Holder: e.Holder, OldFence: e.OldFence, NewFence: e.NewFence, WasLive: e.WasLive}
 	switch {
 	case errors.Is(err, errNoRows):
 		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.display)
@@ -161,25 +144,4 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOpti
 		return r, t.wrapDB(fmt.Sprintf("force release %q", key), err)
 	}
 	return r, nil
-}
-
-// pgInterval scans a PostgreSQL interval (as microseconds) from any driver.
-type pgInterval time.Duration
-
-func (p *pgInterval) Scan(src any) error {
-	var s string
-	switch v := src.(type) {
-	case string:
-		s = v
-	case []byte:
-		s = string(v)
-	default:
-		return fmt.Errorf("pglease: cannot scan %T as interval", src)
-	}
-	var us int64
-	if _, err := fmt.Sscan(s, &us); err != nil {
-		return fmt.Errorf("pglease: interval %q: %w", s, err)
-	}
-	*p = pgInterval(time.Duration(us) * time.Microsecond)
-	return nil
 }

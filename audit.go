@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // OverlapCause is the likely cause of an overlap (OverlapInfo.Cause).
@@ -108,13 +110,13 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	if err != nil {
 		return AuditResult{}, err
 	}
-	st := t.statements()
-	overdue, err := readOverdue(ctx, b, st)
+	st := t.store(b, true)
+	overdue, err := readOverdue(ctx, st)
 	if err != nil {
 		return AuditResult{}, t.wrapDB("audit", err)
 	}
 	res := AuditResult{Since: since}
-	err = readRuns(ctx, b, st, since, nil, nil, func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error {
+	err = readRuns(ctx, st, since, nil, nil, func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error {
 		res.Runs += len(runs)
 		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
 		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
@@ -137,16 +139,12 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	return res, nil
 }
 
-// readOverdue reads the scheduled keys whose next due tick is overdue now
-// (overdueSQL), by key.
-func readOverdue(ctx context.Context, b backend, st statements) (map[string]MissedTickInfo, error) {
+// readOverdue reads the scheduled keys whose next due tick is overdue now,
+// by key.
+func readOverdue(ctx context.Context, st *store.Store) (map[string]MissedTickInfo, error) {
 	out := map[string]MissedTickInfo{}
-	err := b.query(ctx, st.overdue, nil, func(scan func(...any) error) error {
-		var m MissedTickInfo
-		if err := scan(&m.Key, &m.Due); err != nil {
-			return err
-		}
-		out[m.Key] = m
+	err := st.Overdue(ctx, func(key string, due time.Time) error {
+		out[key] = MissedTickInfo{Key: key, Due: due}
 		return nil
 	})
 	return out, err

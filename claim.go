@@ -2,13 +2,12 @@ package pglease
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/pglease/pglease/internal/ctxsleep"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // Lock claims key without waiting and returns the Lease, which the Locker
@@ -57,13 +56,13 @@ func (l *Locker) prepareClaim(ctx context.Context, key string, opts []LockOption
 // if the other claim failed).
 func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Lease, error) {
 	for attempt := 1; ; attempt++ {
-		le, rep, err := l.claim(ctx, key, lc)
+		le, res, err := l.claim(ctx, key, lc)
 		if err != nil || le != nil {
 			l.obs.claimed(ctx, key, le, err)
 			return le, err
 		}
-		if rep != nil || attempt == 3 {
-			err := rep.err(key, lc)
+		if res.Outcome != store.Busy || attempt == 3 {
+			err := claimErr(res, key, lc)
 			l.obs.claimed(ctx, key, nil, err)
 			return nil, err
 		}
@@ -73,55 +72,38 @@ func (l *Locker) lockOnce(ctx context.Context, key string, lc lockConfig) (*Leas
 	}
 }
 
-// claimReply is the claim statement's answer when it did not acquire.
-type claimReply struct {
-	outcome   string // "held", "min-hold", "ran" or "failover-delay"
-	fence     int64  // for "failover-delay": the server's timeline ID
-	holder    string
-	lastTick  sql.NullTime
-	freeIn    time.Duration
-	expires   time.Time // expires_at: the new lease's, or the holder's
-	freeInUS  int64     // freeIn as the server sends it
-	journaled int64     // journal rows the claim wrote
-	args      [8]any    // the claim's arguments: no allocation of their own
-}
-
-// err turns a reply (nil: a concurrent claim in flight) into the error Lock
-// returns.
-func (r *claimReply) err(key string, lc lockConfig) error {
-	switch {
-	case r == nil:
+// claimErr turns the result of a claim that did not acquire into the error
+// Lock returns.
+func claimErr(r store.ClaimResult, key string, lc lockConfig) error {
+	switch r.Outcome {
+	case store.Busy:
 		return &AlreadyLockedError{Key: key, Reason: LockedInFlight}
-	case r.outcome == "ran":
-		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.lastTick.Time, Holder: r.holder, Fence: r.fence}
-	case r.outcome == "failover-delay":
-		return &AlreadyLockedError{Key: key, FreeIn: r.freeIn, Reason: LockedFailoverDelay}
-	case r.outcome == "min-hold":
-		return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, Reason: LockedMinHold}
+	case store.Ran:
+		return &AlreadyRunError{Key: key, Tick: lc.tick, LastTick: r.LastTick.Time, Holder: r.Holder, Fence: r.Fence}
+	case store.FailoverDelay:
+		return &AlreadyLockedError{Key: key, FreeIn: r.FreeIn, Reason: LockedFailoverDelay}
+	case store.MinHold:
+		return &AlreadyLockedError{Key: key, Holder: r.Holder, Fence: r.Fence, FreeIn: r.FreeIn, Reason: LockedMinHold}
 	}
-	return &AlreadyLockedError{Key: key, Holder: r.holder, Fence: r.fence, FreeIn: r.freeIn, Reason: LockedHeld}
+	return &AlreadyLockedError{Key: key, Holder: r.Holder, Fence: r.Fence, FreeIn: r.FreeIn, Reason: LockedHeld}
 }
 
-// claim runs the claim statement once. It returns the lease, or the reply
-// describing who has the key, or (nil, nil, nil) when a concurrent claim of
-// the key was in flight.
-func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, *claimReply, error) {
+// claim runs the claim statement once. It returns the lease, or the result
+// of a claim that did not acquire (Busy: a concurrent claim of the key was
+// in flight).
+func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, store.ClaimResult, error) {
 	token := rand.Int64()
 	sentAt := time.Now()
 	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	var rep claimReply // one allocation for every destination and the arguments
-	rep.args = [8]any{key, l.claimArgs[0], token, l.claimArgs[1], lc.tickArg(), l.claimArgs[2], lc.nextTickArg(), lc.catchUp}
-	err := l.db.queryRow(ctx, l.sql.claim, rep.args[:],
-		&rep.outcome, &rep.fence, &rep.expires, &rep.holder, &rep.lastTick, &rep.freeInUS, &rep.journaled)
+	res, err := l.store.Claim(ctx, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
+		Tick: lc.tick, HasTick: lc.hasTick, NextTick: lc.nextTick, CatchUp: lc.catchUp})
 	end(err)
 	switch {
-	case errors.Is(err, errNoRows):
-		return nil, nil, nil
 	case err != nil:
-		if sqlState(err) == "" && !neverSent(err) {
+		if sqlState(err) == "" && !store.NeverSent(err) {
 			// No server verdict (context ended, connection lost) for a claim
 			// that may have been sent: it may commit after the reply was
 			// lost. Undo it once its outcome is known. A claim that never
@@ -129,33 +111,32 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 			l.undoClaim(key, token)
 		}
 		if parent.Err() == nil && ctx.Err() != nil {
-			return nil, nil, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
+			return nil, res, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
 				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)
 		}
-		return nil, nil, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
-	case rep.outcome != "acquired":
-		rep.freeIn = time.Duration(rep.freeInUS) * time.Microsecond
-		if rep.outcome == "failover-delay" {
-			l.delayMet(key, &rep)
+		return nil, res, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
+	case res.Outcome != store.Acquired:
+		if res.Outcome == store.FailoverDelay {
+			l.delayMet(key, &res)
 		}
-		return nil, &rep, nil
+		return nil, res, nil
 	}
-	l.obs.journaled(rep.journaled)
+	l.obs.journaled(res.Journaled)
 	l.maybePrune()
-	le := newLease(l, parent, key, rep.fence, token, lc, rep.expires, sentAt)
+	le := newLease(l, parent, key, res.Fence, token, lc, res.ExpiresAt, sentAt)
 	if !time.Now().Before(le.Deadline()) {
 		l.releaseInBackground(le)
 		// The reply came too late to trust.
-		return nil, nil, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
+		return nil, res, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
 			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
 	}
 	le.arm()
 	if !l.add(le) {
 		le.discard()
 		l.releaseInBackground(le)
-		return nil, nil, ErrClosed
+		return nil, res, ErrClosed
 	}
-	return le, nil, nil
+	return le, res, nil
 }
 
 func (l *Locker) isClosed() bool {

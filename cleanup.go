@@ -13,20 +13,15 @@ import (
 // Locker's wait group, so Close waits for them.
 
 // undoClaim releases, in the background, whatever a claim with this token
-// took, once the claim's outcome is known (abandonLockSQL queues behind the
+// took, once the claim's outcome is known (the undo queues behind the
 // claim's advisory lock).
 func (l *Locker) undoClaim(key string, token int64) {
 	l.retryInBackground("undoing a claim whose reply was lost", key, 0, func(ctx context.Context) error {
-		return l.db.inTx(ctx, func(tx backend) error {
-			if _, err := tx.exec(ctx, l.sql.abandonLock, key); err != nil {
-				return err
-			}
-			n, err := tx.exec(ctx, l.sql.abandon, key, l.holder, token)
-			if err == nil && !l.cfg.journalOff {
-				l.obs.journaled(n)
-			}
-			return err
-		})
+		n, err := l.store.Abandon(ctx, key, l.holder, token)
+		if err == nil && !l.cfg.journalOff {
+			l.obs.journaled(n)
+		}
+		return err
 	})
 }
 
@@ -38,11 +33,11 @@ func (l *Locker) undoClaim(key string, token int64) {
 // met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
 	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
-		args := []any{le.key, l.holder, le.fence, le.token}
+		var at time.Time
 		if !l.cfg.journalOff {
-			args = append(args, le.serverTime(le.Deadline()))
+			at = le.serverTime(le.Deadline())
 		}
-		_, err := l.db.exec(ctx, l.sql.releaseLost, args...)
+		err := l.store.ReleaseLost(ctx, le.key, l.holder, le.fence, le.token, at)
 		if err == nil && !l.cfg.journalOff {
 			l.obs.journaled(1)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -114,8 +115,7 @@ func TestSQLFastPath(t *testing.T) {
 			if n := tc.db.Stats().InUse; n != 0 {
 				t.Fatalf("%d connections in use after Unlock", n)
 			}
-			b := l.db.(*sqlDBBackend)
-			if p, s := b.viaPgx.Load(), b.viaSQL.Load(); p != tc.viaPgx || s != tc.viaSQL {
+			if p, s := l.store.DB.(*store.SQLDB).Counts(); p != tc.viaPgx || s != tc.viaSQL {
 				t.Fatalf("statements on pgx's connection: %d, through database/sql: %d; want %d and %d", p, s, tc.viaPgx, tc.viaSQL)
 			}
 		})

@@ -97,15 +97,14 @@ func (e *Election) IsLeader() bool {
 // "held"); ErrNoLeader if the key is free.
 func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 	li := LeaseInfo{Key: e.key, State: "held"}
-	var left int64
-	err := e.l.db.queryRow(ctx, e.l.sql.leader, []any{e.key}, &li.Holder, &li.Fence, &li.AcquiredAt, &li.ExpiresAt, &left)
+	live, err := e.l.store.Leader(ctx, e.key)
 	switch {
 	case errors.Is(err, errNoRows):
 		return LeaseInfo{}, ErrNoLeader
 	case err != nil:
 		return LeaseInfo{}, e.l.table.wrapDB(fmt.Sprintf("leader of %q", e.key), err)
 	}
-	li.ExpiresIn = time.Duration(left) * time.Microsecond
+	li.Holder, li.Fence, li.AcquiredAt, li.ExpiresAt, li.ExpiresIn = live.Holder, live.Fence, live.AcquiredAt, live.ExpiresAt, live.TimeLeft
 	return li, nil
 }
 

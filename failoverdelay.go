@@ -3,6 +3,8 @@ package pglease
 import (
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // The failover delay (Consul's lock-delay): after a promotion, no key that
@@ -54,16 +56,16 @@ func WithFailoverDelay(d time.Duration) Option {
 func (l *Locker) FailoverDelay() time.Duration { return l.cfg.failoverDelay }
 
 // delayMet logs, once per timeline, that claims meet the failover delay.
-func (l *Locker) delayMet(key string, rep *claimReply) {
+func (l *Locker) delayMet(key string, rep *store.ClaimResult) {
 	for {
 		seen := l.delayLogged.Load()
-		if rep.fence <= seen {
+		if rep.Fence <= seen {
 			return
 		}
-		if l.delayLogged.CompareAndSwap(seen, rep.fence) {
+		if l.delayLogged.CompareAndSwap(seen, rep.Fence) {
 			break
 		}
 	}
 	l.log.Warn("pglease: the database failed over (new timeline): keys that look free are not granted until the failover delay has passed",
-		"table", l.table.display, "timeline", rep.fence, "delay", l.cfg.failoverDelay, "until", rep.expires, "free_in", rep.freeIn, "key", key, "holder", l.holder)
+		"table", l.table.display, "timeline", rep.Fence, "delay", l.cfg.failoverDelay, "until", rep.ExpiresAt, "free_in", rep.FreeIn, "key", key, "holder", l.holder)
 }

@@ -123,7 +123,7 @@ func claimInTx(t *testing.T, c context.Context, db *sql.DB, l *Locker, key strin
 	var fence, freeUS, journaled int64
 	var exp time.Time
 	var tick sql.NullTime
-	if err := tx.QueryRowContext(c, l.sql.claim, key, l.holder, int64(7), l.claimArgs[1], nil, l.claimArgs[2], nil, false).
+	if err := tx.QueryRowContext(c, l.store.SQL().Claim, key, l.holder, int64(7), l.cfg.duration.Microseconds(), nil, l.cfg.failoverDelay.Microseconds(), nil, false).
 		Scan(&outcome, &fence, &exp, &holder, &tick, &freeUS, &journaled); err != nil {
 		t.Fatalf("claim of %q: %v", key, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // ErrStaleFence means that a FenceTable had already seen a higher fence for
@@ -53,7 +55,7 @@ func (le *Lease) Guard(ctx context.Context, tx *sql.Tx) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
 	}
-	return le.guard(ctx, sqlBackend{tx})
+	return le.guard(ctx, store.FromSQLTx(tx))
 }
 
 // GuardPgx is Guard for a pgx transaction.
@@ -61,10 +63,10 @@ func (le *Lease) GuardPgx(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil pgx.Tx", ErrInvalidOption)
 	}
-	return le.guard(ctx, pgxBackend{tx})
+	return le.guard(ctx, store.FromPgxTx(tx))
 }
 
-func (le *Lease) guard(ctx context.Context, b backend) error {
+func (le *Lease) guard(ctx context.Context, tx store.Backend) error {
 	switch st, err := le.snapshotState(); st {
 	case stateLost:
 		return err
@@ -73,10 +75,10 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 	}
 	l := le.locker
 	ctx, end := l.obs.span(ctx, "guard", le.key)
-	n, err := b.exec(ctx, l.sql.guard, le.key, l.holder, le.fence, le.token)
-	end(rowsErr(n, err))
+	held, err := l.store.Guard(ctx, tx, le.key, l.holder, le.fence, le.token)
+	end(rowsErr(held, err))
 	switch {
-	case err == nil && n == 0:
+	case err == nil && !held:
 		l.obs.rejected(ctx, "guard")
 		// Check the lease outside tx (whose snapshot may be older than the
 		// lease) and end it now if it is gone, rather than at the next beat.
@@ -116,7 +118,7 @@ func (le *Lease) guard(ctx context.Context, b backend) error {
 // — zero rows updated means a newer holder already wrote: roll back.
 type FenceTable struct {
 	table table
-	sql   statements
+	store *store.Store // its statements only: Check runs them in the caller's transaction
 	obs   observer
 }
 
@@ -128,7 +130,7 @@ func NewFenceTable(opts ...FenceTableOption) (*FenceTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FenceTable{table: t, sql: t.statements(), obs: newObserver(c)}, nil
+	return &FenceTable{table: t, store: t.store(nil, true), obs: newObserver(c)}, nil
 }
 
 // Check records fence for resource in tx, or returns an error wrapping
@@ -137,7 +139,7 @@ func (g *FenceTable) Check(ctx context.Context, tx *sql.Tx, resource string, fen
 	if tx == nil {
 		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
 	}
-	return g.check(ctx, sqlBackend{tx}, resource, fence)
+	return g.check(ctx, store.FromSQLTx(tx), resource, fence)
 }
 
 // CheckPgx is Check for a pgx transaction.
@@ -145,22 +147,21 @@ func (g *FenceTable) CheckPgx(ctx context.Context, tx pgx.Tx, resource string, f
 	if tx == nil {
 		return fmt.Errorf("%w: nil pgx.Tx", ErrInvalidOption)
 	}
-	return g.check(ctx, pgxBackend{tx}, resource, fence)
+	return g.check(ctx, store.FromPgxTx(tx), resource, fence)
 }
 
-func (g *FenceTable) check(ctx context.Context, b backend, resource string, fence int64) error {
+func (g *FenceTable) check(ctx context.Context, tx store.Backend, resource string, fence int64) error {
 	if err := checkKey(resource); err != nil {
 		return fmt.Errorf("pglease: fence table resource: %w", err)
 	}
 	if fence <= 0 {
 		return fmt.Errorf("%w: fence %d (fences start at 1)", ErrInvalidOption, fence)
 	}
-	var got int64
-	err := b.queryRow(ctx, g.sql.fenceAdvance, []any{resource, fence}, &got)
-	if errors.Is(err, errNoRows) {
+	ok, err := g.store.AdvanceFence(ctx, tx, resource, fence)
+	if err == nil && !ok {
 		g.obs.rejected(ctx, "fence_table")
-		var cur int64
-		if err := b.queryRow(ctx, g.sql.fenceCurrent, []any{resource}, &cur); err != nil && !errors.Is(err, errNoRows) {
+		cur, err := g.store.CurrentFence(ctx, tx, resource)
+		if err != nil {
 			return g.table.wrapDB("fence table", err)
 		}
 		return &StaleFenceError{Resource: resource, Fence: fence, Current: cur}

@@ -77,7 +77,7 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	}
 	// Straight to the server check, whatever A's renewer has noticed meanwhile.
 	var exp sql.NullTime
-	if err := tx.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx.QueryRowContext(c, a.store.SQL().Guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement for a superseded fence: %v", err)
 	}
 	if err := la.Guard(c, tx); !errors.Is(err, ErrLeaseLost) {
@@ -118,11 +118,11 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx3.Rollback()
-	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx3.QueryRowContext(c, a.store.SQL().Guard, "job", a.holder, la.Fence(), la.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement, same holder, old fence: %v", err)
 	}
 	f.expire("job")
-	if err := tx3.QueryRowContext(c, a.sql.guard, "job", a.holder, la2.Fence(), la2.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
+	if err := tx3.QueryRowContext(c, a.store.SQL().Guard, "job", a.holder, la2.Fence(), la2.token).Scan(&exp); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("guard statement on an expired lease: %v", err)
 	}
 	if err := la2.Unlock(c); err != nil && !errors.Is(err, ErrLeaseLost) {
@@ -329,8 +329,8 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 		db := pgleasetest.DB(t, 4)
 		l := f.locker(db, WithLeaseDuration(lease), WithHeartbeat(50*time.Millisecond))
 		// A pause stops the whole "process": its renewer too.
-		pb := &pausableBackend{backend: l.db, renewSQL: l.sql.renew}
-		l.db = pb
+		pb := &pausableBackend{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+		l.store.DB = pb
 		for w := 0; w < workers; w++ {
 			wg.Add(1)
 			go func(seed uint64) {
@@ -456,12 +456,12 @@ func (p *pausableBackend) pause(d time.Duration) {
 	p.mu.Unlock()
 }
 
-func (p *pausableBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+func (p *pausableBackend) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
 	if q == p.renewSQL {
 		p.mu.RLock()
 		defer p.mu.RUnlock()
 	}
-	return p.backend.query(ctx, q, args, each)
+	return p.backend.Query(ctx, q, args, each)
 }
 
 // Issue 9, defect 2: when Guard finds the lease gone on the server, the

@@ -37,7 +37,7 @@ func History[D DB](ctx context.Context, db D, key string, since time.Time, limit
 		lim = &limit
 	}
 	var runs []RunInfo
-	err = readRuns(ctx, b, t.statements(), since, &key, lim, func(r []RunInfo, _ time.Time, _ *time.Time) error {
+	err = readRuns(ctx, t.store(b, true), since, &key, lim, func(r []RunInfo, _ time.Time, _ *time.Time) error {
 		runs = r
 		return nil
 	})

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // This file holds what the Locker itself does for the journal: the outcome
 // a run records, the witness of a run that outlived its lease, and the
-// background pruning. The rows are written by the statements in queries.go.
+// background pruning. The rows are written by the statements of
+// internal/store.
 
 // DefaultJournalRetention is how long journal rows are kept unless
 // WithJournalRetention says otherwise.
@@ -67,19 +70,15 @@ func outcomeOfRun(le *Lease, panicked bool, err error) Outcome {
 	return OutcomeOK
 }
 
-// releaseArgs are the release statement's arguments: with the journal on,
-// the outcome ($6, NULL for none) and the server time now as the holder
-// estimates it ($7) follow the scope.
-func (l *Locker) releaseArgs(le *Lease, o Outcome) []any {
-	args := []any{le.key, l.holder, le.fence, le.token, le.minHold.Microseconds()}
-	if l.cfg.journalOff {
-		return args
+// releaseArgs are the release's arguments: with the journal on, the
+// outcome and the server time now as the holder estimates it follow the
+// scope.
+func (l *Locker) releaseArgs(le *Lease, o Outcome) store.ReleaseArgs {
+	a := store.ReleaseArgs{Key: le.key, Holder: l.holder, Fence: le.fence, Token: le.token, MinHold: le.minHold}
+	if !l.cfg.journalOff {
+		a.Outcome, a.At = string(o), le.serverTime(time.Now())
 	}
-	var out any
-	if o != "" {
-		out = string(o)
-	}
-	return append(args, out, le.serverTime(time.Now()))
+	return a
 }
 
 // serverTime estimates the server's clock at local time t from the last
@@ -102,7 +101,7 @@ func (le *Lease) serverTime(t time.Time) time.Time {
 // the server that its lease was gone (a renew or a fenced transaction found
 // it gone, or this Locker's own new claim of the key found it released,
 // expired or evicted): the earliest its run can have stopped. A loss at the
-// local deadline is journaled by the background release (releaseLostSQL),
+// local deadline is journaled by the background release (the store's ReleaseLost),
 // one found by the release by the release itself; a read-only server
 // refuses writes.
 func (le *Lease) witnessTold(why lossReason) {
@@ -118,7 +117,7 @@ func (le *Lease) witnessTold(why lossReason) {
 }
 
 // witnessLoss journals, once per lease, that its holder unlocked it after
-// losing it: the time its run really ended (journalLostSQL). The first
+// losing it: the time its run really ended (the store's JournalLost). The first
 // attempt is bounded by the release timeout; if it fails, the row is
 // retried in the background until it lands or the Locker closes (see
 // retryWitness), so that Audit sees the run end where it did.
@@ -150,17 +149,13 @@ func (le *Lease) retryWitness(o Outcome, at time.Time) {
 		func(ctx context.Context) error { return le.writeWitness(ctx, o, at) })
 }
 
-// writeWitness writes one lost row dated at (journalLostSQL), with
+// writeWitness writes one lost row dated at (the store's JournalLost), with
 // OutcomeLost if the run records an outcome.
 func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) error {
 	l := le.locker
-	var out any
-	if o != "" {
-		out = string(OutcomeLost)
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
-	if _, err := l.db.exec(ctx, l.sql.journalLost, le.key, l.holder, le.fence, le.token, out, at); err != nil {
+	if err := l.store.JournalLost(ctx, le.key, l.holder, le.fence, le.token, o != "", at); err != nil {
 		return err
 	}
 	l.obs.journaled(1)
@@ -228,14 +223,11 @@ func (l *Locker) pruneJournal() {
 		defer cancel()
 		return fn(ctx)
 	}
-	var one int
-	err := stmt(func(ctx context.Context) error {
-		return l.db.queryRow(ctx, l.sql.pruneClaim, []any{l.prune.interval().Microseconds()}, &one)
-	})
+	err := stmt(func(ctx context.Context) error { return l.store.ClaimPruning(ctx, l.prune.interval()) })
 	for err == nil && l.ctx.Err() == nil {
 		var n int64
 		err = stmt(func(ctx context.Context) (err error) {
-			n, err = l.db.exec(ctx, l.sql.prune, l.cfg.retention.Microseconds(), pruneBatch)
+			n, err = l.store.Prune(ctx, l.cfg.retention, pruneBatch)
 			return err
 		})
 		l.obs.pruned(n)

@@ -104,7 +104,7 @@ func TestJournalEvents(t *testing.T) {
 	// An undone claim (its reply was lost) journals abandoned.
 	tok := int64(77)
 	var skip any
-	if err := a.db.queryRow(c, a.sql.claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0), nil, false},
+	if err := a.store.DB.QueryRow(c, a.store.SQL().Claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0), nil, false},
 		&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestJournalQuietPaths(t *testing.T) {
 	}
 	var skip any
 	for range 2 { // the same claim twice: a retry after a lost reply
-		if err := b.db.queryRow(c, b.sql.claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0), nil, false},
+		if err := b.store.DB.QueryRow(c, b.store.SQL().Claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0), nil, false},
 			&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +161,7 @@ func TestJournalOff(t *testing.T) {
 	if n := f.journalCount(); n != 0 {
 		t.Fatalf("%d journal rows with the journal off", n)
 	}
-	for _, s := range []string{l.sql.claim, l.sql.release, l.sql.releaseMany, l.sql.releaseLost, l.sql.abandon} {
+	for _, s := range []string{l.store.SQL().Claim, l.store.SQL().Release, l.store.SQL().ReleaseMany, l.store.SQL().ReleaseLost, l.store.SQL().Abandon} {
 		if strings.Contains(s, "_journal") {
 			t.Fatalf("a statement of a Locker with the journal off names the journal:\n%s", s)
 		}
@@ -264,11 +264,11 @@ func TestJournalPrune(t *testing.T) {
 	wantJournal(t, f.journal("old"), jrow{"granted", 1, l.holder, ""}, jrow{"released", 1, l.holder, "ok"})
 	// The ledger was taken for the hour: another Locker does not win it.
 	var one int
-	err := other.db.queryRow(c, other.sql.pruneClaim, []any{time.Hour.Microseconds()}, &one)
+	err := other.store.DB.QueryRow(c, other.store.SQL().ClaimPruning, []any{time.Hour.Microseconds()}, &one)
 	if !errors.Is(err, errNoRows) {
 		t.Fatalf("a second Locker took the pruning ledger within the interval: %v", err)
 	}
-	if err := l.db.queryRow(c, l.sql.pruneClaim, []any{int64(0)}, &one); err != nil {
+	if err := l.store.DB.QueryRow(c, l.store.SQL().ClaimPruning, []any{int64(0)}, &one); err != nil {
 		t.Fatalf("the ledger is free once the interval has passed: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/ctxsleep"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // This file answers "how does a waiter wake up". Every release (Unlock,
@@ -233,7 +234,7 @@ func (ls *listener) warnOnce() bool {
 
 // session is the life of one listening connection.
 func (ls *listener) session(ctx context.Context) error {
-	cfg, err := ls.l.db.listenConfig(ctx)
+	cfg, err := ls.l.store.DB.ListenConfig(ctx)
 	if err != nil {
 		return err
 	}
@@ -255,7 +256,7 @@ func (ls *listener) session(ctx context.Context) error {
 	if err := checkNotPooled(ctx, conn); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ls.l.table.channel}.Sanitize()); err != nil {
+	if err := ls.l.store.Listen(ctx, conn); err != nil {
 		return err
 	}
 	if err := ls.checkDelivery(ctx, conn); err != nil {
@@ -292,8 +293,8 @@ func (ls *listener) session(ctx context.Context) error {
 // pid it announced is not the backend's: then nothing is sent. (PgBouncer in
 // session mode is refused too; its waiters poll.)
 func checkNotPooled(ctx context.Context, conn *pgx.Conn) error {
-	var pid uint32
-	if err := conn.QueryRow(ctx, backendPIDSQL).Scan(&pid); err != nil {
+	pid, err := store.BackendPID(ctx, conn)
+	if err != nil {
 		return err
 	}
 	if pid != conn.PgConn().PID() {
@@ -312,7 +313,7 @@ func (ls *listener) checkDelivery(ctx context.Context, conn *pgx.Conn) error {
 	ls.mu.Unlock()
 	pctx, cancel := context.WithTimeout(ctx, listenProbeWait)
 	defer cancel()
-	if _, err := ls.l.db.exec(pctx, ls.l.sql.notifyProbe, payload); err != nil {
+	if err := ls.l.store.NotifyProbe(pctx, payload); err != nil {
 		return fmt.Errorf("listener probe: %w", err)
 	}
 	for {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // A Locker claims leases on keys for one holder id. It is safe for
@@ -14,17 +16,16 @@ import (
 // lease is held and stopped when none is — renews every lease it holds
 // with one statement per beat.
 type Locker struct {
-	db     backend
+	store  *store.Store
 	cfg    config
 	table  table
-	sql    statements
 	holder string
 	log    *slog.Logger
 	obs    observer
 	lis    *listener
-	// claimArgs are the claim's $2 (holder), $4 (lease duration in µs) and
-	// $6 (failover delay in µs), boxed once rather than at every claim.
-	claimArgs [3]any
+	// claimant is the holder, lease duration and failover delay that every
+	// claim repeats.
+	claimant *store.Claimant
 	// delayLogged is the highest timeline whose failover delay this Locker
 	// has logged (once per timeline).
 	delayLogged atomic.Int64
@@ -56,17 +57,16 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	l := &Locker{
-		db:     b,
+		store:  t.store(b, !cfg.journalOff),
 		cfg:    cfg,
 		table:  t,
-		sql:    t.statementsJournal(!cfg.journalOff),
 		holder: cfg.holder,
 		log:    cfg.logger,
 		leases: make(map[*Lease]struct{}),
 		byKey:  make(map[string]*Lease),
 		obs:    newObserver(cfg),
 	}
-	l.claimArgs = [3]any{l.holder, cfg.duration.Microseconds(), cfg.failoverDelay.Microseconds()}
+	l.claimant = store.NewClaimant(l.holder, cfg.duration, cfg.failoverDelay)
 	l.prune.every, l.prune.last = pruneEvery, time.Now()
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())

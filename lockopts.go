@@ -127,19 +127,3 @@ func (c lockConfig) checkSchedule() error {
 	}
 	return nil
 }
-
-// nextTickArg is the claim's $7: the next due tick, or NULL.
-func (c lockConfig) nextTickArg() any {
-	if c.nextTick.IsZero() {
-		return nil
-	}
-	return c.nextTick
-}
-
-// tickArg is the claim's $5: the tick, or NULL.
-func (c lockConfig) tickArg() any {
-	if !c.hasTick {
-		return nil
-	}
-	return c.tick
-}

@@ -2,17 +2,14 @@ package pglease
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
 	"github.com/pglease/pglease/internal/store"
-	"strings"
 )
 
 // SchemaVersion is the schema version this library creates and expects.
-func SchemaVersion() int { return len(migrations) }
-
-// migrations are the schema's migration files (package store), written
-// for the default table: table.schema binds them.
-var migrations = store.Migrations()
+func SchemaVersion() int { return store.Version() }
 
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
 // version table (<table>_version), the fence-guard table (<table>_fences,
@@ -37,7 +34,9 @@ var migrations = store.Migrations()
 // version 8 added the scheduled keys' table (<table>_schedules, see
 // Locker.RegisterSchedule) and an overload of the claim function with
 // two more arguments; the older overload stays for replicas of the
-// previous version during a rolling upgrade.
+// previous version during a rolling upgrade. Schema version 9 added the
+// state view (<table>_state: each lease row with its state and time left on
+// the server clock), which List and `pglease serve` read.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory
@@ -54,40 +53,13 @@ var migrations = store.Migrations()
 // A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
 // and change nothing.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
-	return schemaTx(ctx, db, opts, "migrate", func(tx backend, t table, st statements) error {
-		if _, err := tx.exec(ctx, st.versionTable); err != nil {
-			return err
-		}
-		current, err := currentVersion(ctx, tx, t, st, "")
-		if err != nil {
-			return err
-		}
-		var existed bool
-		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &existed); err != nil {
-			return err
-		}
-		for v := current; v < len(migrations); v++ {
-			if _, err := tx.exec(ctx, t.schema(migrations[v])); err != nil {
-				return fmt.Errorf("migration to version %d: %w", v+1, err)
-			}
-			if _, err := tx.exec(ctx, st.recordVersion, v+1); err != nil {
-				return err
-			}
-		}
-		if !existed {
-			// A new table: no holder of an older primary can exist.
-			if _, err := tx.exec(ctx, st.timelineCreated); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return schemaOp(ctx, db, opts, "migrate", (*store.Store).Migrate)
 }
 
-// schemaTx runs fn in one transaction serialised across replicas by the
-// table's migration lock (Migrate, Drop); what names the operation in
+// schemaOp runs a schema operation of the store (Migrate, Drop) on the
+// table named by opts, after validating them; what names the operation in
 // errors.
-func schemaTx[D DB](ctx context.Context, db D, opts []TableOption, what string, fn func(tx backend, t table, st statements) error) error {
+func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, op func(*store.Store, context.Context) error) error {
 	b, err := newBackend(db)
 	if err != nil {
 		return err
@@ -99,41 +71,32 @@ func schemaTx[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pglease: %s: %w", what, err)
 	}
-	st := t.statements()
-	err = b.inTx(ctx, func(tx backend) error {
-		if _, err := tx.exec(ctx, migrateLockSQL, t.quoted); err != nil {
-			return err
+	err = op(t.store(b, true), ctx)
+	var tooNew *store.TooNewError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooNew):
+		suffix := ""
+		if what == "drop" {
+			suffix = "; nothing dropped"
 		}
-		return fn(tx, t, st)
-	})
-	if err != nil {
-		if sqlState(err) != "" {
-			return t.wrapDB(what, err)
-		}
-		return fmt.Errorf("pglease: %s on %s: %w", what, t.display, err)
+		err = fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
+			ErrSchemaTooNew, t.display, tooNew.Version, SchemaVersion(), suffix)
+	case errors.Is(err, store.ErrNoVersionTable):
+		err = fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
+			ErrNotMigrated, t.display, t.names.Version)
+	case sqlState(err) != "":
+		return t.wrapDB(what, err)
 	}
-	return nil
-}
-
-// currentVersion reads the table's schema version (its version table must
-// exist) and refuses a version newer than this pglease knows; suffix ends
-// that error's message.
-func currentVersion(ctx context.Context, tx backend, t table, st statements, suffix string) (int, error) {
-	var current int
-	if err := tx.queryRow(ctx, st.currentVersion, nil, &current); err != nil {
-		return 0, err
-	}
-	if current > len(migrations) {
-		return 0, fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
-			ErrSchemaTooNew, t.display, current, len(migrations), suffix)
-	}
-	return current, nil
+	return fmt.Errorf("pglease: %s on %s: %w", what, t.display, err)
 }
 
 // Drop removes everything Migrate created for the table named by WithTable:
 // the lease table with its indexes, the version table, the fence-guard
 // table, the timeline table, the journal and its pruning ledger, the
-// scheduled keys' table, and the claim function (both overloads). Every lease, fence and journal row of the table is gone
+// scheduled keys' table, the state view and the claim function (both
+// overloads). Every lease, fence and journal row of the table is gone
 // with them; Lockers still using the table fail their claims with
 // ErrNotMigrated until Migrate runs again, which starts the fences from 1.
 //
@@ -146,26 +109,7 @@ func currentVersion(ctx context.Context, tx backend, t table, st statements, suf
 // (ErrNotMigrated: not one that Migrate created), or when an object of the
 // application depends on one of the tables (a view, a foreign key).
 func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
-	return schemaTx(ctx, db, opts, "drop", func(tx backend, t table, st statements) error {
-		var hasTable, hasVersion bool
-		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.quoted}, &hasTable); err != nil {
-			return err
-		}
-		if err := tx.queryRow(ctx, tableExistsSQL, []any{t.version}, &hasVersion); err != nil {
-			return err
-		}
-		if hasTable && !hasVersion {
-			return fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
-				ErrNotMigrated, t.display, t.version)
-		}
-		if hasVersion {
-			if _, err := currentVersion(ctx, tx, t, st, "; nothing dropped"); err != nil {
-				return err
-			}
-		}
-		_, err := tx.exec(ctx, st.drop)
-		return err
-	})
+	return schemaOp(ctx, db, opts, "drop", (*store.Store).Drop)
 }
 
 // SchemaVersionOf reports the schema version the table named by WithTable
@@ -180,11 +124,7 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 	if err != nil {
 		return 0, err
 	}
-	var v int
-	err = b.queryRow(ctx, t.statements().currentVersion, nil, &v)
-	if sqlState(err) == "42P01" { // no version table: never migrated
-		return 0, nil
-	}
+	v, err := t.store(b, true).Version(ctx)
 	if err != nil {
 		return 0, t.wrapDB("read schema version", err)
 	}
@@ -206,14 +146,5 @@ func SchemaSQL(tableName string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var b strings.Builder
-	b.WriteString("-- pglease schema version ")
-	fmt.Fprintf(&b, "%d for %s\n", len(migrations), t.quoted)
-	b.WriteString(strings.TrimSpace(t.bind(versionTableSQL)) + ";\n")
-	for v, m := range migrations {
-		b.WriteString(strings.TrimSuffix(strings.TrimSpace(t.schema(m)), ";") + ";\n")
-		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", t.version, v+1)
-	}
-	b.WriteString(strings.TrimSpace(t.bind(timelineCreatedSQL)) + ";\n")
-	return b.String(), nil
+	return store.SchemaSQL(t.names), nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -125,7 +126,7 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
 	tb := migrateTo(t, admin, tbl, 2)
-	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
+	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.names.Quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
 		VALUES ('job', 'old', 1, 5, now() - interval '1 minute', now() - interval '30 seconds', now() - interval '40 seconds')`); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func lockBeforeMigrate(t *testing.T, v int) (string, *sql.DB) {
 		t.Fatalf("RegisterSchedule on a version-%d table: %v", v, err)
 	}
 	var rows int
-	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.quoted).Scan(&rows); err != nil || rows != 0 {
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.names.Quoted).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("the refused claim wrote %d rows (%v)", rows, err)
 	}
 	if err := Migrate(c, admin, WithTable(tbl)); err != nil {
@@ -242,15 +243,15 @@ func migrateTo(t *testing.T, admin *sql.DB, tbl string, n int) table {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := tb.statements()
-	if _, err := admin.ExecContext(c, st.versionTable); err != nil {
+	st := tb.store(nil, true).SQL()
+	if _, err := admin.ExecContext(c, st.VersionTable); err != nil {
 		t.Fatal(err)
 	}
-	for v, m := range migrations[:n] {
-		if _, err := admin.ExecContext(c, tb.schema(m)); err != nil {
+	for v, m := range store.Migrations()[:n] {
+		if _, err := admin.ExecContext(c, tb.names.Bind(m)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.ExecContext(c, st.recordVersion, v+1); err != nil {
+		if _, err := admin.ExecContext(c, st.RecordVersion, v+1); err != nil {
 			t.Fatal(err)
 		}
 	}

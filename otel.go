@@ -289,9 +289,9 @@ func (o *otelObserver) pruned(n int64) {
 func noEnd(error) {}
 
 // rowsErr is the error a span ends with: err, or errNoRows when the
-// statement found no row (a guard whose lease is not held).
-func rowsErr(n int64, err error) error {
-	if err == nil && n == 0 {
+// statement found nothing (a guard whose lease is not held).
+func rowsErr(found bool, err error) error {
+	if err == nil && !found {
 		return errNoRows
 	}
 	return err

@@ -57,8 +57,8 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
-	n, err := l.db.exec(ctx, l.sql.release, l.releaseArgs(le, o)...)
-	end(rowsErr(n, err))
+	released, err := l.store.Release(ctx, l.releaseArgs(le, o))
+	end(rowsErr(released, err))
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(1)
 	}
@@ -75,7 +75,7 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
 			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
-	case n == 0:
+	case !released:
 		le.finishLost(ctx, stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
 		return le.lostErr()
 	}
@@ -107,23 +107,14 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	released := make(map[string]int64, len(batch))
-	minHold := func(le *Lease) []int64 { return []int64{le.minHold.Microseconds()} }
+	refs := leaseRefs(batch)
 	if !l.cfg.journalOff {
 		now := time.Now()
-		minHold = func(le *Lease) []int64 { return []int64{le.minHold.Microseconds(), le.serverTime(now).UnixMicro()} }
+		for i, le := range batch {
+			refs[i].At = le.serverTime(now)
+		}
 	}
-	err := l.db.query(ctx, l.sql.releaseMany, []any{encodeLeases(batch, minHold), l.holder},
-		func(scan func(...any) error) error {
-			var key string
-			var fence int64
-			var notified any
-			if err := scan(&key, &fence, &notified); err != nil {
-				return err
-			}
-			released[key] = fence
-			return nil
-		})
+	released, err := l.store.ReleaseMany(ctx, l.holder, refs)
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(int64(len(batch))) // a released or a lost row each
 	}

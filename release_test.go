@@ -109,7 +109,7 @@ func TestLateUnlockOfEarlierRunIsHarmless(t *testing.T) {
 		t.Fatal(second.Err())
 	}
 	// Even the raw statement, bypassing the Lease state, matches nothing.
-	n, err := a.db.exec(c, a.sql.release, "job", a.holder, first.Fence(), first.token, int64(0), nil, time.Now())
+	n, err := a.store.DB.Exec(c, a.store.SQL().Release, "job", a.holder, first.Fence(), first.token, int64(0), nil, time.Now())
 	if err != nil || n != 0 {
 		t.Fatalf("release with an old fence affected %d rows (%v)", n, err)
 	}

@@ -2,16 +2,17 @@ package pglease
 
 import (
 	"context"
-	"encoding/json"
 	"math/rand/v2"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // This file answers "who renews my lease": the Locker's renewer, one
 // goroutine per Locker (not per lease), alive while the Locker holds at
 // least one lease. At every beat (the first at a random point of the second
 // half of the heartbeat, so that replicas started together spread their
-// renewals) it sends one statement (renewSQL) that extends all of them — the
+// renewals) it sends one statement (the store's Renew) that extends all of them — the
 // newest lease of each key, scoped to its holder, fence and claim token. Per
 // lease, the outcome is:
 //
@@ -121,24 +122,14 @@ func (l *Locker) renewBatch() ([]*Lease, bool) {
 	return batch, true
 }
 
-// encodeLeases encodes leases as the jsonb object {key: [fence, token, ...]}
-// that renewSQL and releaseManySQL take (extra adds fields per lease).
-func encodeLeases(leases []*Lease, extra func(*Lease) []int64) string {
-	m := make(map[string][]int64, len(leases))
-	for _, le := range leases {
-		v := []int64{le.fence, le.token}
-		if extra != nil {
-			v = append(v, extra(le)...)
-		}
-		m[le.key] = v
+// leaseRefs names leases for a batch statement (renew, release at Close),
+// with their minimum holds.
+func leaseRefs(leases []*Lease) []store.LeaseRef {
+	refs := make([]store.LeaseRef, len(leases))
+	for i, le := range leases {
+		refs[i] = store.LeaseRef{Key: le.key, Fence: le.fence, Token: le.token, MinHold: le.minHold}
 	}
-	b, _ := json.Marshal(m) // keys are valid UTF-8 (checkKey): cannot fail
-	return string(b)
-}
-
-type renewResult struct {
-	fence     int64
-	expiresAt time.Time
+	return refs
 }
 
 // renew extends batch with one statement; a lease missing from the result
@@ -151,20 +142,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
-	got := make(map[string]renewResult, len(batch))
-	err := l.db.query(ctx, l.sql.renew,
-		[]any{encodeLeases(batch, nil), l.holder, l.cfg.duration.Microseconds()},
-		func(scan func(...any) error) error {
-			var (
-				key string
-				r   renewResult
-			)
-			if err := scan(&key, &r.fence, &r.expiresAt); err != nil {
-				return err
-			}
-			got[key] = r
-			return nil
-		})
+	got, err := l.store.Renew(ctx, l.holder, l.cfg.duration, leaseRefs(batch))
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
 	if sqlState(err) == "25006" { // read_only_sql_transaction
@@ -187,8 +165,8 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	}
 	var gone []*Lease
 	for _, le := range batch {
-		if r, ok := got[le.key]; ok && r.fence == le.fence {
-			le.renewed(sentAt, r.expiresAt)
+		if r, ok := got[le.key]; ok && r.Fence == le.fence {
+			le.renewed(sentAt, r.ExpiresAt)
 		} else {
 			gone = append(gone, le)
 		}
@@ -205,8 +183,8 @@ func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
 	if len(gone) == 0 {
 		return
 	}
-	var base int64
-	if err := l.db.queryRow(ctx, l.sql.timelineBase, nil, &base); err != nil {
+	base, err := l.store.TimelineBase(ctx)
+	if err != nil {
 		base = 0
 	}
 	for _, le := range gone {

@@ -45,17 +45,17 @@ func (c *countingBackend) get(kind string) int {
 	return c.count[kind]
 }
 
-func (c *countingBackend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+func (c *countingBackend) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	c.note(q)
-	return c.backend.queryRow(ctx, q, args, dest...)
+	return c.backend.QueryRow(ctx, q, args, dest...)
 }
-func (c *countingBackend) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+func (c *countingBackend) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
 	c.note(q)
-	return c.backend.query(ctx, q, args, each)
+	return c.backend.Query(ctx, q, args, each)
 }
-func (c *countingBackend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+func (c *countingBackend) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	c.note(q)
-	return c.backend.exec(ctx, q, args...)
+	return c.backend.Exec(ctx, q, args...)
 }
 
 // Invariant 7: renewal cost does not grow with the leases held — one
@@ -66,8 +66,8 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 	// A lease long enough that a loaded machine loses none (a loss would add
 	// clean-up statements); the beat is what is counted.
 	l := f.replica(2, WithLeaseDuration(5*time.Second), WithHeartbeat(100*time.Millisecond))
-	cb := &countingBackend{backend: l.db, renewSQL: l.sql.renew, claimSQL: l.sql.claim, count: map[string]int{}}
-	l.db = cb
+	cb := &countingBackend{backend: l.store.DB, renewSQL: l.store.SQL().Renew, claimSQL: l.store.SQL().Claim, count: map[string]int{}}
+	l.store.DB = cb
 	c := ctx(t)
 	var leases []*Lease
 	for i := 0; i < 200; i++ {
@@ -260,9 +260,9 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 	for i := range leases {
 		leases[i] = &Lease{key: fmt.Sprintf("k%d", i+1), fence: 1, token: 1}
 	}
-	for _, stmt := range []string{l.sql.renew, l.sql.releaseMany} {
-		args := []any{encodeLeases(leases, func(*Lease) []int64 { return []int64{0} }), l.Holder()}
-		if stmt == l.sql.renew {
+	for _, stmt := range []string{l.store.SQL().Renew, l.store.SQL().ReleaseMany} {
+		args := []any{leasesJSON(leases), l.Holder()}
+		if stmt == l.store.SQL().Renew {
 			args = append(args, int64(time.Hour/time.Microsecond))
 		}
 		rows, err := f.admin.QueryContext(c, `EXPLAIN (COSTS OFF) `+stmt, args...)
@@ -426,13 +426,13 @@ type renewLog struct {
 }
 
 func logRenews(l *Locker) *renewLog {
-	r := &renewLog{backend: l.db, renewSQL: l.sql.renew}
-	l.db = r
+	r := &renewLog{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+	l.store.DB = r
 	return r
 }
 
-func (r *renewLog) query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	err := r.backend.query(ctx, q, args, each)
+func (r *renewLog) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	err := r.backend.Query(ctx, q, args, each)
 	if q == r.renewSQL {
 		r.mu.Lock()
 		r.outcomes = append(r.outcomes, err)

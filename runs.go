@@ -2,8 +2,9 @@ package pglease
 
 import (
 	"context"
-	"database/sql"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // This file reads the journal back as runs (History, Audit).
@@ -71,49 +72,27 @@ type RunInfo struct {
 	Outcome Outcome
 }
 
-// journalRow is one row of journalRowsSQL.
-type journalRow struct {
-	key, holder, event string
-	fence, token       int64
-	at                 time.Time
-	expires, tick      sql.NullTime
-	outcome            sql.NullString
-	due                sql.NullTime
-	catchUp            bool
-	knownSince         sql.NullTime // the key's schedule's, if registered
-	leaseFence         sql.NullInt64
-	leaseLive          bool
-	leaseExpires       sql.NullTime
-	leaseReleased      sql.NullBool
-	now                time.Time
-}
+// journalRow is one journal row with the lease row of its key as it is now.
+type journalRow = store.JournalRow
 
-// readRuns runs journalRowsSQL and hands the runs to each, one key at a
-// time, ordered by fence, with the server's time and when the key's
-// schedule became known (nil if it is not registered): only one key's rows
-// and runs are in memory at once.
-func readRuns(ctx context.Context, b backend, st statements, since time.Time, key *string, limit *int,
+// readRuns reads the journal rows of the runs that have a row at or after
+// since (of key, nil: every key; the newest limit runs, nil: all) and
+// hands the runs to each, one key at a time, ordered by fence, with the
+// server's time and when the key's schedule became known (nil if it is
+// not registered): only one key's rows and runs are in memory at once.
+func readRuns(ctx context.Context, st *store.Store, since time.Time, key *string, limit *int,
 	each func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error) error {
 	var rows []journalRow // the current key's
 	flush := func() error {
 		if len(rows) == 0 {
 			return nil
 		}
-		err := each(assembleRuns(rows, rows[0].now), rows[0].now, timePtr(rows[0].knownSince))
+		err := each(assembleRuns(rows, rows[0].Now), rows[0].Now, timePtr(rows[0].KnownSince))
 		rows = rows[:0]
 		return err
 	}
-	q := st.journalAllRows
-	if key != nil {
-		q = st.journalKeyRows
-	}
-	err := b.query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
-		var r journalRow
-		if err := scan(&r.key, &r.fence, &r.holder, &r.token, &r.event, &r.at, &r.expires, &r.tick, &r.outcome,
-			&r.due, &r.catchUp, &r.leaseFence, &r.leaseLive, &r.leaseExpires, &r.leaseReleased, &r.now, &r.knownSince); err != nil {
-			return err
-		}
-		if len(rows) > 0 && rows[0].key != r.key {
+	err := st.JournalRows(ctx, since, key, limit, func(r journalRow) error {
+		if len(rows) > 0 && rows[0].Key != r.Key {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -135,7 +114,7 @@ func assembleRuns(rows []journalRow, now time.Time) []RunInfo {
 	var runs []RunInfo
 	for i := 0; i < len(rows); {
 		j := i
-		for j < len(rows) && rows[j].key == rows[i].key && rows[j].fence == rows[i].fence {
+		for j < len(rows) && rows[j].Key == rows[i].Key && rows[j].Fence == rows[i].Fence {
 			j++
 		}
 		runs = append(runs, oneRun(rows[i:j], now))
@@ -158,36 +137,36 @@ func assembleRuns(rows []journalRow, now time.Time) []RunInfo {
 // oneRun builds the run of one key and fence from its rows.
 func oneRun(rows []journalRow, now time.Time) RunInfo {
 	first := rows[0]
-	r := RunInfo{Key: first.key, Fence: first.fence, Holder: first.holder, AcquiredAt: first.at}
+	r := RunInfo{Key: first.Key, Fence: first.Fence, Holder: first.Holder, AcquiredAt: first.At}
 	rank := 0
 	var ended time.Time
 	for _, row := range rows {
-		if row.event == "granted" {
-			r.Holder, r.AcquiredAt, r.Tick = row.holder, row.at, timePtr(row.tick)
-			r.NextTick, r.CatchUp = timePtr(row.due), row.catchUp
+		if row.Event == "granted" {
+			r.Holder, r.AcquiredAt, r.Tick = row.Holder, row.At, timePtr(row.Tick)
+			r.NextTick, r.CatchUp = timePtr(row.Due), row.CatchUp
 			continue
 		}
-		if row.outcome.Valid {
-			r.Outcome = Outcome(row.outcome.String)
+		if row.Outcome.Valid {
+			r.Outcome = Outcome(row.Outcome.String)
 		}
-		if row.at.After(ended) {
-			ended = row.at
+		if row.At.After(ended) {
+			ended = row.At
 		}
-		if endRank[row.event] > rank {
-			rank = endRank[row.event]
-			r.End = RunEnd(row.event)
+		if endRank[row.Event] > rank {
+			rank = endRank[row.Event]
+			r.End = RunEnd(row.Event)
 		}
 	}
 	switch {
 	case r.End == "abandoned":
 		r.End = EndLost
 	case r.End != "":
-	case first.leaseFence.Valid && first.leaseFence.Int64 == r.Fence && first.leaseLive:
+	case first.LeaseFence.Valid && first.LeaseFence.Int64 == r.Fence && first.LeaseLive:
 		r.End = EndRunning
 		r.Duration = now.Sub(r.AcquiredAt)
 		return r
-	case first.leaseFence.Valid && first.leaseFence.Int64 == r.Fence && !first.leaseReleased.Bool && first.leaseExpires.Valid:
-		r.End, ended = EndExpired, first.leaseExpires.Time
+	case first.LeaseFence.Valid && first.LeaseFence.Int64 == r.Fence && !first.LeaseReleased.Bool && first.LeaseExpires.Valid:
+		r.End, ended = EndExpired, first.LeaseExpires.Time
 	default:
 		r.End = EndSuperseded // its end, if a later run is in view, is set by assembleRuns
 		return r

@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -134,10 +133,8 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	if next.IsZero() {
 		return time.Time{}, fmt.Errorf("%w: schedule %q has no tick after %s", ErrInvalidOption, js.Spec, now.Format(time.RFC3339))
 	}
-	var spec sql.NullString
-	var due, last sql.NullTime
-	err := l.db.queryRow(ctx, l.sql.registerSchedule,
-		[]any{key, js.Spec, next.Truncate(time.Microsecond), js.Grace.Microseconds()}, &spec, &due, &last)
+	was, err := l.store.RegisterSchedule(ctx, key, js.Spec, next.Truncate(time.Microsecond), js.Grace)
+	spec, due, last := was.Schedule, was.NextDue, was.LastTick
 	if err != nil {
 		return time.Time{}, l.table.wrapDB(fmt.Sprintf("register schedule of %q", key), err)
 	}

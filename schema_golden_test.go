@@ -18,7 +18,7 @@ const goldenSchema = "internal/store/testdata/schema.txt"
 
 // TestSchemaGolden migrates DefaultTable in a database of its own and
 // compares its catalogue (tables with their columns, storage options and
-// constraints, indexes, functions with their whole definition) with
+// constraints, indexes, views and functions with their whole definition) with
 // internal/store/testdata/schema.txt. PGLEASE_UPDATE_SCHEMA=1 rewrites the file instead.
 func TestSchemaGolden(t *testing.T) {
 	t.Parallel()
@@ -63,7 +63,7 @@ func TestSchemaGolden(t *testing.T) {
 }
 
 // dumpSchema describes the public schema of db, sorted, one item a line
-// (function definitions whole).
+// (view and function definitions whole).
 func dumpSchema(t *testing.T, db *sql.DB) string {
 	t.Helper()
 	var b strings.Builder
@@ -79,6 +79,8 @@ func dumpSchema(t *testing.T, db *sql.DB) string {
 		{"constraints", `SELECT c.relname || ' ' || k.conname || ' ' || pg_get_constraintdef(k.oid)
 			FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1`},
 		{"indexes", `SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexname`},
+		{"views", `SELECT c.relname || E' AS\n' || pg_get_viewdef(c.oid, true)
+			FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'v' ORDER BY 1`},
 		{"functions", `SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
 			ORDER BY p.oid::regprocedure::text`},
 		{"versions", `SELECT string_agg(version::text, ' ' ORDER BY version) FROM pglease_leases_version`},

@@ -2,12 +2,9 @@ package pglease
 
 import (
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/store"
 )
@@ -25,29 +22,8 @@ const MaxKeyLen = 512
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
 type table struct {
-	display string // as the user gave it
-	quoted  string // "schema"."name", for statements
-	version string // the companion version table, quoted
-	fences  string // the companion fence-guard table, quoted
-	// timelines is the companion timeline table (the failover delay),
-	// quoted.
-	timelines string
-	journal   string // the journal table (<table>_journal), quoted
-	claimFunc string // the claim function (<table>_claim), quoted
-	pruned    string // the journal's one-row pruning ledger (<table>_journal_pruned), quoted
-	schedules string // the scheduled keys (<table>_schedules), quoted
-	// journalKeyIdx names the journal's index (unqualified: an index lives
-	// in its table's schema).
-	journalKeyIdx string
-	// naturalKeyIdx names the lease table's natural-order index
-	// (unqualified).
-	naturalKeyIdx string
-
-	// lockClass is the first key of the claims' advisory locks, and
-	// channel the name releases are notified on: both derived from the
-	// quoted name, so that every replica using the table agrees on them.
-	lockClass int32
-	channel   string
+	display string      // as the user gave it
+	names   store.Names // quoted, for statements; its lock class and channel
 }
 
 func parseTable(name string) (table, error) {
@@ -61,37 +37,13 @@ func parseTable(name string) (table, error) {
 				ErrInvalidOption, name, identPart.String())
 		}
 	}
-	ident := func(suffix string) string {
-		id := make(pgx.Identifier, len(parts))
-		copy(id, parts)
-		id[len(id)-1] += suffix
-		return id.Sanitize()
-	}
-	quoted := ident("")
-	h := fnv.New64a()
-	h.Write([]byte(quoted))
-	sum := h.Sum64()
-	return table{
-		display:       name,
-		quoted:        quoted,
-		version:       ident("_version"),
-		fences:        ident("_fences"),
-		timelines:     ident("_timelines"),
-		journal:       ident("_journal"),
-		claimFunc:     ident("_claim"),
-		pruned:        ident("_journal_pruned"),
-		schedules:     ident("_schedules"),
-		journalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_journal_key"}.Sanitize(),
-		naturalKeyIdx: pgx.Identifier{parts[len(parts)-1] + "_natural_key"}.Sanitize(),
-		lockClass:     int32(uint32(sum)),
-		channel:       fmt.Sprintf("pglease_%016x", sum),
-	}, nil
+	return table{display: name, names: store.NewNames(parts...)}, nil
 }
 
-// schema returns a migration file's text (package store) for this table.
-func (t table) schema(sql string) string {
-	return store.Names{Prefix: t.quoted[:len(t.quoted)-1], JournalKeyIdx: t.journalKeyIdx,
-		NaturalKeyIdx: t.naturalKeyIdx, LockClass: t.lockClass}.Bind(sql)
+// store returns the table's Store on b, its writing statements with their
+// journal rows or without.
+func (t table) store(b store.Backend, journal bool) *store.Store {
+	return store.New(b, t.names, journal)
 }
 
 func checkKey(key string) error {

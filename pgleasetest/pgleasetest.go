@@ -42,7 +42,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"go.uber.org/goleak"
 
-	"github.com/pglease/pglease/internal/testhook"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // envURL names the variable that points the tests at an existing server.
@@ -176,9 +176,6 @@ func mustURL(t testing.TB) string {
 func Table(t testing.TB) string {
 	t.Helper()
 	u := mustURL(t)
-	if testhook.Migrate == nil {
-		t.Fatal("pgleasetest: Table needs package github.com/pglease/pglease in the test binary; import it")
-	}
 	name := fmt.Sprintf("pglt_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
 	if len(name) > 40 {
 		name = name[:40]
@@ -192,7 +189,7 @@ func Table(t testing.TB) string {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := testhook.Drop(ctx, db, name); err != nil {
+		if err := tableStore(db, name).Drop(ctx); err != nil {
 			t.Errorf("pgleasetest: %v", err)
 		}
 	})
@@ -203,10 +200,16 @@ func Table(t testing.TB) string {
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := testhook.Migrate(ctx, db, name); err != nil {
+	if err := tableStore(db, name).Migrate(ctx); err != nil {
 		t.Fatalf("pgleasetest: migrate %s: %v", name, err)
 	}
 	return name
+}
+
+// tableStore is the store of the table named name (an identifier that
+// Table made) on db: the runner that pglease.Migrate and pglease.Drop call.
+func tableStore(db *sql.DB, name string) *store.Store {
+	return store.New(store.FromSQLDB(db), store.NewNames(name), true)
 }
 
 func sanitize(s string) string {

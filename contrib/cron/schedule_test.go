@@ -541,10 +541,8 @@ func TestAddJobRecordsTheScheduleAtTheFirstRunAfterAFailure(t *testing.T) {
 	table := fmt.Sprintf("pglc_late_%d", time.Now().UnixNano()) // not migrated (pgleasetest.Table's are)
 	db := pgleasetest.DB(t, 2)
 	t.Cleanup(func() {
-		for _, suffix := range []string{"", "_version", "_fences", "_timelines", "_journal", "_journal_pruned", "_schedules"} {
-			if _, err := db.Exec(`DROP TABLE IF EXISTS "` + table + suffix + `"`); err != nil {
-				t.Error(err)
-			}
+		if err := pglease.Drop(context.Background(), db, pglease.WithTable(table)); err != nil {
+			t.Error(err)
 		}
 	})
 	l := newLocker(t, db, table, "replica-1", 5*time.Second)

@@ -1,6 +1,14 @@
-// Package store holds pglease's schema: the numbered migrations that
-// Migrate applies, as SQL files that are embedded in the library and run as
-// they are in psql for the default table.
+// Package store is pglease's SQL: the table names, every statement, the two
+// driver adapters (database/sql and pgx) and the schema's migrations, behind
+// typed methods. The library's lease logic calls these methods and holds no
+// SQL of its own.
+//
+// Every statement, like every migration, is written as SQL that runs as it is
+// in psql for the default table "pglease_leases"; Names.Bind puts another
+// table's names, lock class and notification channel in their place once,
+// when a Store is made. Every expiry decision uses the server's
+// clock_timestamp(), read once per statement (in a "now" CTE; in the claim
+// function, its now_ts): no client clock enters any decision.
 //
 // A migration is frozen once shipped: a database migrated by an earlier
 // pglease keeps what that version installed, so editing a file would make
@@ -16,14 +24,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-)
-
-// DefaultTable is the table the migration files are written for, and
-// DefaultLockClass the first key of its claims' advisory locks (a hash of
-// its quoted name): Names.Bind puts a table's own in their place.
-const (
-	DefaultTable     = "pglease_leases"
-	DefaultLockClass = -2046909054
 )
 
 //go:embed migrations/*.sql
@@ -50,28 +50,4 @@ func Migrations() []string {
 		out = append(out, string(b))
 	}
 	return out
-}
-
-// Names are a table's quoted names, as Migrate uses them.
-type Names struct {
-	// Prefix is the quoted lease table's name without its closing quote
-	// (`"schema"."table`): every companion table and the claim function
-	// are named by a suffix of it.
-	Prefix string
-	// JournalKeyIdx and NaturalKeyIdx are the two index names, quoted and
-	// unqualified (an index lives in its table's schema).
-	JournalKeyIdx, NaturalKeyIdx string
-	// LockClass is the first key of the table's claims' advisory locks.
-	LockClass int32
-}
-
-// Bind returns a migration's text for the table named by n.
-func (n Names) Bind(sql string) string {
-	const def = `"` + DefaultTable
-	return strings.NewReplacer(
-		def+`_journal_key"`, n.JournalKeyIdx,
-		def+`_natural_key"`, n.NaturalKeyIdx,
-		def, n.Prefix,
-		"pg_try_advisory_xact_lock("+strconv.Itoa(DefaultLockClass)+",", "pg_try_advisory_xact_lock("+strconv.Itoa(int(n.LockClass))+",",
-	).Replace(sql)
 }

@@ -40,3 +40,15 @@ func TestBind(t *testing.T) {
 		t.Errorf("the claim function is not bound as expected")
 	}
 }
+
+// StateViewQuery is the view's query as migration 9 creates it, bound.
+func TestStateViewQuery(t *testing.T) {
+	n := NewNames("app", "jobs")
+	q := StateViewQuery(n)
+	if !strings.HasPrefix(q, "SELECT l.key, l.holder") || !strings.HasSuffix(q, `FROM "app"."jobs" AS l, (SELECT (SELECT clock_timestamp()) AS ts) AS now`) {
+		t.Errorf("StateViewQuery:\n%s", q)
+	}
+	if !strings.Contains(n.Bind(Migrations()[8]), `CREATE OR REPLACE VIEW `+n.StateView+" AS\n"+q+";") {
+		t.Errorf("migration 9 does not create %s AS the query", n.StateView)
+	}
+}

@@ -125,7 +125,7 @@ func plannerCheck(ctx context.Context, url string, n int) (plannerResult, error)
 	if err := freshTable(ctx, admin, table, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
 		return res, err
 	}
-	defer admin.Exec(context.Background(), `DROP TABLE IF EXISTS `+table)
+	defer pglease.Drop(context.Background(), admin, pglease.WithTable(table))
 	var hold atomic.Bool
 	release := make(chan struct{})
 	tr := &benchenv.Tracer{Hook: func(q string) {
@@ -183,9 +183,10 @@ func plannerCheck(ctx context.Context, url string, n int) (plannerResult, error)
 	return res, nil
 }
 
-// freshTable (re)creates a lease table by Migrate and runs alter on it, if set.
+// freshTable (re)creates a lease table (Drop, then Migrate) and runs alter
+// on it, if set.
 func freshTable(ctx context.Context, admin *pgxpool.Pool, table, alter string) error {
-	if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+table); err != nil {
+	if err := pglease.Drop(ctx, admin, pglease.WithTable(table)); err != nil {
 		return err
 	}
 	err := pglease.Migrate(ctx, admin, pglease.WithTable(table))
@@ -304,7 +305,7 @@ func tableHealth(ctx context.Context, url string, ffs []int, leases int, beat, d
 			if r.replica != nil {
 				r.close()
 			}
-			_, _ = admin.Exec(context.Background(), `DROP TABLE IF EXISTS `+r.table)
+			_ = pglease.Drop(context.Background(), admin, pglease.WithTable(r.table))
 		}
 	}()
 	for _, ff := range ffs {

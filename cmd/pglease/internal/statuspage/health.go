@@ -30,7 +30,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	exists, err := retryStale(ctx, func(ctx context.Context) (bool, error) {
 		var exists bool
-		err := s.cfg.DB.QueryRowContext(ctx, s.st.health, QuoteTable(s.cfg.Table)).Scan(&exists)
+		err := s.cfg.DB.QueryRowContext(ctx, s.st[schema9].health, QuoteTable(s.cfg.Table)).Scan(&exists)
 		return exists, err
 	})
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

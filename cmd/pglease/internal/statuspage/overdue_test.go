@@ -137,10 +137,10 @@ func TestOverdueOnVersion7Table(t *testing.T) {
 	c := ctx(t)
 	f.lock(t, "job-a")
 	q := func(suffix string) string { return statuspage.QuoteTable(f.table + suffix) }
-	if _, err := f.db.ExecContext(c, fmt.Sprintf(`DROP TABLE %s; DELETE FROM %s WHERE version = 8;
+	if _, err := f.db.ExecContext(c, fmt.Sprintf(`DROP VIEW %s; DROP TABLE %s; DELETE FROM %s WHERE version >= 8;
 ALTER TABLE %s DROP COLUMN due, DROP COLUMN catch_up;
 DROP FUNCTION %s(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean)`,
-		q("_schedules"), q("_version"), q("_journal"), q("_claim"))); err != nil {
+		q("_state"), q("_schedules"), q("_version"), q("_journal"), q("_claim"))); err != nil {
 		t.Fatal(err)
 	}
 	snap := f.leases(t)
@@ -172,4 +172,35 @@ DROP FUNCTION %s(text, text, bigint, bigint, timestamptz, bigint, boolean, times
 	if n, ok := overdueGauge(t, f.http.URL); !ok || n != 0 {
 		t.Fatalf("pglease_keys_overdue after Migrate: %v (present %v), want 0", n, ok)
 	}
+}
+
+// TestVersion8Table: a table not yet migrated to schema version 9 (no
+// state view) is shown with each lease's state and its scheduled keys, the
+// page reading the view's query as a subquery; once migrated, from the
+// view, without a restart.
+func TestVersion8Table(t *testing.T) {
+	f := newFixture(t, statuspage.Config{})
+	c := ctx(t)
+	f.lock(t, "job-a")
+	q := func(suffix string) string { return statuspage.QuoteTable(f.table + suffix) }
+	if _, err := f.db.ExecContext(c, fmt.Sprintf(`DROP VIEW %s; DELETE FROM %s WHERE version = 9`, q("_state"), q("_version"))); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		snap := f.leases(t)
+		if !snap.Summary.Schedules || snap.Summary.Total != 1 || snap.Summary.States["held"] != 1 ||
+			len(snap.Leases) != 1 || snap.Leases[0].State != "held" {
+			t.Fatalf("%s: %+v", when, snap)
+		}
+		if code, body := get(t, f.http.URL, "/key/job-a"); code != http.StatusOK || !strings.Contains(body, "job-a") {
+			t.Fatalf("key page %s: %d\n%s", when, code, body)
+		}
+	}
+	check("on a version 8 table")
+	if err := pglease.Migrate(c, f.db, pglease.WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	check("after Migrate")
+	check("after Migrate, the next read")
 }

@@ -29,7 +29,7 @@ func TestNaturalIndexServesKeyOrder(t *testing.T) {
 SELECT 'job-' || i, 'h', i, 1, now(), now() + interval '1 h' FROM generate_series(1, 20000) AS i; ANALYZE %[1]s`, QuoteTable(table))); err != nil {
 		t.Fatal(err)
 	}
-	st := newStatements(table, true)
+	st := newStatements(table, schema9)
 	plan := func(offset int) string {
 		v := View{Sort: "key", Limit: 50, Offset: offset}
 		rows, err := db.QueryContext(ctx, "EXPLAIN "+st.page["key"][0], v.args()...)

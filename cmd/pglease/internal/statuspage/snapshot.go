@@ -111,28 +111,21 @@ type pageRows struct {
 	matching int64
 }
 
-// statements are those of the table's schema as last seen: st7 while it
-// has no scheduled keys table.
-func (s *Server) statements() *statements {
-	if s.noSchedules.Load() {
-		return &s.st7
-	}
-	return &s.st
-}
-
 // schemaRead runs read with the statements of the table's schema as last
-// seen; if they name the scheduled keys table and it does not exist (a
-// table not migrated to schema version 8), once more without it. A table
+// seen; if they name an object that does not exist (the state view of
+// schema version 9, the scheduled keys of version 8: a table migrated by an
+// older pglease), again with those of the next older schema. A table
 // migrated since is found by the next summary read (readSummary).
 func schemaRead[T any](ctx context.Context, s *Server, read func(context.Context, *statements) (T, error)) (T, error) {
-	st := s.statements()
-	v, err := read(ctx, st)
-	var pe *pgconn.PgError
-	if err != nil && st == &s.st && errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table
-		s.noSchedules.Store(true)
-		return read(ctx, &s.st7)
+	for {
+		v := s.schema.Load()
+		t, err := read(ctx, &s.st[v])
+		var pe *pgconn.PgError
+		if err == nil || v == schemas-1 || !errors.As(err, &pe) || pe.Code != "42P01" { // undefined_table
+			return t, err
+		}
+		s.schema.CompareAndSwap(v, v+1)
 	}
-	return v, err
 }
 
 // readSummary runs summarySQL.
@@ -142,10 +135,11 @@ func (s *Server) readSummary(ctx context.Context) (Summary, error) {
 
 func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, error) {
 	sum := Summary{States: map[string]int64{}, Holders: []HolderCount{}, OverdueKeys: []OverdueKey{}}
+	var view bool // the state view exists
 	for _, st := range States {
 		sum.States[st] = 0
 	}
-	rows, err := s.cfg.DB.QueryContext(ctx, st.summary, TopHolders, st.schedules)
+	rows, err := s.cfg.DB.QueryContext(ctx, st.summary, TopHolders, st.schedules, st.view)
 	if err != nil {
 		return sum, err
 	}
@@ -156,7 +150,7 @@ func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, 
 		var h HolderCount
 		var hHeld, hExpired sql.NullInt64
 		var keys string
-		if err := rows.Scan(&sum.Scheduled, &sum.Overdue, &keys, &sum.Schedules,
+		if err := rows.Scan(&sum.Scheduled, &sum.Overdue, &keys, &sum.Schedules, &view,
 			&total, &held, &expired, &minHold, &holders, &holder, &hHeld, &hExpired); err != nil {
 			return sum, err
 		}
@@ -177,11 +171,28 @@ func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, 
 	if err := rows.Err(); err != nil {
 		return sum, err
 	}
-	if st == &s.st7 && sum.Schedules {
-		s.noSchedules.Store(false) // migrated since: the next reads see the scheduled keys
-		sum.Schedules = false      // not in this read
-	}
+	s.seeSchema(st, view, &sum)
 	return sum, nil
+}
+
+// seeSchema moves the statements on to a newer schema when the summary
+// read with st found that the table has been migrated since: it has the
+// state view, or the scheduled keys. A summary read without the scheduled
+// keys reports none, even if they exist now.
+func (s *Server) seeSchema(st *statements, view bool, sum *Summary) {
+	v := int32(schema7)
+	switch {
+	case view:
+		v = schema9
+	case sum.Schedules:
+		v = schema8
+	}
+	if v < s.schema.Load() {
+		s.schema.Store(v)
+	}
+	if st == &s.st[schema7] {
+		sum.Schedules = false // not in this read
+	}
 }
 
 // readPage runs pageSQL for v.

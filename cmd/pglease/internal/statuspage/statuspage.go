@@ -101,23 +101,24 @@ type Config struct {
 // Server serves the status page. Create it with New and release it with Close.
 type Server struct {
 	cfg Config
-	st  statements // the statements of schema version 8 and later
-	st7 statements // the statements of a table with no scheduled keys (schema version 7 or older)
-	// noSchedules is set while the table has no scheduled keys table (its
-	// schema predates version 8): the page reads it with st7 then.
-	noSchedules atomic.Bool
-	grid        grid
-	summary     *shared[Summary]
-	audit       *shared[auditRead]
-	auditAt     grid // the audit's cells, AuditInterval apart
-	bgMu        sync.Mutex
-	bg          sync.WaitGroup // background audit runs
-	closed      bool
-	views       *views
-	spans       *spans
-	metrics     *metrics
-	mux         *http.ServeMux
-	log         *slog.Logger
+	// st are the statements for each schema the table may be at (schema9,
+	// schema8, schema7), and schema the one it was last seen at: a table
+	// that lacks the state view or the scheduled keys (migrated by an older
+	// pglease) is read by the statements of its version.
+	st      [schemas]statements
+	schema  atomic.Int32
+	grid    grid
+	summary *shared[Summary]
+	audit   *shared[auditRead]
+	auditAt grid // the audit's cells, AuditInterval apart
+	bgMu    sync.Mutex
+	bg      sync.WaitGroup // background audit runs
+	closed  bool
+	views   *views
+	spans   *spans
+	metrics *metrics
+	mux     *http.ServeMux
+	log     *slog.Logger
 }
 
 // New checks cfg and builds a Server. It does not touch the database.
@@ -157,10 +158,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, st: newStatements(cfg.Table, true), st7: newStatements(cfg.Table, false),
+	s := &Server{cfg: cfg, log: cfg.Logger,
 		grid:    grid{epoch: time.Now(), interval: cfg.Interval},
 		summary: &shared[Summary]{}, views: newViews(), spans: newSpans(),
 		audit: &shared[auditRead]{}, auditAt: grid{epoch: time.Now(), interval: cfg.AuditInterval}}
+	for v := range s.st {
+		s.st[v] = newStatements(cfg.Table, v)
+	}
 	m, err := newMetrics(s)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,125 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"time"
+)
+
+// forceReleaseSQL ends the current lease on a key whoever holds it (admin
+// use: pglease release --force). A live lease is released and its fence
+// moved on (above the base of the server's timeline, as a claim's), so the
+// evicted holder's renew, release and fenced transactions all fail; a lease
+// that is not live (released, expired) keeps its fence — the next claim
+// moves it anyway — and only loses a pending minimum hold. Waiters (and the
+// evicted holder's Locker, if it listens) are notified. It journals
+// force-released for a live lease it evicted; expired, dated at the expiry,
+// for an expired lease nobody had released (no later claim will journal
+// that expiry now that the row is marked released). A released lease gets
+// no row.
+//
+// It waits for open fenced transactions on the key (FOR UPDATE conflicts
+// with their FOR KEY SHARE): the evicted holder's writes in flight commit
+// before the eviction, never after.
+//
+//	$1 key
+//
+// Result: (old holder, old fence, new fence, was live, NULL).
+//
+// Durability: durable. The operator is told the holder was evicted; a lost
+// eviction would bring that holder back.
+const forceReleaseSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+old AS (
+	SELECT l.key, l.holder, l.fence, l.token, l.expires_at, l.released_at,
+	       (l.released_at IS NULL AND l.expires_at > now.ts) AS live
+	FROM "pglease_leases" AS l, now WHERE l.key = $1 FOR UPDATE OF l
+),
+r AS (
+	UPDATE "pglease_leases" AS l SET released_at = coalesce(l.released_at, now.ts), hold_until = NULL,
+		fence = CASE WHEN old.live THEN greatest(l.fence + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1) ELSE l.fence END
+	FROM old, now WHERE l.key = old.key
+	RETURNING l.key, old.fence AS old_fence, l.fence, old.holder, old.live
+),
+journal AS (
+	INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, expires_at)
+	SELECT old.key, old.fence, old.holder, old.token,
+	       CASE WHEN old.live THEN 'force-released' ELSE 'expired' END,
+	       CASE WHEN old.live THEN now.ts ELSE old.expires_at END, old.expires_at
+	FROM old, now WHERE old.live OR old.released_at IS NULL
+)
+SELECT r.holder, r.old_fence, r.fence, r.live, pg_notify('pglease_c0533ac085fea582', r.old_fence || ' ' || r.key)::text FROM r`
+
+// lockTimeoutSQL bounds the waits for row locks of the rest of the current
+// transaction.
+//
+//	$1 milliseconds, as text
+const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+
+// Eviction is what ForceRelease did.
+type Eviction struct {
+	Holder             string // the holder of the key's last lease
+	OldFence, NewFence int64
+	WasLive            bool // the lease was held (not expired, not released)
+}
+
+// ForceRelease ends the current lease on key whoever holds it; ErrNoRows
+// if the key has no row. With wait > 0 the server gives up waiting for the
+// row's lock after wait (a fenced transaction holds it) and the
+// transaction changes nothing.
+func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration) (Eviction, error) {
+	var e Eviction
+	release := func(b Backend) error {
+		var notified any
+		return b.QueryRow(ctx, s.sql.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
+	}
+	if wait <= 0 {
+		return e, release(s.DB)
+	}
+	err := s.DB.InTx(ctx, func(tx Backend) error {
+		if _, err := tx.Exec(ctx, s.sql.LockTimeout, strconv.FormatInt(wait.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		return release(tx)
+	})
+	return e, err
+}
+
+// listSQL lists every lease row with its state on the server clock, from
+// the table's state view (schema version 9). For a key inside a minimum
+// hold, the last column is the time left until hold_until, otherwise until
+// expires_at, in µs as text (scanned alike by every driver).
+const listSQL = `SELECT s.key, s.holder, s.fence, s.acquired_at, s.expires_at, s.released_at, s.hold_until, s.last_tick, s.state,
+       (extract(epoch FROM s.time_left) * 1000000)::bigint::text
+FROM "pglease_leases_state" AS s ORDER BY s.key`
+
+// Row is one lease row with its state on the server clock.
+type Row struct {
+	Key, Holder                     string
+	Fence                           int64
+	AcquiredAt, ExpiresAt           time.Time
+	ReleasedAt, HoldUntil, LastTick sql.NullTime
+	State                           string // held, expired, min-hold or released
+	TimeLeft                        time.Duration
+}
+
+// List returns every lease row, ordered by key.
+func (s *Store) List(ctx context.Context) ([]Row, error) {
+	var out []Row
+	err := s.DB.Query(ctx, s.sql.List, nil, func(scan func(...any) error) error {
+		var r Row
+		var left string
+		if err := scan(&r.Key, &r.Holder, &r.Fence, &r.AcquiredAt, &r.ExpiresAt, &r.ReleasedAt, &r.HoldUntil, &r.LastTick, &r.State, &left); err != nil {
+			return err
+		}
+		us, err := strconv.ParseInt(left, 10, 64)
+		if err != nil {
+			return err
+		}
+		r.TimeLeft = time.Duration(us) * time.Microsecond
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,80 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgxLike is what *pgxpool.Pool and pgx.Tx share.
+type pgxLike interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+type pgxBackend struct{ q pgxLike }
+
+func (b pgxBackend) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	q1 := b.q
+	if p, ok := b.q.(*pgxpool.Pool); ok {
+		// As Pool.QueryRow does, but failing to get a connection is known
+		// to have sent nothing (a claim then needs no undo).
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return &notSentError{err}
+		}
+		defer c.Release()
+		q1 = c
+	}
+	err := q1.QueryRow(ctx, q, args...).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNoRows
+	}
+	return err
+}
+
+func (b pgxBackend) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	rows, err := b.q.Query(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (b pgxBackend) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := b.q.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (b pgxBackend) InTx(ctx context.Context, fn func(Backend) error) error {
+	tx, err := b.q.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(pgxBackend{tx}); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (b pgxBackend) ListenConfig(context.Context) (*pgx.ConnConfig, error) {
+	if p, ok := b.q.(*pgxpool.Pool); ok {
+		return p.Config().ConnConfig.Copy(), nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,79 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// journalLostSQL is the witness a holder leaves of a loss the server told
+// it of (a renew or a fenced transaction found the lease gone), dated when
+// it learned; and again when it unlocks a lease it had already been told
+// it lost, dated then. The date is the holder's estimate of the server's
+// time at that moment ($6), or the statement's own time if earlier: the
+// statement may run late (a slow or partitioned network), the estimate
+// does not move with it. It changes no lease.
+//
+//	$1 key, $2 holder, $3 fence, $4 token, $5 outcome (lost or NULL), $6 time
+//
+// Durability: as releaseSQL.
+const journalLostSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
+INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, outcome)
+SELECT $1, $3, $2, $4, 'lost', LEAST(now.ts, $6::timestamptz), $5::text FROM now`
+
+// claimPruningSQL makes the caller the journal's pruner for the next
+// interval, if nobody has been for the last one: the one-row ledger's
+// UPDATE succeeds for one Locker per interval (the others wait for its
+// row lock, then find last_pruned_at recent and update nothing).
+//
+//	$1 interval in µs
+//
+// Result: one row if the caller prunes now, none otherwise.
+const claimPruningSQL = `
+UPDATE "pglease_leases_journal_pruned" SET last_pruned_at = clock_timestamp()
+WHERE last_pruned_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+RETURNING 1`
+
+// pruneSQL deletes one batch of journal rows older than the retention:
+// at most $2 rows, found key by key (the lease table lists every key that
+// has journal rows: its rows are never deleted) through the (key,
+// occurred_at) index — one index probe for a key with nothing to prune —
+// and deleted by ctid (a TID scan), in its own short transaction.
+//
+//	$1 retention in µs, $2 batch size
+//
+// Durability: not durable (synchronous_commit off): a lost batch is pruned
+// again next time.
+const pruneSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
+DELETE FROM "pglease_leases_journal" WHERE ctid = ANY (ARRAY(
+	SELECT j.ctid FROM now, "pglease_leases" AS l CROSS JOIN LATERAL (
+		SELECT ctid FROM "pglease_leases_journal" AS j
+		WHERE j.key = l.key AND j.occurred_at < now.ts - $1::bigint * interval '1 microsecond'
+		LIMIT $2) AS j
+	LIMIT $2))`
+
+// JournalLost writes the lost row of holder's lease of key (fence, token)
+// dated at (or now if earlier), with outcome lost if the run records
+// outcomes.
+func (s *Store) JournalLost(ctx context.Context, key, holder string, fence, token int64, withOutcome bool, at time.Time) error {
+	var out any
+	if withOutcome {
+		out = "lost"
+	}
+	_, err := s.DB.Exec(ctx, s.sql.JournalLost, key, holder, fence, token, out, at)
+	return err
+}
+
+// ClaimPruning makes the caller the journal's pruner if nobody has been
+// for the last interval; ErrNoRows if somebody has.
+func (s *Store) ClaimPruning(ctx context.Context, interval time.Duration) error {
+	var one int
+	return s.DB.QueryRow(ctx, s.sql.ClaimPruning, []any{interval.Microseconds()}, &one)
+}
+
+// Prune deletes up to batch journal rows older than retention and returns
+// how many it deleted.
+func (s *Store) Prune(ctx context.Context, retention time.Duration, batch int) (int64, error) {
+	return s.DB.Exec(ctx, s.sql.Prune, retention.Microseconds(), batch)
+}

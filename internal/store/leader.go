@@ -1,0 +1,35 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// leaderSQL reads the live lease of a key, if any. It writes nothing.
+//
+//	$1 key
+//
+// Result: (holder, fence, acquired_at, expires_at, time left in µs).
+const leaderSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT l.holder, l.fence, l.acquired_at, l.expires_at,
+       (extract(epoch FROM l.expires_at - now.ts) * 1000000)::bigint
+FROM "pglease_leases" AS l, now
+WHERE l.key = $1 AND l.released_at IS NULL AND l.expires_at > now.ts`
+
+// Live is a key's live lease.
+type Live struct {
+	Holder                string
+	Fence                 int64
+	AcquiredAt, ExpiresAt time.Time
+	TimeLeft              time.Duration
+}
+
+// Leader reads key's live lease; ErrNoRows if it has none.
+func (s *Store) Leader(ctx context.Context, key string) (Live, error) {
+	var l Live
+	var left int64
+	err := s.DB.QueryRow(ctx, s.sql.Leader, []any{key}, &l.Holder, &l.Fence, &l.AcquiredAt, &l.ExpiresAt, &left)
+	l.TimeLeft = time.Duration(left) * time.Microsecond
+	return l, err
+}

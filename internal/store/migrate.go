@@ -1,0 +1,203 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// migrateLockSQL serialises Migrate and Drop across replicas for the rest
+// of their transaction (a transaction-scoped advisory lock: released at
+// COMMIT, no connection pinned afterwards). $1 is the quoted table name.
+const migrateLockSQL = `SELECT pg_advisory_xact_lock(1885827941, hashtext($1))`
+
+// versionTableSQL creates the version table: one row per migration
+// applied.
+const versionTableSQL = `
+CREATE TABLE IF NOT EXISTS "pglease_leases_version" (
+	version    integer     PRIMARY KEY,
+	applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)`
+
+const (
+	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM "pglease_leases_version"`
+	recordVersionSQL  = `INSERT INTO "pglease_leases_version" (version) VALUES ($1)`
+)
+
+// tableExistsSQL reports whether a table exists.
+//
+//	$1 the quoted table name
+const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
+
+// timelineCreatedSQL records the server's current timeline (see
+// timelineBaseSQL) as past its failover delay (first_claim_at =
+// -infinity). Migrate runs it only when it has just created the lease
+// table, in the same transaction: no lease of the table can predate it, so
+// no holder of an older primary can be running. It writes nothing on
+// timeline 1, which needs no delay.
+const timelineCreatedSQL = `
+INSERT INTO "pglease_leases_timelines" (timeline, first_claim_at)
+SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint, '-infinity' WHERE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint > 1
+ON CONFLICT (timeline) DO NOTHING`
+
+// dropSQL drops everything Migrate creates for a table: the state view,
+// the claim function, then the companion tables and the lease table; their
+// indexes go with them. IF EXISTS throughout, so that a second run, or a
+// run after a partial drop by hand, finishes the job. No CASCADE: an
+// object of the application's that depends on one of them (a view, a
+// foreign key) makes the statement fail and the transaction drop nothing.
+// The claim function's two overloads (schema versions 7 and 8) are named
+// with their arguments; a new overload must be added here with its
+// migration (the test of Drop finds any left behind).
+const dropSQL = `
+DROP VIEW IF EXISTS "pglease_leases_state";
+DROP FUNCTION IF EXISTS "pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean),
+	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean);
+DROP TABLE IF EXISTS "pglease_leases_schedules", "pglease_leases_journal_pruned", "pglease_leases_journal", "pglease_leases_timelines", "pglease_leases_fences", "pglease_leases", "pglease_leases_version"`
+
+// migrations are the schema's migration files, in order.
+var migrations = Migrations()
+
+// Version is the schema version this package creates and expects.
+func Version() int { return len(migrations) }
+
+// TooNewError is the error of a table migrated by a newer pglease: it has
+// objects this version does not know.
+type TooNewError struct{ Version int }
+
+func (e *TooNewError) Error() string {
+	return fmt.Sprintf("the table is at schema version %d, this pglease knows up to %d", e.Version, len(migrations))
+}
+
+// ErrNoVersionTable is Drop's error for a lease table without its version
+// table: not one that Migrate created.
+var ErrNoVersionTable = errors.New("the lease table has no version table")
+
+// Migrate creates the table or upgrades it to Version(), in one
+// transaction serialised across replicas by the table's migration lock:
+// each migration not yet applied, recorded in the version table; on a
+// table it has just created, the current timeline as past its failover
+// delay.
+func (s *Store) Migrate(ctx context.Context) error {
+	return s.schemaTx(ctx, func(tx Backend) error {
+		if _, err := tx.Exec(ctx, s.sql.VersionTable); err != nil {
+			return err
+		}
+		current, err := s.version(ctx, tx)
+		if err != nil {
+			return err
+		}
+		existed, err := s.exists(ctx, tx, s.names.Quoted)
+		if err != nil {
+			return err
+		}
+		for v := current; v < len(migrations); v++ {
+			if _, err := tx.Exec(ctx, s.names.Bind(migrations[v])); err != nil {
+				return fmt.Errorf("migration to version %d: %w", v+1, err)
+			}
+			if _, err := tx.Exec(ctx, s.sql.RecordVersion, v+1); err != nil {
+				return err
+			}
+		}
+		if existed {
+			return nil
+		}
+		_, err = tx.Exec(ctx, s.sql.TimelineCreated) // a new table: no holder of an older primary can exist
+		return err
+	})
+}
+
+// Drop drops everything Migrate created for the table, in one transaction
+// serialised with Migrate. A table never migrated is fine; a lease table
+// without its version table (ErrNoVersionTable) and a table migrated by a
+// newer pglease (*TooNewError) are refused, and nothing is dropped.
+func (s *Store) Drop(ctx context.Context) error {
+	return s.schemaTx(ctx, func(tx Backend) error {
+		hasTable, err := s.exists(ctx, tx, s.names.Quoted)
+		if err != nil {
+			return err
+		}
+		hasVersion, err := s.exists(ctx, tx, s.names.Version)
+		if err != nil {
+			return err
+		}
+		if hasTable && !hasVersion {
+			return ErrNoVersionTable
+		}
+		if hasVersion {
+			if _, err := s.version(ctx, tx); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, s.sql.Drop)
+		return err
+	})
+}
+
+// Version reads the table's schema version: 0 if it was never migrated.
+func (s *Store) Version(ctx context.Context) (int, error) {
+	var v int
+	err := s.DB.QueryRow(ctx, s.sql.CurrentVersion, nil, &v)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" { // no version table: never migrated
+		return 0, nil
+	}
+	return v, err
+}
+
+// schemaTx runs fn in one transaction holding the table's migration lock.
+func (s *Store) schemaTx(ctx context.Context, fn func(tx Backend) error) error {
+	return s.DB.InTx(ctx, func(tx Backend) error {
+		if _, err := tx.Exec(ctx, s.sql.MigrateLock, s.names.Quoted); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// version reads the schema version in tx (the version table must exist)
+// and refuses one newer than this package knows.
+func (s *Store) version(ctx context.Context, tx Backend) (int, error) {
+	var v int
+	if err := tx.QueryRow(ctx, s.sql.CurrentVersion, nil, &v); err != nil {
+		return 0, err
+	}
+	if v > len(migrations) {
+		return 0, &TooNewError{Version: v}
+	}
+	return v, nil
+}
+
+func (s *Store) exists(ctx context.Context, tx Backend, quoted string) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, s.sql.TableExists, []any{quoted}, &ok)
+	return ok, err
+}
+
+// SchemaSQL returns the DDL that Migrate applies to an empty database for
+// the table named by n: the version table, each migration with its
+// version recorded, and the current timeline recorded as past its failover
+// delay.
+func SchemaSQL(n Names) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pglease schema version %d for %s\n", len(migrations), n.Quoted)
+	b.WriteString(strings.TrimSpace(n.Bind(versionTableSQL)) + ";\n")
+	for v, m := range migrations {
+		b.WriteString(strings.TrimSuffix(strings.TrimSpace(n.Bind(m)), ";") + ";\n")
+		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", n.Version, v+1)
+	}
+	b.WriteString(strings.TrimSpace(n.Bind(timelineCreatedSQL)) + ";\n")
+	return b.String()
+}
+
+// StateViewQuery returns the query of the state view (schema version 9)
+// for the table named by n, as the migration defines it: a reader of a
+// table not yet migrated to version 9 can select from it as a subquery.
+func StateViewQuery(n Names) string {
+	m := migrations[8]
+	start := strings.Index(m, "\nSELECT ")
+	return strings.TrimSuffix(strings.TrimSpace(n.Bind(m[start:])), ";")
+}

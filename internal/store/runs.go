@@ -1,0 +1,82 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// journalKeyRowsSQL reads the journal rows of the runs (tenures: a key and
+// a fence) of key $2 that have a row at or after $1, the newest $3 runs
+// (NULL: all), with the lease row of the key as it is now and the server's
+// time (History). journalAllRowsSQL is the same for every key, $2 being
+// NULL (Audit): two statements, because a single one with "($2 IS NULL OR
+// key = $2)" would be planned once, generically, without the (key,
+// occurred_at) index.
+//
+// Result rows, ordered by key, fence, time: see JournalRow.
+const (
+	journalKeyRowsSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+sel AS (
+	SELECT key, fence FROM "pglease_leases_journal"
+	WHERE occurred_at >= $1 AND key = $2::text
+	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
+)
+SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       j.due, coalesce(j.catch_up, false),
+       l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
+       l.released_at IS NOT NULL, now.ts, s.known_since
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+ORDER BY j.key, j.fence, j.occurred_at`
+	journalAllRowsSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+sel AS (
+	SELECT key, fence FROM "pglease_leases_journal"
+	WHERE occurred_at >= $1 AND $2::text IS NULL
+	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
+)
+SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       j.due, coalesce(j.catch_up, false),
+       l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
+       l.released_at IS NOT NULL, now.ts, s.known_since
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+ORDER BY j.key, j.fence, j.occurred_at`
+)
+
+// JournalRow is one journal row with the lease row of its key as it is now.
+type JournalRow struct {
+	Key, Holder, Event string
+	Fence, Token       int64
+	At                 time.Time
+	Expires, Tick      sql.NullTime
+	Outcome            sql.NullString
+	Due                sql.NullTime
+	CatchUp            bool
+	KnownSince         sql.NullTime // the key's schedule's, if registered
+	LeaseFence         sql.NullInt64
+	LeaseLive          bool
+	LeaseExpires       sql.NullTime
+	LeaseReleased      sql.NullBool
+	Now                time.Time // the server's time
+}
+
+// JournalRows calls each with the journal rows of the runs that have a row
+// at or after since — of key (nil: every key), the newest limit runs per
+// read (nil: all) — ordered by key, fence and time.
+func (s *Store) JournalRows(ctx context.Context, since time.Time, key *string, limit *int, each func(JournalRow) error) error {
+	q := s.sql.JournalAllRows
+	if key != nil {
+		q = s.sql.JournalKeyRows
+	}
+	return s.DB.Query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
+		var r JournalRow
+		if err := scan(&r.Key, &r.Fence, &r.Holder, &r.Token, &r.Event, &r.At, &r.Expires, &r.Tick, &r.Outcome,
+			&r.Due, &r.CatchUp, &r.LeaseFence, &r.LeaseLive, &r.LeaseExpires, &r.LeaseReleased, &r.Now, &r.KnownSince); err != nil {
+			return err
+		}
+		return each(r)
+	})
+}

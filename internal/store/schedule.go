@@ -1,0 +1,83 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// registerScheduleSQL records the schedule of a scheduled key: a key not
+// yet there is added with its next due tick; a key whose schedule text
+// changed gets the new schedule, its next due tick and known_since reset
+// (ticks of the old schedule are neither missed nor caught up); a key
+// whose schedule is the same keeps its next due tick (only its grace
+// follows the caller). It returns the row as it was before, and the key's
+// last tick in the lease table: the caller decides from them whether a
+// tick was missed.
+//
+//	$1 key, $2 schedule text, $3 next due tick, $4 grace in µs
+//
+// Result: one row (schedule or NULL, next_due or NULL, last_tick or NULL).
+// The reads see the snapshot the statement started with, before its write.
+//
+// Durability: not durable (synchronous_commit off): a registration lost in
+// a crash is made again at the next start.
+const registerScheduleSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+old AS (SELECT s.schedule, s.next_due FROM "pglease_leases_schedules" AS s WHERE s.key = $1),
+up AS (
+	INSERT INTO "pglease_leases_schedules" AS s (key, schedule, next_due, grace_us, known_since)
+	SELECT $1, $2, $3, $4, now.ts FROM now
+	ON CONFLICT (key) DO UPDATE SET
+		schedule    = EXCLUDED.schedule,
+		next_due    = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.next_due ELSE EXCLUDED.next_due END,
+		known_since = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.known_since ELSE EXCLUDED.known_since END,
+		grace_us    = EXCLUDED.grace_us
+	WHERE s.schedule <> EXCLUDED.schedule OR s.grace_us <> EXCLUDED.grace_us
+	RETURNING 1
+)
+SELECT old.schedule, old.next_due, (SELECT l.last_tick FROM "pglease_leases" AS l WHERE l.key = $1)
+FROM (SELECT 1) AS one LEFT JOIN old ON true`
+
+// overdueSQL lists the scheduled keys whose next due tick has passed by
+// more than their grace with no run claimed for it: a tick that ran zero
+// times. A run still going past the due tick (one longer than its period)
+// makes it overdue too: that tick is skipped, not queued.
+//
+// Result rows, by key: (key, next_due).
+const overdueSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts)
+SELECT s.key, s.next_due
+FROM "pglease_leases_schedules" AS s CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = s.key
+WHERE s.next_due + s.grace_us * interval '1 microsecond' < now.ts
+  AND (l.last_tick IS NULL OR l.last_tick < s.next_due)
+ORDER BY s.key`
+
+// Registered is a scheduled key as it was before RegisterSchedule.
+type Registered struct {
+	Schedule sql.NullString // the schedule text (NULL: the key was not registered)
+	NextDue  sql.NullTime
+	LastTick sql.NullTime // the key's last tick in the lease table
+}
+
+// RegisterSchedule records key's schedule (its text), next due tick and
+// grace, and returns the key as it was.
+func (s *Store) RegisterSchedule(ctx context.Context, key, schedule string, next time.Time, grace time.Duration) (Registered, error) {
+	var r Registered
+	err := s.DB.QueryRow(ctx, s.sql.RegisterSchedule, []any{key, schedule, next, grace.Microseconds()},
+		&r.Schedule, &r.NextDue, &r.LastTick)
+	return r, err
+}
+
+// Overdue calls each with every overdue scheduled key and its due tick,
+// by key.
+func (s *Store) Overdue(ctx context.Context, each func(key string, due time.Time) error) error {
+	return s.DB.Query(ctx, s.sql.Overdue, nil, func(scan func(...any) error) error {
+		var key string
+		var due time.Time
+		if err := scan(&key, &due); err != nil {
+			return err
+		}
+		return each(key, due)
+	})
+}

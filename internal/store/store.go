@@ -1,0 +1,76 @@
+package store
+
+// A Store runs one table's statements, bound to its names once, on a
+// Backend. Its methods are the library's only way to the database.
+type Store struct {
+	// DB is the pool the statements run on; a test may wrap it.
+	DB      Backend
+	names   Names
+	sql     *Statements
+	journal bool
+}
+
+// New returns the Store of the table named by n on db; journal chooses
+// the writing statements with or without their journal rows (a Locker's
+// WithJournal).
+func New(db Backend, n Names, journal bool) *Store {
+	return &Store{DB: db, names: n, sql: bind(n, journal), journal: journal}
+}
+
+// SQL returns the bound text of each statement, for a test that recognises
+// a statement by its text.
+func (s *Store) SQL() *Statements { return s.sql }
+
+// Statements are the SQL texts bound to one table.
+type Statements struct {
+	Claim, AbandonLock, Abandon, Renew, TimelineBase                 string
+	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout     string
+	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe     string
+	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows string
+	RegisterSchedule, Overdue                                        string
+	VersionTable, CurrentVersion, RecordVersion, TimelineCreated     string
+	TableExists, MigrateLock, Drop                                   string
+}
+
+// bind binds every statement for the table named by n, the writing ones
+// with their journal rows or without.
+func bind(n Names, journal bool) *Statements {
+	pick := func(on, off string) string {
+		if journal {
+			return n.Bind(on)
+		}
+		return n.Bind(off)
+	}
+	return &Statements{
+		Claim:            pick(claimJournaledSQL, claimSQL),
+		AbandonLock:      n.Bind(abandonLockSQL),
+		Abandon:          pick(abandonJournaledSQL, abandonSQL),
+		Renew:            n.Bind(renewSQL),
+		TimelineBase:     n.Bind(timelineBaseSQL),
+		Release:          pick(releaseJournaledSQL, releaseSQL),
+		ReleaseMany:      pick(releaseManyJournaledSQL, releaseManySQL),
+		ReleaseLost:      pick(releaseLostJournaledSQL, releaseLostSQL),
+		ForceRelease:     n.Bind(forceReleaseSQL),
+		LockTimeout:      n.Bind(lockTimeoutSQL),
+		Guard:            n.Bind(guardSQL),
+		AdvanceFence:     n.Bind(advanceFenceSQL),
+		CurrentFence:     n.Bind(currentFenceSQL),
+		List:             n.Bind(listSQL),
+		Leader:           n.Bind(leaderSQL),
+		NotifyProbe:      n.Bind(notifyProbeSQL),
+		JournalLost:      n.Bind(journalLostSQL),
+		ClaimPruning:     n.Bind(claimPruningSQL),
+		Prune:            n.Bind(pruneSQL),
+		JournalKeyRows:   n.Bind(journalKeyRowsSQL),
+		JournalAllRows:   n.Bind(journalAllRowsSQL),
+		RegisterSchedule: n.Bind(registerScheduleSQL),
+		Overdue:          n.Bind(overdueSQL),
+		VersionTable:     n.Bind(versionTableSQL),
+		CurrentVersion:   n.Bind(currentVersionSQL),
+		RecordVersion:    n.Bind(recordVersionSQL),
+		TimelineCreated:  n.Bind(timelineCreatedSQL),
+		TableExists:      n.Bind(tableExistsSQL),
+		MigrateLock:      n.Bind(migrateLockSQL),
+		Drop:             n.Bind(dropSQL),
+	}
+}
