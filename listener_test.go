@@ -225,13 +225,13 @@ type dropProbes struct {
 	drop atomic.Bool
 }
 
-func (d *dropProbes) exec(ctx context.Context, q string, args ...any) (int64, error) {
+func (d *dropProbes) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	if len(args) == 1 && d.drop.Load() {
 		if p, ok := args[0].(string); ok && strings.HasPrefix(p, "probe ") {
 			return 1, nil
 		}
 	}
-	return d.backend.exec(ctx, q, args...)
+	return d.backend.Exec(ctx, q, args...)
 }
 
 // The listener trusts its connection only once its probe came back on it:
@@ -242,9 +242,9 @@ func TestListenerNotTrustedWithoutItsProbe(t *testing.T) {
 	f := newFixture(t)
 	logs := &logs{}
 	l := f.replica(2, WithPollInterval(100*time.Millisecond), WithLogger(slog.New(logs)))
-	dp := &dropProbes{backend: l.db}
+	dp := &dropProbes{backend: l.store.DB}
 	dp.drop.Store(true)
-	l.db = dp
+	l.store.DB = dp
 	holder := f.replica(2)
 	c := ctx(t)
 	held, err := holder.Lock(c, "job")
@@ -281,8 +281,8 @@ func TestListenerProbesAgainAfterSilence(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2)
-	dp := &dropProbes{backend: l.db}
-	l.db = dp
+	dp := &dropProbes{backend: l.store.DB}
+	l.store.DB = dp
 	w := l.lis.wait("job")
 	defer w.stop()
 	live(t, l, w)

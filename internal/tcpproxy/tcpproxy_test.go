@@ -67,7 +67,13 @@ func TestModes(t *testing.T) {
 	if err := roundTrip(c, 200*time.Millisecond); err == nil {
 		t.Fatal("black hole: got a reply")
 	}
+	// Pass again: the held bytes go through, and their reply comes back
+	// (read here, so that the Drop check below cannot read it instead).
 	p.SetMode(Pass)
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+		t.Fatalf("pass after black hole: the held bytes got no reply: %v", err)
+	}
 	// Drop: open connections are reset, new ones closed at once.
 	p.SetMode(Drop)
 	if p.Mode() != Drop {
