@@ -3,6 +3,7 @@ package pglease
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"time"
@@ -101,6 +102,15 @@ type AuditResult struct {
 // Lockers with the journal off are not seen, nor rows lost with a primary
 // in an asynchronous failover (a run that outlived them is seen through its
 // holder's later rows on the new primary).
+//
+// What it reads: one statement goes over the window's rows in the server
+// and sends, per key, how many runs it has there and whether its rows are
+// out of line in time order (a fence, tick or due tick going back, a tick
+// past the due tick recorded before it, a fence past the lease row's), as
+// the rows of every key with a finding are; only those keys, and the
+// overdue ones, are then read and assembled run by run. Its cost is the
+// server's pass over the window (docs/operating.md has figures), not the
+// runs sent: a journal with nothing to report sends one row per key.
 func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption) (AuditResult, error) {
 	b, err := newBackend(db)
 	if err != nil {
@@ -110,25 +120,69 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	if err != nil {
 		return AuditResult{}, err
 	}
-	st := t.store(b, true)
-	overdue, err := readOverdue(ctx, st)
+	res, err := audit(ctx, t.store(b, true), since, true)
 	if err != nil {
 		return AuditResult{}, t.wrapDB("audit", err)
 	}
+	return res, nil
+}
+
+// audit is Audit. With scan, one pass over the window (the store's
+// AuditScan) picks the keys whose runs may hold a finding, and only those
+// keys' rows (and the overdue keys', for their last run) are read and
+// assembled into runs; the others' runs are only counted. Without it,
+// every key's rows are read: the tests' oracle, which the scan must always
+// agree with.
+func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (AuditResult, error) {
+	overdue, err := readOverdue(ctx, st)
+	if err != nil {
+		return AuditResult{}, err
+	}
 	res := AuditResult{Since: since}
-	err = readRuns(ctx, st, since, nil, nil, func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error {
-		res.Runs += len(runs)
-		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
-		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
+	lastRun := func(runs []RunInfo) {
 		if m, ok := overdue[runs[0].Key]; ok {
 			last := runs[len(runs)-1]
 			m.LastRun = &last
 			overdue[m.Key] = m
 		}
+	}
+	read := func(ctx context.Context, each func(journalRow) error) error {
+		return st.JournalRows(ctx, since, nil, nil, each)
+	}
+	if scan {
+		s, err := scanKeys(ctx, st, since, overdue)
+		if err != nil {
+			return AuditResult{}, err
+		}
+		res.Runs = s.runs
+		read = func(ctx context.Context, each func(journalRow) error) error {
+			if s.read == "" {
+				return nil
+			}
+			return st.JournalRowsOfKeys(ctx, since, s.read, each)
+		}
+		if s.last != "" {
+			last := func(ctx context.Context, each func(journalRow) error) error {
+				return st.JournalLastRuns(ctx, since, s.last, each)
+			}
+			err := readRuns(ctx, last, func(runs []RunInfo, _ time.Time, _ *time.Time) error {
+				lastRun(runs)
+				return nil
+			})
+			if err != nil {
+				return AuditResult{}, err
+			}
+		}
+	}
+	err = readRuns(ctx, read, func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error {
+		res.Runs += len(runs)
+		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
+		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
+		lastRun(runs)
 		return nil
 	})
 	if err != nil {
-		return AuditResult{}, t.wrapDB("audit", err)
+		return AuditResult{}, err
 	}
 	for _, m := range overdue {
 		res.Missed = append(res.Missed, m)
@@ -137,6 +191,48 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 		return cmp.Or(strings.Compare(a.Key, b.Key), a.Due.Compare(b.Due))
 	})
 	return res, nil
+}
+
+// scanned is what the audit's scan found: the keys to read run by run, the
+// overdue keys of which only the last run is needed (each a JSON array, ""
+// for none), and the runs of the keys not read run by run.
+type scanned struct {
+	read, last string
+	runs       int
+}
+
+// scanKeys runs the store's AuditScan. The keys it marks are read run by
+// run; of the overdue keys it does not mark, only the last run.
+func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map[string]MissedTickInfo) (scanned, error) {
+	var s scanned
+	var read, last []string
+	err := st.AuditScan(ctx, since, func(key string, n int, mark bool) error {
+		_, late := overdue[key]
+		switch {
+		case mark:
+			read = append(read, key)
+		case late:
+			last = append(last, key)
+			s.runs += n
+		default:
+			s.runs += n
+		}
+		return nil
+	})
+	if err != nil {
+		return scanned{}, err
+	}
+	s.read, s.last = jsonKeys(read), jsonKeys(last)
+	return s, nil
+}
+
+// jsonKeys is keys as a JSON array, "" for none.
+func jsonKeys(keys []string) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(keys) // keys are valid UTF-8 (checkKey): cannot fail
+	return string(b)
 }
 
 // readOverdue reads the scheduled keys whose next due tick is overdue now,

@@ -37,7 +37,11 @@ func History[D DB](ctx context.Context, db D, key string, since time.Time, limit
 		lim = &limit
 	}
 	var runs []RunInfo
-	err = readRuns(ctx, t.store(b, true), since, &key, lim, func(r []RunInfo, _ time.Time, _ *time.Time) error {
+	st := t.store(b, true)
+	read := func(ctx context.Context, each func(journalRow) error) error {
+		return st.JournalRows(ctx, since, &key, lim, each)
+	}
+	err = readRuns(ctx, read, func(r []RunInfo, _ time.Time, _ *time.Time) error {
 		runs = r
 		return nil
 	})

@@ -75,12 +75,12 @@ type RunInfo struct {
 // journalRow is one journal row with the lease row of its key as it is now.
 type journalRow = store.JournalRow
 
-// readRuns reads the journal rows of the runs that have a row at or after
-// since (of key, nil: every key; the newest limit runs, nil: all) and
-// hands the runs to each, one key at a time, ordered by fence, with the
-// server's time and when the key's schedule became known (nil if it is
-// not registered): only one key's rows and runs are in memory at once.
-func readRuns(ctx context.Context, st *store.Store, since time.Time, key *string, limit *int,
+// readRuns hands the runs of the journal rows that read yields (ordered by
+// key, fence and time: one of the store's journal reads) to each, one key
+// at a time, ordered by fence, with the server's time and when the key's
+// schedule became known (nil if it is not registered): only one key's rows
+// and runs are in memory at once.
+func readRuns(ctx context.Context, read func(context.Context, func(journalRow) error) error,
 	each func(runs []RunInfo, now time.Time, scheduledSince *time.Time) error) error {
 	var rows []journalRow // the current key's
 	flush := func() error {
@@ -91,7 +91,7 @@ func readRuns(ctx context.Context, st *store.Store, since time.Time, key *string
 		rows = rows[:0]
 		return err
 	}
-	err := st.JournalRows(ctx, since, key, limit, func(r journalRow) error {
+	err := read(ctx, func(r journalRow) error {
 		if len(rows) > 0 && rows[0].Key != r.Key {
 			if err := flush(); err != nil {
 				return err

@@ -10,9 +10,15 @@ import (
 // a fence) of key $2 that have a row at or after $1, the newest $3 runs
 // (NULL: all), with the lease row of the key as it is now and the server's
 // time (History). journalAllRowsSQL is the same for every key, $2 being
-// NULL (Audit): two statements, because a single one with "($2 IS NULL OR
-// key = $2)" would be planned once, generically, without the (key,
-// occurred_at) index.
+// NULL (the tests' oracle of Audit): two statements, because a single one
+// with "($2 IS NULL OR key = $2)" would be planned once, generically,
+// without the (key, occurred_at) index. journalKeysRowsSQL is the same for
+// the keys of the JSON array $2 (the keys Audit's scan marked), and
+// journalLastRunsSQL reads only the last run of each of them with a row at
+// or after $1. In all four, the rows are read key by key through the index
+// ("j.key IN (SELECT sel.key ...)"): joined on (key, fence) alone, the
+// selected runs of a few keys were planned as a hash join over a sequential
+// scan of the whole journal.
 //
 // Result rows, ordered by key, fence, time: see JournalRow.
 const (
@@ -29,6 +35,7 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        l.released_at IS NOT NULL, now.ts, s.known_since
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
 LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 	journalAllRowsSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
@@ -43,6 +50,37 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        l.released_at IS NOT NULL, now.ts, s.known_since
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
 LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+WHERE j.key IN (SELECT sel.key FROM sel)
+ORDER BY j.key, j.fence, j.occurred_at`
+	journalKeysRowsSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+sel AS (
+	SELECT key, fence FROM "pglease_leases_journal"
+	WHERE occurred_at >= $1 AND key = ANY (ARRAY(SELECT jsonb_array_elements_text($2::jsonb)))
+	GROUP BY key, fence ORDER BY key, fence DESC LIMIT $3
+)
+SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       j.due, coalesce(j.catch_up, false),
+       l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
+       l.released_at IS NOT NULL, now.ts, s.known_since
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+WHERE j.key IN (SELECT sel.key FROM sel)
+ORDER BY j.key, j.fence, j.occurred_at`
+	journalLastRunsSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts),
+sel AS (
+	SELECT k.key, x.fence FROM jsonb_array_elements_text($2::jsonb) AS k(key) CROSS JOIN LATERAL (
+		SELECT g.fence FROM "pglease_leases_journal" AS g WHERE g.key = k.key AND g.occurred_at >= $1
+		ORDER BY g.occurred_at DESC LIMIT 1) AS x
+)
+SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
+       j.due, coalesce(j.catch_up, false),
+       l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
+       l.released_at IS NOT NULL, now.ts, s.known_since
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 )
 
@@ -71,7 +109,24 @@ func (s *Store) JournalRows(ctx context.Context, since time.Time, key *string, l
 	if key != nil {
 		q = s.sql.JournalKeyRows
 	}
-	return s.DB.Query(ctx, q, []any{since, key, limit}, func(scan func(...any) error) error {
+	return s.journalRows(ctx, q, []any{since, key, limit}, each)
+}
+
+// JournalRowsOfKeys is JournalRows for the keys of keys, a JSON array of
+// strings: every run of theirs with a row at or after since.
+func (s *Store) JournalRowsOfKeys(ctx context.Context, since time.Time, keys string, each func(JournalRow) error) error {
+	return s.journalRows(ctx, s.sql.JournalKeysRows, []any{since, keys, nil}, each)
+}
+
+// JournalLastRuns is JournalRows for the last run of each key of keys, a
+// JSON array of strings, that has a row at or after since: one index probe
+// per key.
+func (s *Store) JournalLastRuns(ctx context.Context, since time.Time, keys string, each func(JournalRow) error) error {
+	return s.journalRows(ctx, s.sql.JournalLastRuns, []any{since, keys}, each)
+}
+
+func (s *Store) journalRows(ctx context.Context, q string, args []any, each func(JournalRow) error) error {
+	return s.DB.Query(ctx, q, args, func(scan func(...any) error) error {
 		var r JournalRow
 		if err := scan(&r.Key, &r.Fence, &r.Holder, &r.Token, &r.Event, &r.At, &r.Expires, &r.Tick, &r.Outcome,
 			&r.Due, &r.CatchUp, &r.LeaseFence, &r.LeaseLive, &r.LeaseExpires, &r.LeaseReleased, &r.Now, &r.KnownSince); err != nil {

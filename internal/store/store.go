@@ -27,7 +27,8 @@ type Statements struct {
 	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout     string
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe     string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows string
-	RegisterSchedule, Overdue                                        string
+	RegisterSchedule, Overdue, AuditScan, JournalKeysRows            string
+	JournalLastRuns                                                  string
 	VersionTable, CurrentVersion, RecordVersion, TimelineCreated     string
 	TableExists, MigrateLock, Drop                                   string
 }
@@ -63,6 +64,9 @@ func bind(n Names, journal bool) *Statements {
 		Prune:            n.Bind(pruneSQL),
 		JournalKeyRows:   n.Bind(journalKeyRowsSQL),
 		JournalAllRows:   n.Bind(journalAllRowsSQL),
+		JournalKeysRows:  n.Bind(journalKeysRowsSQL),
+		JournalLastRuns:  n.Bind(journalLastRunsSQL),
+		AuditScan:        n.Bind(auditScanSQL),
 		RegisterSchedule: n.Bind(registerScheduleSQL),
 		Overdue:          n.Bind(overdueSQL),
 		VersionTable:     n.Bind(versionTableSQL),

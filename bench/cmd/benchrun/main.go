@@ -14,6 +14,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +45,9 @@ type config struct {
 	handoffN, vanishN           int
 	handoffSVG, capacitySVG     string
 	capacity                    capacityConfig
+	auditRuns                   string // the audit section's journal sizes (runs)
+	auditReps                   int    // Audits timed per size
+	merge                       string // the JSON of an earlier run to put this run's sections into
 }
 
 // has reports whether section s is to run (-sections).
@@ -74,12 +79,15 @@ func main() {
 	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	flag.StringVar(&c.json, "json", "results/latest.json", "where to keep the report's data (JSON: -render input)")
 	flag.StringVar(&c.render, "render", "", "write the report from this JSON file of an earlier run (-json), measuring nothing")
-	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity; or all")
+	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity, audit; or all")
 	flag.IntVar(&c.handoffN, "handoff-n", 200, "handoffs after Unlock measured per waiting mode")
 	flag.IntVar(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder measured per waiting mode")
 	flag.StringVar(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
 	flag.StringVar(&c.capacitySVG, "capacity-svg", "capacity.svg", "the capacity plot to write")
 	capacityFlags(&c.capacity)
+	flag.StringVar(&c.auditRuns, "audit-runs", "100000,1000000,5000000", "runs in the 24 h journal of each size the audit section measures")
+	flag.IntVar(&c.auditReps, "audit-reps", 5, "Audits timed per journal size")
+	flag.StringVar(&c.merge, "merge", "", "put the sections this run measures (only audit, for now) into this JSON file of an earlier run (-json) and write the report from the result: the other sections keep that run's figures")
 	flag.Parse()
 	if err := run(c, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "benchrun: %v\n", err)
@@ -108,10 +116,18 @@ func run(c config, args []string) error {
 		return writeFile(c.out, rep.markdown)
 	}
 	rep := &report{Args: args, Config: c, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
-	if err := measure(context.Background(), c, rep); err != nil {
+	if c.merge != "" && c.sections != "audit" {
+		return errors.New("-merge takes the audit section only (-sections audit)")
+	}
+	var err error
+	if err = measure(context.Background(), c, rep); err != nil {
 		return err
 	}
 	rep.Took = time.Since(rep.Started)
+	logf("measured for %v", rep.Took.Round(time.Second))
+	if c.merge != "" {
+		return merge(c, rep.Audit)
+	}
 	rep.link()
 	for _, f := range []struct {
 		ok   bool
@@ -135,7 +151,6 @@ func run(c config, args []string) error {
 	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
 		return err
 	}
-	logf("measured for %v", rep.Took.Round(time.Second))
 	return writeFile(c.out, rep.markdown)
 }
 
@@ -201,6 +216,14 @@ func measure(ctx context.Context, c config, rep *report) error {
 		{"capacity", func() (err error) {
 			rep.LoadBefore["capacity"] = loadAvg()
 			rep.Capacity, err = runCapacity(ctx, cl.URL(), cpu, c.capacity)
+			return err
+		}},
+		{"audit", func() (err error) {
+			load, started := loadAvg(), time.Now().UTC()
+			rep.Audit, err = runAudit(ctx, cl.URL(), ints(c.auditRuns, func(n int) bool { return n > 0 }), max(1, c.auditReps))
+			if rep.Audit != nil {
+				rep.Audit.Args, rep.Audit.Started, rep.Audit.Load = rep.Args, started, load
+			}
 			return err
 		}},
 	} {
@@ -276,6 +299,63 @@ func benches(c config, env []string, rep *report) error {
 		return errors.New("go test printed no benchmark result")
 	}
 	return nil
+}
+
+// merge puts the audit section a into the earlier run's data (c.merge)
+// and writes the JSON (c.json) and the report (c.out) from the result. The
+// earlier run's JSON is kept as it is, its "Audit" member replaced or
+// added: its other figures, its plots and their order stay those of its
+// own run.
+func merge(c config, a *auditReport) error {
+	old, err := os.ReadFile(c.merge)
+	if err != nil {
+		return err
+	}
+	val, err := json.MarshalIndent(a, "\t", "\t")
+	if err != nil {
+		return err
+	}
+	b, err := spliceMember(old, "Audit", val)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.merge, err)
+	}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return err
+	}
+	rep.Config = c
+	rep.link()
+	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
+		return err
+	}
+	return writeFile(c.out, rep.markdown)
+}
+
+// spliceMember is the JSON object obj with its member name's value
+// replaced by val, or the member added last; the rest of obj byte for byte.
+func spliceMember(obj []byte, name string, val []byte) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(obj))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return nil, err
+		}
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return nil, err
+		}
+		if t == name {
+			end := int(d.InputOffset())
+			start := end - len(v)
+			return slices.Concat(obj[:start], val, obj[end:]), nil
+		}
+	}
+	last := bytes.LastIndexByte(obj, '}')
+	body := bytes.TrimRight(obj[:last], " \t\n")
+	return slices.Concat(body, []byte(",\n\t\""+name+"\": "), val, []byte("\n"), obj[last:]), nil
 }
 
 // writeFile writes what content returns to path.

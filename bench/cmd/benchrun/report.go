@@ -32,6 +32,7 @@ type report struct {
 	SVGLink           string
 	Handoff           *handoffReport
 	Capacity          *capacityReport
+	Audit             *auditReport // measured by this run, or by the run that -merge put into it
 	HandoffLink       string
 	CapacityLink      string
 	LoadBefore        map[string]string // load average at the start and before some sections
@@ -109,6 +110,15 @@ func bytesH(b int64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
+// thousands prints n with comma separators: 1,000,000.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
 func durOrDash(d time.Duration) string {
 	if d == 0 {
 		return "—"
@@ -130,22 +140,24 @@ func verdict(ok bool) string {
 var reportTemplates embed.FS
 
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
-	"dur":       fmtDur,
-	"durD":      func(d time.Duration) string { return fmtDur(float64(d)) },
-	"durPer":    func(d time.Duration, n int) string { return fmtDur(float64(d.Nanoseconds()) / float64(n)) },
-	"durOrDash": durOrDash,
-	"bytes":     bytesH,
-	"int64":     func(n int) int64 { return int64(n) },
-	"inv":       func(v float64) float64 { return 1 / v },
-	"hot":       hotOf,
-	"verdict":   verdict,
-	"pct":       func(v float64) float64 { return v * 100 },
-	"half":      func(v float64) float64 { return v / 2 },
-	"mul":       func(a, b float64) float64 { return a * b },
-	"sub":       func(a, b float64) float64 { return a - b },
-	"div":       func(a, b float64) float64 { return a / b },
-	"noTicks":   func(s string) string { return strings.ReplaceAll(s, "`", "'") },
-	"contains":  strings.Contains,
+	"dur":             fmtDur,
+	"durD":            func(d time.Duration) string { return fmtDur(float64(d)) },
+	"durPer":          func(d time.Duration, n int) string { return fmtDur(float64(d.Nanoseconds()) / float64(n)) },
+	"durOrDash":       durOrDash,
+	"bytes":           bytesH,
+	"int64":           func(n int) int64 { return int64(n) },
+	"inv":             func(v float64) float64 { return 1 / v },
+	"hot":             hotOf,
+	"verdict":         verdict,
+	"pct":             func(v float64) float64 { return v * 100 },
+	"half":            func(v float64) float64 { return v / 2 },
+	"mul":             func(a, b float64) float64 { return a * b },
+	"sub":             func(a, b float64) float64 { return a - b },
+	"div":             func(a, b float64) float64 { return a / b },
+	"noTicks":         func(s string) string { return strings.ReplaceAll(s, "`", "'") },
+	"contains":        strings.Contains,
+	"auditRunsPerKey": func() int { return auditRunsPerKey },
+	"thousands":       thousands,
 }).ParseFS(reportTemplates, "report*.md.tmpl"))
 
 // markdown is BENCHMARKS.md: report.md.tmpl filled with the run's figures.
@@ -185,6 +197,7 @@ type reportView struct {
 	Health                *healthView
 	Handoff               *handoffView
 	Capacity              *capacityView
+	Audit                 *auditView
 	Notes                 bool
 	StatusPageLink        string // docs/status-page.md's fleet figures, relative to the report
 	PoolSize              int
@@ -194,7 +207,7 @@ func (r *report) view() reportView {
 	v := reportView{report: r, Args: strings.Join(append([]string{""}, r.Args...), " "), Date: r.Started.Format("2006-01-02 15:04 UTC"),
 		Took: r.Took.Round(time.Second).String(), Raw: r.Config.raw, Count: r.Config.count, Rounds: r.Config.rounds, RoundN: r.Config.roundN,
 		Handoff: r.handoffView(), Capacity: r.capacityView(), PoolSize: 4, Inter: r.interleaved(), Journal: r.journal(),
-		Parts: r.parts(), Contended: r.contended()}
+		Parts: r.parts(), Contended: r.contended(), Audit: r.auditView()}
 	v.Load = []loadAt{{"", r.LoadBefore["start"]}}
 	for _, sec := range []string{"interleaved", "handoff", "capacity"} {
 		if l, ok := r.LoadBefore[sec]; ok {
