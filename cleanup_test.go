@@ -47,7 +47,7 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 	// than a beat before the row's expiry.
 	waitFor(t, 20*time.Second, func() bool {
 		return countWaiters(t, f, `query_start > (SELECT expires_at - interval '2.5 seconds' FROM "`+f.table+`" WHERE key = 'job')
-			AND query LIKE '%jsonb_object_keys%'`) > 0
+			AND query LIKE '%_renew"(%'`) > 0
 	})
 	proxy.Cut()
 	<-le.Done()

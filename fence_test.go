@@ -174,7 +174,10 @@ func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 3)
-	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	// A beat of 250 ms: a renew may take that long (its timeout) on a
+	// loaded machine; with 100 ms and a 1 s lease, renews that timed out
+	// one after the other lost A's lease before the checks below.
+	a := f.locker(dbA, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	b := f.replica(2, WithLeaseDuration(time.Second))
 	c := ctx(t)
 	if _, err := f.admin.Exec(`CREATE TABLE "` + f.table + `_data" (v int)`); err != nil {

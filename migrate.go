@@ -36,7 +36,12 @@ func SchemaVersion() int { return store.Version() }
 // two more arguments; the older overload stays for replicas of the
 // previous version during a rolling upgrade. Schema version 9 added the
 // state view (<table>_state: each lease row with its state and time left on
-// the server clock), which List and `pglease serve` read.
+// the server clock), which List and `pglease serve` read. Schema version 10
+// added the renew function (<table>_renew), which every beat of a Locker
+// calls: its UPDATE is planned once per server session, not at every beat
+// (through PgBouncer, statements are sent as text and planned each time). A
+// Locker on a table still at version 9 renews with the same UPDATE sent as
+// a statement, and keeps its leases until Migrate has run.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory

@@ -407,3 +407,28 @@ func TestDropRefuses(t *testing.T) {
 		t.Fatalf("a refused Drop changed the catalogue: %v, was %v", got, before)
 	}
 }
+
+// A Locker of this version on a table still at schema version 9 (no renew
+// function yet: replicas upgraded before Migrate ran) claims (the version-8
+// claim function answers) and keeps its leases: its renewals run the renew
+// function's UPDATE as a statement of their own.
+func TestRenewBeforeMigrateToVersion10(t *testing.T) {
+	t.Parallel()
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 2)
+	c := ctx(t)
+	migrateTo(t, admin, tbl, 9)
+	l, err := New(admin, WithTable(tbl), WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatalf("Lock on a version-9 table: %v", err)
+	}
+	renewedFor(t, le, time.Second)
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}

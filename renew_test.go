@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -149,7 +150,12 @@ func TestRenewFindsLeaseGone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			logs := &logs{}
-			l := f.replica(2, WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond), WithLogger(slogLogger(logs)))
+			// A beat of 250 ms: each renew may take that long (its timeout)
+			// on a loaded machine before the Locker retries; with 50 ms,
+			// renews timed out there one after the other until the leases
+			// were given up at their deadline, and the test saw that
+			// rather than the loss it is about.
+			l := f.replica(2, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond), WithLogger(slogLogger(logs)))
 			c := ctx(t)
 			le, err := l.Lock(c, "job")
 			if err != nil {
@@ -257,31 +263,91 @@ func TestRenewPlanUsesPrimaryKeyWithoutStatistics(t *testing.T) {
 		t.Fatal(err)
 	}
 	leases := make([]*Lease, 5000)
+	keys, ones := make([]string, len(leases)), make([]string, len(leases))
 	for i := range leases {
 		leases[i] = &Lease{key: fmt.Sprintf("k%d", i+1), fence: 1, token: 1}
+		keys[i], ones[i] = leases[i].key, "1"
 	}
-	for _, stmt := range []string{l.store.SQL().Renew, l.store.SQL().ReleaseMany} {
-		args := []any{leasesJSON(leases), l.Holder()}
-		if stmt == l.store.SQL().Renew {
-			args = append(args, int64(time.Hour/time.Microsecond))
-		}
-		rows, err := f.admin.QueryContext(c, `EXPLAIN (COSTS OFF) `+stmt, args...)
-		if err != nil {
+	// The renew function's UPDATE is the inline statement's: planned with
+	// the arguments' values, and generic (a function's cached plan may
+	// become one after a few calls).
+	renew := []any{"{" + strings.Join(keys, ",") + "}", "{" + strings.Join(ones, ",") + "}", "{" + strings.Join(ones, ",") + "}",
+		l.Holder(), int64(time.Hour / time.Microsecond)}
+	conn, err := f.admin.Conn(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if _, err := conn.ExecContext(c, `SET plan_cache_mode = `+mode); err != nil {
 			t.Fatal(err)
 		}
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
+		for _, st := range []struct {
+			sql  string
+			args []any
+		}{{l.store.SQL().RenewInline, renew}, {l.store.SQL().ReleaseMany, []any{leasesJSON(leases), l.Holder()}}} {
+			if _, err := conn.ExecContext(c, `PREPARE p AS `+st.sql); err != nil {
 				t.Fatal(err)
 			}
-			plan.WriteString(line + "\n")
-		}
-		rows.Close()
-		if !strings.Contains(plan.String(), f.table+"_pkey") || strings.Contains(plan.String(), "Seq Scan") {
-			t.Fatalf("plan does not go through the primary key:\n%s", plan.String())
+			// EXECUTE takes no bind parameters: the values go in as literals.
+			lits := make([]string, len(st.args))
+			for i, a := range st.args {
+				if s, ok := a.(string); ok {
+					lits[i] = "'" + strings.ReplaceAll(s, "'", "''") + "'"
+				} else {
+					lits[i] = fmt.Sprint(a)
+				}
+			}
+			// Executed (EXPLAIN ANALYZE) in a transaction rolled back: the
+			// loops of each plan node are counted.
+			if _, err := conn.ExecContext(c, `BEGIN`); err != nil {
+				t.Fatal(err)
+			}
+			plan := explain(t, conn, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE p(`+strings.Join(lits, ", ")+`)`)
+			if _, err := conn.ExecContext(c, `ROLLBACK`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.ExecContext(c, `DEALLOCATE p`); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(plan, "Update on "+f.table+" l (actual rows=5000 loops=1)") {
+				t.Fatalf("%s: the statement did not update the 5000 leases once:\n%s", mode, plan)
+			}
+			// The list is read once: a node that reads it (a function
+			// scan of the arrays, a jsonb function) runs once, not once
+			// per row.
+			for _, line := range strings.Split(plan, "\n") {
+				if strings.Contains(line, "Function Scan") && !strings.Contains(line, " loops=1)") {
+					t.Fatalf("%s: the list of leases is read more than once:\n%s", mode, plan)
+				}
+			}
+			if st.sql == l.store.SQL().ReleaseMany && (!strings.Contains(plan, f.table+"_pkey") || strings.Contains(plan, "Seq Scan")) {
+				t.Fatalf("%s: plan does not go through the primary key:\n%s", mode, plan)
+			}
 		}
 	}
+}
+
+// explain returns the plan a statement's EXPLAIN prints.
+func explain(t *testing.T, conn *sql.Conn, stmt string, args ...any) string {
+	t.Helper()
+	rows, err := conn.QueryContext(ctx(t), stmt, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return plan.String()
 }
 
 // Lockers whose leases were claimed in the same instant (a fleet deployed
@@ -669,4 +735,43 @@ func TestLossReasonForceReleasedAfterFailover(t *testing.T) {
 		t.Errorf("reason %q blames the failover", lost.Reason)
 	}
 	m.waitSum("pglease.lease.losses", map[string]string{"pglease.table": x.table, "pglease.loss.reason": string(lossNotified)}, 1)
+}
+
+// Keys are passed to the renew as array elements: any spelling a key may
+// have (quotes, backslashes, braces and commas, NULL spelled out, spaces,
+// non-ASCII) reaches the server as it is, and every lease is renewed.
+func TestRenewKeepsKeysOfAnySpelling(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
+	c := ctx(t)
+	keys := []string{`a"b`, `back\slash\`, `{brace,comma}`, `NULL`, ` spaced `, `'quoted'`, "é ü 日本", `"`, `\`}
+	leases := make([]*Lease, len(keys))
+	for i, k := range keys {
+		le, err := l.Lock(c, k)
+		if err != nil {
+			t.Fatalf("Lock %q: %v", k, err)
+		}
+		leases[i] = le
+	}
+	renewedFor(t, leases[len(leases)-1], time.Second)
+	for i, le := range leases {
+		if le.Err() != nil {
+			t.Fatalf("lease on %q: %v", keys[i], le.Err())
+		}
+		if r, ok := f.row(keys[i]); !ok || !r.Live {
+			t.Fatalf("row of %q: %+v %v", keys[i], r, ok)
+		}
+	}
+}
+
+// renewedFor waits until le's local deadline has moved at least d past the
+// one it had (renewals went through), failing if le is lost first.
+func renewedFor(t *testing.T, le *Lease, d time.Duration) {
+	t.Helper()
+	first := le.Deadline()
+	waitFor(t, 30*time.Second, func() bool { return le.Err() != nil || le.Deadline().Sub(first) >= d })
+	if err := le.Err(); err != nil {
+		t.Fatalf("the lease was lost instead of renewed: %v", err)
+	}
 }

@@ -49,13 +49,15 @@ ON CONFLICT (timeline) DO NOTHING`
 // run after a partial drop by hand, finishes the job. No CASCADE: an
 // object of the application's that depends on one of them (a view, a
 // foreign key) makes the statement fail and the transaction drop nothing.
-// The claim function's two overloads (schema versions 7 and 8) are named
-// with their arguments; a new overload must be added here with its
-// migration (the test of Drop finds any left behind).
+// The functions (the claim function's two overloads, schema versions 7 and
+// 8; the renew function, version 10) are named with their arguments; a new
+// one must be added here with its migration (the test of Drop finds any
+// left behind).
 const dropSQL = `
 DROP VIEW IF EXISTS "pglease_leases_state";
 DROP FUNCTION IF EXISTS "pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean),
-	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean);
+	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean),
+	"pglease_leases_renew"(text[], bigint[], bigint[], text, bigint);
 DROP TABLE IF EXISTS "pglease_leases_schedules", "pglease_leases_journal_pruned", "pglease_leases_journal", "pglease_leases_timelines", "pglease_leases_fences", "pglease_leases", "pglease_leases_version"`
 
 // migrations are the schema's migration files, in order.

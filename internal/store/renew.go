@@ -2,39 +2,46 @@ package store
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"time"
 )
 
-// renewSQL extends, in one statement, every listed lease that is still held
-// under the same holder, fence and claim token, and not expired.
+// renewSQL calls the renew function (schema version 10), which extends,
+// in one statement, every listed lease that is still held under the same
+// holder, fence and claim token, and not expired.
 //
-//	$1 jsonb object {key: [fence, token], ...}, $2 holder, $3 duration in µs
+//	$1 keys, $2 their fences, $3 their claim tokens (array literals, cast by
+//	the statement), $4 holder, $5 duration in µs
 //
 // Result rows: (key, fence, expires_at) of the leases renewed. A listed
 // lease missing from the result is gone: expired, released, taken over, or
 // not on this server at all (after a failover to a standby that never
-// received it).
+// received it). The function plans its UPDATE once per server session: sent
+// as text through PgBouncer, this call is all the server parses and plans.
+const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1::text[], $2::bigint[], $3::bigint[], $4, $5)`
+
+// renewInlineSQL is the renew function's UPDATE as a statement of its own, with
+// the same arguments and result: what Renew runs on a table still at
+// schema version 9 (no renew function yet), so that replicas of this
+// version started before Migrate keep their leases.
 //
-// The keys reach the table through `key = ANY(array)`, an index condition on
-// the primary key, whatever the statistics say: a join against a set-returning
-// function was planned, on a table not yet analyzed, as a nested loop that
-// re-parsed the whole list for every row (40 s for 10,000 leases).
-//
-// The UPDATE touches no key column, so it takes a FOR NO KEY UPDATE row lock,
-// which does not conflict with the FOR KEY SHARE lock of a fenced transaction
-// (guardSQL): the holder's own renew is never blocked by its fenced work.
+// The leases reach the table as a join of unnest(keys, fences, tokens) with
+// its primary key: the arrays are read once, each key is one index probe.
+// The UPDATE touches no key column, so it takes a FOR NO KEY UPDATE row
+// lock, which does not conflict with the FOR KEY SHARE lock of a fenced
+// transaction (guardSQL): the
+// holder's own renew is never blocked by its fenced work.
 //
 // Durability: durable. A renew lost in a crash would leave the holder's
 // local deadline past the server's expiry, and another claimer could take
 // the key while the holder still believes it holds it.
-const renewSQL = `
+const renewInlineSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
-UPDATE "pglease_leases" AS l SET expires_at = now.ts + $3::bigint * interval '1 microsecond'
-FROM now
-WHERE l.key = ANY (ARRAY(SELECT jsonb_object_keys($1::jsonb)))
-  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
-  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
-  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
+UPDATE "pglease_leases" AS l SET expires_at = now.ts + $5::bigint * interval '1 microsecond'
+FROM now, unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(key, fence, token)
+WHERE l.key = r.key AND l.fence = r.fence AND l.token = r.token
+  AND l.holder = $4 AND l.released_at IS NULL AND l.expires_at > now.ts
 RETURNING l.key, l.fence, l.expires_at`
 
 // timelineBaseSQL reads the fence base of the server's current timeline:
@@ -54,20 +61,71 @@ type Renewed struct {
 
 // Renew extends every listed lease of holder that is still held by lease,
 // in one statement, and returns those it renewed by key; a lease missing
-// is gone.
+// is gone. It calls the renew function; on a table without it (schema
+// version 9: this replica started before Migrate upgraded the table) it
+// runs the same UPDATE as a statement, from then on for this Store.
 func (s *Store) Renew(ctx context.Context, holder string, lease time.Duration, leases []LeaseRef) (map[string]Renewed, error) {
-	got := make(map[string]Renewed, len(leases))
-	err := s.DB.Query(ctx, s.sql.Renew, []any{encodeLeases(leases, nil), holder, lease.Microseconds()},
-		func(scan func(...any) error) error {
-			var key string
-			var r Renewed
-			if err := scan(&key, &r.Fence, &r.ExpiresAt); err != nil {
-				return err
-			}
-			got[key] = r
-			return nil
-		})
+	args := []any{arrayOf(leases, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
+		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
+		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) }),
+		holder, lease.Microseconds()}
+	if !s.renewInline.Load() {
+		got, err := s.renew(ctx, s.sql.Renew, args)
+		if !isUndefinedFunction(err) {
+			return got, err
+		}
+		s.renewInline.Store(true)
+	}
+	return s.renew(ctx, s.sql.RenewInline, args)
+}
+
+func (s *Store) renew(ctx context.Context, sql string, args []any) (map[string]Renewed, error) {
+	got := map[string]Renewed{}
+	err := s.DB.Query(ctx, sql, args, func(scan func(...any) error) error {
+		var key string
+		var r Renewed
+		if err := scan(&key, &r.Fence, &r.ExpiresAt); err != nil {
+			return err
+		}
+		got[key] = r
+		return nil
+	})
 	return got, err
+}
+
+// arrayOf writes one field of each lease as a PostgreSQL array literal
+// ({a,b,…}): text that every driver passes as it is, cast by the statement.
+func arrayOf(leases []LeaseRef, elem func([]byte, LeaseRef) []byte) string {
+	b := make([]byte, 0, 2+len(leases)*24)
+	b = append(b, '{')
+	for i, l := range leases {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = elem(b, l)
+	}
+	return string(append(b, '}'))
+}
+
+// quoteElem appends s as a double-quoted array element: a backslash
+// before each double quote and backslash, so that any key (commas, braces,
+// spaces, NULL spelled out) is read back as it is.
+func quoteElem(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
+}
+
+// isUndefinedFunction reports whether err is the server's undefined_function
+// (SQLSTATE 42883), from either driver.
+func isUndefinedFunction(err error) bool {
+	var s interface{ SQLState() string }
+	return errors.As(err, &s) && s.SQLState() == "42883"
 }
 
 // TimelineBase reads the fence base of the server's current timeline: a

@@ -1,5 +1,7 @@
 package store
 
+import "sync/atomic"
+
 // A Store runs one table's statements, bound to its names once, on a
 // Backend. Its methods are the library's only way to the database.
 type Store struct {
@@ -8,6 +10,9 @@ type Store struct {
 	names   Names
 	sql     *Statements
 	journal bool
+	// renewInline is set once the renew function was found missing (a
+	// table at schema version 9): Renew runs its statement from then on.
+	renewInline atomic.Bool
 }
 
 // New returns the Store of the table named by n on db; journal chooses
@@ -23,7 +28,7 @@ func (s *Store) SQL() *Statements { return s.sql }
 
 // Statements are the SQL texts bound to one table.
 type Statements struct {
-	Claim, AbandonLock, Abandon, Renew, TimelineBase                 string
+	Claim, AbandonLock, Abandon, Renew, RenewInline, TimelineBase    string
 	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout     string
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe     string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows string
@@ -47,6 +52,7 @@ func bind(n Names, journal bool) *Statements {
 		AbandonLock:      n.Bind(abandonLockSQL),
 		Abandon:          pick(abandonJournaledSQL, abandonSQL),
 		Renew:            n.Bind(renewSQL),
+		RenewInline:      n.Bind(renewInlineSQL),
 		TimelineBase:     n.Bind(timelineBaseSQL),
 		Release:          pick(releaseJournaledSQL, releaseSQL),
 		ReleaseMany:      pick(releaseManyJournaledSQL, releaseManySQL),

@@ -19,7 +19,7 @@ func Now() int64 { return int64(time.Since(epoch)) }
 // sends (see the root package's queries.go).
 const (
 	KindClaim   = "claim"   // the call of the table's claim function: Lock, Acquire, Campaign
-	KindRenew   = "renew"   // UPDATE … SET expires_at for a jsonb list of leases
+	KindRenew   = "renew"   // the call of the table's renew function (or its UPDATE, on a table at schema version 9)
 	KindRelease = "release" // UPDATE … SET released_at (Unlock, Close, abandon)
 	KindProbe   = "probe"   // the listener's self-test notification
 	KindOther   = "other"
@@ -34,7 +34,7 @@ func Classify(sql string) string {
 		return KindClaim
 	case strings.Contains(sql, "SET released_at"):
 		return KindRelease
-	case strings.Contains(sql, "SET expires_at") && strings.Contains(sql, "jsonb"):
+	case strings.Contains(sql, `_renew"(`) || strings.Contains(sql, "SET expires_at") && strings.Contains(sql, "unnest"):
 		return KindRenew
 	case strings.Contains(sql, "pg_notify") && !strings.Contains(sql, "UPDATE"):
 		return KindProbe
