@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -112,7 +113,7 @@ type AuditResult struct {
 // server's pass over the window (docs/operating.md has figures), not the
 // runs sent: a journal with nothing to report sends one row per key.
 func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption) (AuditResult, error) {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return AuditResult{}, err
 	}
@@ -120,9 +121,9 @@ func Audit[D DB](ctx context.Context, db D, since time.Time, opts ...TableOption
 	if err != nil {
 		return AuditResult{}, err
 	}
-	res, err := audit(ctx, t.store(b, true), since, true)
+	res, err := audit(ctx, t.Store(b, true), since, true)
 	if err != nil {
-		return AuditResult{}, t.wrapDB("audit", err)
+		return AuditResult{}, t.WrapDB("audit", err)
 	}
 	return res, nil
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -196,15 +197,15 @@ func (g *journalGen) insert(t *testing.T, f *fixture) {
 		sql string
 		arg any
 	}{
-		{`INSERT INTO ` + tb.names.Prefix + `_journal"  (key, fence, holder, token, event, occurred_at, expires_at, tick, outcome, due, catch_up)
+		{`INSERT INTO ` + tb.Names.Prefix + `_journal"  (key, fence, holder, token, event, occurred_at, expires_at, tick, outcome, due, catch_up)
 SELECT key, fence, holder, token, event, at, expires, tick, outcome, due, catch_up
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, holder text, token bigint, event text, at timestamptz,
 	expires timestamptz, tick timestamptz, outcome text, due timestamptz, catch_up boolean)`, g.rows},
-		{`INSERT INTO ` + tb.names.Quoted + ` (key, holder, token, fence, acquired_at, expires_at, released_at, last_tick)
+		{`INSERT INTO ` + tb.Names.Quoted + ` (key, holder, token, fence, acquired_at, expires_at, released_at, last_tick)
 SELECT key, 'h0', 0, fence, acquired_at, expires_at, released_at, last_tick
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
 	released_at timestamptz, last_tick timestamptz)`, g.leases},
-		{`INSERT INTO ` + tb.names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since)
+		{`INSERT INTO ` + tb.Names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since)
 SELECT key, '@every 10m', next_due, grace_us, known_since
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, next_due timestamptz, grace_us bigint, known_since timestamptz)`, g.schedules},
 	}
@@ -231,7 +232,7 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 				g.key(fmt.Sprintf("%s-%03d", []string{"job", "Job", "éte", "z"}[i%4], i))
 			}
 			g.insert(t, f)
-			b, err := newBackend(f.admin)
+			b, err := entry.Backend(f.admin)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,11 +240,11 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 			c := ctx(t)
 			for _, since := range []time.Time{{}, g.now.Add(-11 * time.Hour), g.now.Add(-8 * time.Hour),
 				g.now.Add(-5 * time.Hour), g.now.Add(-3*time.Hour - 17*time.Minute), g.now.Add(-time.Hour), g.now.Add(time.Hour)} {
-				want, err := audit(c, tb.store(b, true), since, false)
+				want, err := audit(c, tb.Store(b, true), since, false)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := audit(c, tb.store(b, true), since, true)
+				got, err := audit(c, tb.Store(b, true), since, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -252,7 +253,7 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 				}
 				findings += len(want.Findings)
 				missed += len(want.Missed)
-				s, err := scanKeys(c, tb.store(b, true), since, map[string]MissedTickInfo{})
+				s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTickInfo{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -395,14 +396,14 @@ func TestAuditScanPlanted(t *testing.T) {
 	g.rows = append(g.rows, genRow{Key: "behind", Fence: 1, Holder: "h1", Event: "granted", At: at(-300)})
 	g.insert(t, f)
 
-	b, err := newBackend(f.admin)
+	b, err := entry.Backend(f.admin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, tb, _ := tableConfig([]TableOption{WithTable(f.table)})
 	c := ctx(t)
 	for _, since := range []time.Time{{}, at(-295), at(-250), at(-210)} {
-		s, err := scanKeys(c, tb.store(b, true), since, map[string]MissedTickInfo{})
+		s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTickInfo{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,11 +412,11 @@ func TestAuditScanPlanted(t *testing.T) {
 			_ = json.Unmarshal([]byte(s.read), &read)
 		}
 		slices.Sort(read)
-		want, err := audit(c, tb.store(b, true), since, false)
+		want, err := audit(c, tb.Store(b, true), since, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := audit(c, tb.store(b, true), since, true)
+		got, err := audit(c, tb.Store(b, true), since, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -452,17 +453,17 @@ func TestAuditScanPlanted(t *testing.T) {
 	for name, run := range map[string]func() (AuditResult, backend, error){
 		"database/sql (pgx)": func() (AuditResult, backend, error) {
 			r, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(f.admin)
+			b, _ := entry.Backend(f.admin)
 			return r, b, err
 		},
 		"lib/pq": func() (AuditResult, backend, error) {
 			r, err := Audit(c, pq, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(pq)
+			b, _ := entry.Backend(pq)
 			return r, b, err
 		},
 		"pgxpool": func() (AuditResult, backend, error) {
 			r, err := Audit(c, pool, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(pool)
+			b, _ := entry.Backend(pool)
 			return r, b, err
 		},
 	} {
@@ -470,7 +471,7 @@ func TestAuditScanPlanted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		want, err := audit(c, tb.store(b, true), time.Time{}, false)
+		want, err := audit(c, tb.Store(b, true), time.Time{}, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // History returns the runs of key recorded in the journal, newest first:
@@ -18,13 +20,13 @@ import (
 // lost with a primary in an asynchronous failover, are missing: a run whose
 // end is missing shows as superseded.
 func History[D DB](ctx context.Context, db D, key string, since time.Time, limit int, opts ...TableOption) ([]RunInfo, error) {
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return nil, err
 	}
 	if limit < 0 {
 		return nil, fmt.Errorf("%w: history limit %d is negative", ErrInvalidOption, limit)
 	}
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +39,7 @@ func History[D DB](ctx context.Context, db D, key string, since time.Time, limit
 		lim = &limit
 	}
 	var runs []RunInfo
-	st := t.store(b, true)
+	st := t.Store(b, true)
 	read := func(ctx context.Context, each func(journalRow) error) error {
 		return st.JournalRows(ctx, since, &key, lim, each)
 	}
@@ -46,7 +48,7 @@ func History[D DB](ctx context.Context, db D, key string, since time.Time, limit
 		return nil
 	})
 	if err != nil {
-		return nil, t.wrapDB(fmt.Sprintf("history %q", key), err)
+		return nil, t.WrapDB(fmt.Sprintf("history %q", key), err)
 	}
 	slices.Reverse(runs)
 	return runs, nil

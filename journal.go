@@ -237,6 +237,6 @@ func (l *Locker) pruneJournal() {
 	}
 	if err != nil && !errors.Is(err, errNoRows) && l.ctx.Err() == nil {
 		l.log.Warn("pglease: pruning the journal failed; the next attempt is in "+l.prune.interval().String(),
-			"holder", l.holder, "error", l.table.wrapDB("prune journal", err))
+			"holder", l.holder, "error", l.table.WrapDB("prune journal", err))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -60,7 +61,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 // table named by opts, after validating them; what names the operation in
 // errors.
 func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, op func(*store.Store, context.Context) error) error {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return err
 	}
@@ -71,7 +72,7 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pglease: %s: %w", what, err)
 	}
-	err = op(t.store(b, true), ctx)
+	err = op(t.Store(b, true), ctx)
 	var tooNew *store.TooNewError
 	switch {
 	case err == nil:
@@ -82,14 +83,14 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 			suffix = "; nothing dropped"
 		}
 		err = fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
-			ErrSchemaTooNew, t.display, tooNew.Version, SchemaVersion(), suffix)
+			ErrSchemaTooNew, t.Display, tooNew.Version, SchemaVersion(), suffix)
 	case errors.Is(err, store.ErrNoVersionTable):
 		err = fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
-			ErrNotMigrated, t.display, t.names.Version)
-	case sqlState(err) != "":
-		return t.wrapDB(what, err)
+			ErrNotMigrated, t.Display, t.Names.Version)
+	case entry.SQLState(err) != "":
+		return t.WrapDB(what, err)
 	}
-	return fmt.Errorf("pglease: %s on %s: %w", what, t.display, err)
+	return fmt.Errorf("pglease: %s on %s: %w", what, t.Display, err)
 }
 
 // Drop removes everything Migrate created for the table named by WithTable:
@@ -116,7 +117,7 @@ func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
 // was migrated to: 0 if it was never migrated, SchemaVersion() when it is
 // current. It writes nothing.
 func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int, error) {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return 0, err
 	}
@@ -124,9 +125,9 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 	if err != nil {
 		return 0, err
 	}
-	v, err := t.store(b, true).Version(ctx)
+	v, err := t.Store(b, true).Version(ctx)
 	if err != nil {
-		return 0, t.wrapDB("read schema version", err)
+		return 0, t.WrapDB("read schema version", err)
 	}
 	return v, nil
 }
@@ -142,9 +143,9 @@ func SchemaSQL(tableName string) (string, error) {
 	if tableName == "" {
 		tableName = DefaultTable
 	}
-	t, err := parseTable(tableName)
+	t, err := entry.ParseTable(tableName)
 	if err != nil {
 		return "", err
 	}
-	return store.SchemaSQL(t.names), nil
+	return store.SchemaSQL(t.Names), nil
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // Limits on the options, checked by New.
@@ -59,6 +61,10 @@ type tableOption string
 func (o tableOption) apply(c *config)   { c.table = string(o) }
 func (tableOption) isFenceTableOption() {}
 func (tableOption) isTableOption()      {}
+
+// TableName is the table's name as given: pglease/journal reads the table
+// of a TableOption through it (internal/entry.TableOf).
+func (o tableOption) TableName() string { return string(o) }
 
 type config struct {
 	table          string
@@ -242,14 +248,14 @@ func buildConfig(opts []Option) (config, table, error) {
 		failoverDelay: -1, retention: DefaultJournalRetention}
 	for _, o := range opts {
 		if o == nil {
-			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+			return c, table{}, entry.NilOption()
 		}
 		o.apply(&c)
 	}
 	if len(c.errs) > 0 {
 		return c, table{}, c.errs[0]
 	}
-	t, err := parseTable(c.table)
+	t, err := entry.ParseTable(c.table)
 	if err != nil {
 		return c, t, err
 	}

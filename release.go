@@ -73,7 +73,7 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 			return lost
 		}
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
-			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
+			l.table.WrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
 	case !released:
 		le.finishLost(ctx, stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
@@ -135,7 +135,7 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%w; %d leases are no longer renewed and expire by themselves",
-			l.table.wrapDB("close", err), len(batch))
+			l.table.WrapDB("close", err), len(batch))
 	}
 	return errors.Join(lost...)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // This file is the fleet's memory of scheduled keys: what each key's
@@ -116,7 +118,7 @@ func (js JobSchedule) check() error {
 // Invalid arguments fail with ErrInvalidKey or ErrInvalidOption and write
 // nothing.
 func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedule) (time.Time, error) {
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return time.Time{}, err
 	}
 	if err := js.check(); err != nil {
@@ -136,7 +138,7 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	was, err := l.store.RegisterSchedule(ctx, key, js.Spec, next.Truncate(time.Microsecond), js.Grace)
 	spec, due, last := was.Schedule, was.NextDue, was.LastTick
 	if err != nil {
-		return time.Time{}, l.table.wrapDB(fmt.Sprintf("register schedule of %q", key), err)
+		return time.Time{}, l.table.WrapDB(fmt.Sprintf("register schedule of %q", key), err)
 	}
 	if js.CatchUpWithin == 0 || !spec.Valid || spec.String != js.Spec {
 		return time.Time{}, nil // catch-up off, or a new schedule: nothing was due yet
