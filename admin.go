@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -61,7 +60,7 @@ func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, er
 	var out []LeaseInfo
 	for _, r := range rows {
 		li := LeaseInfo{Key: r.Key, Holder: r.Holder, Fence: r.Fence, AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt,
-			ReleasedAt: timePtr(r.ReleasedAt), HoldUntil: timePtr(r.HoldUntil), LastTick: timePtr(r.LastTick), State: KeyState(r.State)}
+			ReleasedAt: entry.TimePtr(r.ReleasedAt), HoldUntil: entry.TimePtr(r.HoldUntil), LastTick: entry.TimePtr(r.LastTick), State: KeyState(r.State)}
 		if li.State != KeyReleased {
 			li.ExpiresIn = r.TimeLeft
 		}
@@ -81,13 +80,6 @@ type ForceReleaseResult struct {
 	// was evicted and the fence did not move (only a pending minimum hold
 	// was cleared).
 	WasLive bool
-}
-
-func timePtr(t sql.NullTime) *time.Time {
-	if !t.Valid {
-		return nil
-	}
-	return &t.Time
 }
 
 // ErrUnknownKey means that ForceRelease was given a key with no lease row.

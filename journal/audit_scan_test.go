@@ -1,4 +1,4 @@
-package pglease
+package journal
 
 import (
 	"database/sql"
@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/entry"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -65,7 +67,7 @@ func (g *journalGen) key(name string) {
 		case g.p(0.04):
 			fence += 1 << 40 // a new timeline: an asynchronous failover
 		case g.p(0.04):
-			fence += 2 // a run of a Locker with the journal off
+			fence += 2 // a run of a pglease.Locker with the journal off
 		default:
 			fence++
 		}
@@ -181,7 +183,7 @@ func (g *journalGen) key(name string) {
 // insert writes the generated rows into f's tables.
 func (g *journalGen) insert(t *testing.T, f *fixture) {
 	t.Helper()
-	_, tb, err := tableConfig([]TableOption{WithTable(f.table)})
+	tb, err := entry.ParseTable(f.table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, tb, _ := tableConfig([]TableOption{WithTable(f.table)})
+			tb, _ := entry.ParseTable(f.table)
 			c := ctx(t)
 			for _, since := range []time.Time{{}, g.now.Add(-11 * time.Hour), g.now.Add(-8 * time.Hour),
 				g.now.Add(-5 * time.Hour), g.now.Add(-3*time.Hour - 17*time.Minute), g.now.Add(-time.Hour), g.now.Add(time.Hour)} {
@@ -253,7 +255,7 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 				}
 				findings += len(want.Findings)
 				missed += len(want.Missed)
-				s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTickInfo{})
+				s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTick{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -297,7 +299,7 @@ func stable(res AuditResult) AuditResult {
 	for i := range res.Findings {
 		res.Findings[i].Overlap = 0
 	}
-	run := func(r *RunInfo) *RunInfo {
+	run := func(r *Run) *Run {
 		if r == nil || r.End != EndRunning {
 			return r
 		}
@@ -318,24 +320,24 @@ func auditDiff(got, want AuditResult) string {
 	if got.Runs != want.Runs {
 		s += fmt.Sprintf("runs: got %d, want %d\n", got.Runs, want.Runs)
 	}
-	keyOf := func(f OverlapInfo) string { return fmt.Sprintf("%s %d/%d", f.Key, f.OverlapsFence, f.Fence) }
+	keyOf := func(f Overlap) string { return fmt.Sprintf("%s %d/%d", f.Key, f.OverlapsFence, f.Fence) }
 	for _, f := range got.Findings {
-		if !slices.ContainsFunc(want.Findings, func(w OverlapInfo) bool { return reflect.DeepEqual(w, f) }) {
+		if !slices.ContainsFunc(want.Findings, func(w Overlap) bool { return reflect.DeepEqual(w, f) }) {
 			s += fmt.Sprintf("extra finding: %s %+v\n", keyOf(f), f)
 		}
 	}
 	for _, f := range want.Findings {
-		if !slices.ContainsFunc(got.Findings, func(w OverlapInfo) bool { return reflect.DeepEqual(w, f) }) {
+		if !slices.ContainsFunc(got.Findings, func(w Overlap) bool { return reflect.DeepEqual(w, f) }) {
 			s += fmt.Sprintf("missing finding: %s %+v\n", keyOf(f), f)
 		}
 	}
 	for _, m := range got.Missed {
-		if !slices.ContainsFunc(want.Missed, func(w MissedTickInfo) bool { return reflect.DeepEqual(w, m) }) {
+		if !slices.ContainsFunc(want.Missed, func(w MissedTick) bool { return reflect.DeepEqual(w, m) }) {
 			s += fmt.Sprintf("extra missed tick: %s %v last %+v next %+v\n", m.Key, m.Due, m.LastRun, m.NextRun)
 		}
 	}
 	for _, m := range want.Missed {
-		if !slices.ContainsFunc(got.Missed, func(w MissedTickInfo) bool { return reflect.DeepEqual(w, m) }) {
+		if !slices.ContainsFunc(got.Missed, func(w MissedTick) bool { return reflect.DeepEqual(w, m) }) {
 			s += fmt.Sprintf("missing missed tick: %s %v last %+v next %+v\n", m.Key, m.Due, m.LastRun, m.NextRun)
 		}
 	}
@@ -400,10 +402,10 @@ func TestAuditScanPlanted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, tb, _ := tableConfig([]TableOption{WithTable(f.table)})
+	tb, _ := entry.ParseTable(f.table)
 	c := ctx(t)
 	for _, since := range []time.Time{{}, at(-295), at(-250), at(-210)} {
-		s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTickInfo{})
+		s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTick{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -450,19 +452,19 @@ func TestAuditScanPlanted(t *testing.T) {
 	}
 	t.Cleanup(func() { pq.Close() })
 	pool := pgleasetest.Pool(t, 2)
-	for name, run := range map[string]func() (AuditResult, backend, error){
-		"database/sql (pgx)": func() (AuditResult, backend, error) {
-			r, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	for name, run := range map[string]func() (AuditResult, store.Backend, error){
+		"database/sql (pgx)": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
 			b, _ := entry.Backend(f.admin)
 			return r, b, err
 		},
-		"lib/pq": func() (AuditResult, backend, error) {
-			r, err := Audit(c, pq, time.Time{}, WithTable(f.table))
+		"lib/pq": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, pq, time.Time{}, pglease.WithTable(f.table))
 			b, _ := entry.Backend(pq)
 			return r, b, err
 		},
-		"pgxpool": func() (AuditResult, backend, error) {
-			r, err := Audit(c, pool, time.Time{}, WithTable(f.table))
+		"pgxpool": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, pool, time.Time{}, pglease.WithTable(f.table))
 			b, _ := entry.Backend(pool)
 			return r, b, err
 		},
