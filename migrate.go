@@ -15,7 +15,7 @@ func SchemaVersion() int { return store.Version() }
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
 // version table (<table>_version), the fence-guard table (<table>_fences,
 // see FenceTable) and the journal (<table>_journal, with its one-row pruning
-// ledger <table>_journal_pruned; see WithJournal, History, Audit). The
+// ledger <table>_journal_pruned; see WithJournal and package pglease/journal). The
 // journal grows by two rows per run — a grant and its end — until the
 // retention (WithJournalRetention) deletes them. On the lease table it also creates the natural-order index
 // (<table>_natural_key: keys without their trailing digits, then by that

@@ -206,9 +206,10 @@ func WithPollInterval(d time.Duration) Option {
 // WithJournal turns the journal on or off (default on). On, every claim
 // that takes a key, every release, every loss a holder records and every
 // eviction appends a row to <table>_journal in the statement that makes the
-// change (see History and Audit); renewals and claims that skip write
-// nothing. Off, this Locker's statements leave the journal alone (its runs
-// are then missing from History and Audit; ForceRelease still journals).
+// change (read back by package pglease/journal: History and Audit);
+// renewals and claims that skip write nothing. Off, this Locker's
+// statements leave the journal alone (its runs are then missing from
+// History and Audit; ForceRelease still journals).
 func WithJournal(on bool) Option {
 	return optionFunc(func(c *config) { c.journalOff = !on })
 }

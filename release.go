@@ -30,7 +30,7 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //     check) it returns an error instead of panicking.
 //   - With the journal on (WithJournal), an Unlock after a loss journals
 //     when the holder stopped (a lost row), once: the end of a run that
-//     outlived its lease, which Audit needs to see an overlap.
+//     outlived its lease, which the journal's Audit needs to see an overlap.
 func (le *Lease) Unlock(ctx context.Context) error {
 	if le == nil {
 		return errNilLease

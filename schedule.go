@@ -11,7 +11,7 @@ import (
 // This file is the fleet's memory of scheduled keys: what each key's
 // schedule is and when its next tick is due, so that a tick that ran zero
 // times — every replica was down across it — is caught up once or at
-// least reported (Audit's Missed).
+// least reported (pglease/journal's Audit: AuditResult.Missed).
 
 // A Schedule gives the activations ("ticks") of a scheduled job. A
 // robfig/cron cron.Schedule is one.
@@ -63,8 +63,8 @@ type JobSchedule struct {
 	// (Tick).
 	Schedule Schedule
 	// Grace is how late a tick's run may start and still be on time: a due
-	// tick with no run claimed for it after Grace is missed (Audit). At
-	// least 0, at most MaxGrace.
+	// tick with no run claimed for it after Grace is missed (pglease/journal's
+	// Audit). At least 0, at most MaxGrace.
 	Grace time.Duration
 	// CatchUpWithin turns on catch-up: a tick missed no more than
 	// CatchUpWithin ago is returned by RegisterSchedule, to be run now. 0
