@@ -71,9 +71,9 @@ func Tick(t time.Time) LockOption {
 // takes the key stores it as the key's next due tick (if the key's schedule
 // was registered with Locker.RegisterSchedule) and in the run's journal
 // row (Run.NextTick in pglease/journal): a tick that comes due and gets no
-// run is then reported by journal.Audit (AuditResult.Missed). The scheduler adapters pass it
-// for every run. t must be after the tick; without Tick, the claim fails
-// with ErrInvalidOption.
+// run is then reported by journal.Audit (AuditResult.Missed). The
+// scheduler adapters pass it for every run. t must be after the tick;
+// without Tick, the claim fails with ErrInvalidOption.
 func NextTick(t time.Time) LockOption {
 	return func(c *lockConfig) {
 		if t.IsZero() {
