@@ -2,10 +2,11 @@ package pglease
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // LeaseInfo describes one lease row: List reports each row of the table,
@@ -44,7 +45,7 @@ const (
 // List returns every row of the lease table, ordered by key, with each
 // lease's state on the server's clock. It writes nothing.
 func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, error) {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return nil, err
 	}
@@ -52,14 +53,14 @@ func List[D DB](ctx context.Context, db D, opts ...TableOption) ([]LeaseInfo, er
 	if err != nil {
 		return nil, err
 	}
-	rows, err := t.store(b, true).List(ctx)
+	rows, err := t.Store(b, true).List(ctx)
 	if err != nil {
-		return nil, t.wrapDB("list", err)
+		return nil, t.WrapDB("list", err)
 	}
 	var out []LeaseInfo
 	for _, r := range rows {
 		li := LeaseInfo{Key: r.Key, Holder: r.Holder, Fence: r.Fence, AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt,
-			ReleasedAt: timePtr(r.ReleasedAt), HoldUntil: timePtr(r.HoldUntil), LastTick: timePtr(r.LastTick), State: KeyState(r.State)}
+			ReleasedAt: entry.TimePtr(r.ReleasedAt), HoldUntil: entry.TimePtr(r.HoldUntil), LastTick: entry.TimePtr(r.LastTick), State: KeyState(r.State)}
 		if li.State != KeyReleased {
 			li.ExpiresIn = r.TimeLeft
 		}
@@ -79,13 +80,6 @@ type ForceReleaseResult struct {
 	// was evicted and the fence did not move (only a pending minimum hold
 	// was cleared).
 	WasLive bool
-}
-
-func timePtr(t sql.NullTime) *time.Time {
-	if !t.Valid {
-		return nil
-	}
-	return &t.Time
 }
 
 // ErrUnknownKey means that ForceRelease was given a key with no lease row.
@@ -110,10 +104,10 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // (released, expired) keeps its fence and only loses a pending minimum
 // hold: WasLive reports which.
 func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOption) (ForceReleaseResult, error) {
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return ForceReleaseResult{}, err
 	}
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return ForceReleaseResult{}, err
 	}
@@ -128,20 +122,20 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOpti
 		// and the eviction would happen later, unannounced.
 		wait = max(time.Until(dl)-100*time.Millisecond, time.Millisecond)
 	}
-	e, err := t.store(b, true).ForceRelease(ctx, key, wait)
+	e, err := t.Store(b, true).ForceRelease(ctx, key, wait)
 	r := ForceReleaseResult{Key: key, Holder: e.Holder, OldFence: e.OldFence, NewFence: e.NewFence, WasLive: e.WasLive}
 	switch {
 	case errors.Is(err, errNoRows):
-		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.display)
-	case sqlState(err) == "55P03": // lock_not_available: the server gave up, rolled back
+		return r, fmt.Errorf("%w: %q in %s", ErrUnknownKey, key, t.Display)
+	case entry.SQLState(err) == "55P03": // lock_not_available: the server gave up, rolled back
 		return r, fmt.Errorf("pglease: force release %q on %s: nothing was released: a fenced transaction of the holder "+
 			"(Guard) still locks the row until it commits or rolls back (see pg_stat_activity); retry with a longer deadline: %w (%w)",
-			key, t.display, context.DeadlineExceeded, err)
+			key, t.Display, context.DeadlineExceeded, err)
 	case err != nil && ctx.Err() != nil:
 		return r, fmt.Errorf("pglease: force release %q on %s: the context ended before the server answered; "+
-			"the release may or may not have happened (check with List): %w", key, t.display, ctx.Err())
+			"the release may or may not have happened (check with List): %w", key, t.Display, ctx.Err())
 	case err != nil:
-		return r, t.wrapDB(fmt.Sprintf("force release %q", key), err)
+		return r, t.WrapDB(fmt.Sprintf("force release %q", key), err)
 	}
 	return r, nil
 }

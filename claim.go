@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease/internal/ctxsleep"
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -35,7 +36,7 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lea
 
 // prepareClaim validates a claim's arguments before any I/O.
 func (l *Locker) prepareClaim(ctx context.Context, key string, opts []LockOption) (lockConfig, error) {
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return lockConfig{}, err
 	}
 	lc, err := l.lockConfig(opts)
@@ -103,7 +104,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	end(err)
 	switch {
 	case err != nil:
-		if sqlState(err) == "" && !store.NeverSent(err) {
+		if entry.SQLState(err) == "" && !store.NeverSent(err) {
 			// No server verdict (context ended, connection lost) for a claim
 			// that may have been sent: it may commit after the reply was
 			// lost. Undo it once its outcome is known. A claim that never
@@ -114,7 +115,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 			return nil, res, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
 				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)
 		}
-		return nil, res, l.table.wrapDB(fmt.Sprintf("lock %q", key), err)
+		return nil, res, l.table.WrapDB(fmt.Sprintf("lock %q", key), err)
 	case res.Outcome != store.Acquired:
 		if res.Outcome == store.FailoverDelay {
 			l.delayMet(key, &res)

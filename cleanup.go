@@ -62,12 +62,12 @@ func (l *Locker) retryInBackground(what, key string, giveUp time.Duration, fn fu
 			}
 			if l.ctx.Err() != nil || (giveUp > 0 && time.Since(start) > giveUp) {
 				l.log.Warn("pglease: "+what+": gave up; the row expires by itself",
-					"key", key, "holder", l.holder, "attempts", attempt, "error", l.table.wrapDB(what, err))
+					"key", key, "holder", l.holder, "attempts", attempt, "error", l.table.WrapDB(what, err))
 				return
 			}
 			if attempt == 1 { // one line per clean-up, not one per retry
 				l.log.Warn("pglease: "+what+" failed, retrying in the background",
-					"key", key, "holder", l.holder, "error", l.table.wrapDB(what, err))
+					"key", key, "holder", l.holder, "error", l.table.WrapDB(what, err))
 			}
 			// Close cuts the sleep short; the next attempt is then the last.
 			ctxsleep.For(l.ctx, delay)

@@ -30,29 +30,3 @@ type DB interface {
 
 // errNoRows is the error of a read that found no row.
 var errNoRows = store.ErrNoRows
-
-// newBackend returns the store's adapter for db.
-func newBackend[D DB](db D) (store.Backend, error) {
-	if p, ok := any(db).(*pgxpool.Pool); ok {
-		if p == nil {
-			return nil, nilDBError{"*pgxpool.Pool"}
-		}
-		return store.FromPool(p), nil
-	}
-	d := any(db).(*sql.DB) // DB admits no third type
-	if d == nil {
-		return nil, nilDBError{"*sql.DB"}
-	}
-	return store.FromSQLDB(d), nil
-}
-
-// nilDBError is the error for a nil *sql.DB or *pgxpool.Pool. It says so
-// rather than calling the database an option, and is ErrInvalidOption for
-// errors.Is: bad input, nothing was done.
-type nilDBError struct{ typ string }
-
-func (e nilDBError) Error() string {
-	return "pglease: nil database (a nil " + e.typ + "): give an open *sql.DB or *pgxpool.Pool"
-}
-
-func (e nilDBError) Is(target error) bool { return target == ErrInvalidOption }

@@ -128,17 +128,19 @@
 // run records its next due tick (NextTick) in its claim; a replica that
 // starts after a missed tick is told of the latest one within the
 // catch-up window and runs it once across the fleet (CatchUp, granted by
-// the same tick ledger), and Audit reports the ticks that ran zero times.
+// the same tick ledger), and the journal's Audit reports the ticks that ran
+// zero times.
 //
 // # The journal
 //
 // Every state change of a lease — a grant, a release, an expiry taken over,
 // an eviction, a loss the holder records — appends a row to <table>_journal
 // in the statement that makes the change; renewals and skipped claims write
-// nothing. History reads a key's runs back (who held it, when, how it ended,
-// the job's outcome for Do and the scheduler adapters), Audit finds runs of
-// one key that overlapped in time and ticks run twice. WithJournal turns it
-// off, WithJournalRetention sets how long rows are kept.
+// nothing. Package pglease/journal reads it back: History, a key's runs
+// (who held it, when, how it ended, the job's outcome for Do and the
+// scheduler adapters), and Audit, the runs of one key that overlapped in
+// time, the ticks run twice and the ticks that ran zero times. WithJournal
+// turns it off, WithJournalRetention sets how long rows are kept.
 //
 // # Failover
 //

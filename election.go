@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // An Election is leader election on one key, in the forms Go users know
@@ -30,7 +32,7 @@ func NewElection(l *Locker, key string) (*Election, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: nil Locker", ErrInvalidOption)
 	}
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return nil, err
 	}
 	return &Election{l: l, key: key}, nil
@@ -102,7 +104,7 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 	case errors.Is(err, errNoRows):
 		return LeaseInfo{}, ErrNoLeader
 	case err != nil:
-		return LeaseInfo{}, e.l.table.wrapDB(fmt.Sprintf("leader of %q", e.key), err)
+		return LeaseInfo{}, e.l.table.WrapDB(fmt.Sprintf("leader of %q", e.key), err)
 	}
 	li.Holder, li.Fence, li.AcquiredAt, li.ExpiresAt, li.ExpiresIn = live.Holder, live.Fence, live.AcquiredAt, live.ExpiresAt, live.TimeLeft
 	return li, nil

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // Sentinel errors. Test for them with errors.Is: the errors pglease returns
@@ -42,23 +44,23 @@ var (
 
 	// ErrInvalidKey means that the key is empty, longer than MaxKeyLen
 	// bytes, not valid UTF-8, or contains a NUL byte.
-	ErrInvalidKey = errors.New("pglease: invalid key")
+	ErrInvalidKey = entry.ErrInvalidKey
 
 	// ErrInvalidOption means that an argument was refused before any I/O:
 	// an option out of range, or a nil database. Nothing was done.
-	ErrInvalidOption = errors.New("pglease: invalid option")
+	ErrInvalidOption = entry.ErrInvalidOption
 
 	// ErrNotMigrated means that the lease table does not exist, or that its
 	// schema is older than this library needs: run Migrate (or `pglease
 	// migrate`).
-	ErrNotMigrated = errors.New("pglease: lease table missing or not migrated")
+	ErrNotMigrated = entry.ErrNotMigrated
 
 	// ErrSchemaTooNew means that the table was migrated by a newer pglease.
 	ErrSchemaTooNew = errors.New("pglease: schema is newer than this library")
 
 	// ErrReadOnly means that the server refused the write (a hot standby,
 	// or default_transaction_read_only). Leases need the primary.
-	ErrReadOnly = errors.New("pglease: server is read-only")
+	ErrReadOnly = entry.ErrReadOnly
 )
 
 // LockedReason says why a claim found the key blocked
@@ -156,25 +158,3 @@ func (e *LeaseLostError) Error() string {
 
 // Is makes errors.Is(err, ErrLeaseLost) true.
 func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
-
-// sqlState extracts the SQLSTATE from pgx and lib/pq errors alike.
-func sqlState(err error) string {
-	var s interface{ SQLState() string }
-	if errors.As(err, &s) {
-		return s.SQLState()
-	}
-	return ""
-}
-
-// wrapDB turns a server error into one of the sentinels where one applies.
-func (t table) wrapDB(op string, err error) error {
-	switch sqlState(err) {
-	case "25006": // read_only_sql_transaction
-		return fmt.Errorf("%w: %s on %s: %w", ErrReadOnly, op, t.display, err)
-	case "3F000": // invalid_schema_name
-		return fmt.Errorf("%w: %s on %s: the schema does not exist (create it, then run pglease.Migrate): %w", ErrNotMigrated, op, t.display, err)
-	case "42P01", "42703", "42883": // undefined_table, undefined_column, undefined_function
-		return fmt.Errorf("%w: %s on %s (run pglease.Migrate or `pglease migrate`): %w", ErrNotMigrated, op, t.display, err)
-	}
-	return fmt.Errorf("pglease: %s on %s: %w", op, t.display, err)
-}

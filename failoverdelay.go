@@ -67,5 +67,5 @@ func (l *Locker) delayMet(key string, rep *store.ClaimResult) {
 		}
 	}
 	l.log.Warn("pglease: the database failed over (new timeline): keys that look free are not granted until the failover delay has passed",
-		"table", l.table.display, "timeline", rep.Fence, "delay", l.cfg.failoverDelay, "until", rep.ExpiresAt, "free_in", rep.FreeIn, "key", key, "holder", l.holder)
+		"table", l.table.Display, "timeline", rep.Fence, "delay", l.cfg.failoverDelay, "until", rep.ExpiresAt, "free_in", rep.FreeIn, "key", key, "holder", l.holder)
 }

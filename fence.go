@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -89,7 +90,7 @@ func (le *Lease) guard(ctx context.Context, tx store.Backend) error {
 		return &LeaseLostError{Key: le.key, Holder: l.holder, Fence: le.fence,
 			Reason: "fenced transaction: the lease is not held in this transaction's view (expired, released or taken over)"}
 	case err != nil:
-		return l.table.wrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
+		return l.table.WrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
 	}
 	return nil
 }
@@ -130,7 +131,7 @@ func NewFenceTable(opts ...FenceTableOption) (*FenceTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FenceTable{table: t, store: t.store(nil, true), obs: newObserver(c)}, nil
+	return &FenceTable{table: t, store: t.Store(nil, true), obs: newObserver(c)}, nil
 }
 
 // Check records fence for resource in tx, or returns an error wrapping
@@ -151,7 +152,7 @@ func (g *FenceTable) CheckPgx(ctx context.Context, tx pgx.Tx, resource string, f
 }
 
 func (g *FenceTable) check(ctx context.Context, tx store.Backend, resource string, fence int64) error {
-	if err := checkKey(resource); err != nil {
+	if err := entry.CheckKey(resource); err != nil {
 		return fmt.Errorf("pglease: fence table resource: %w", err)
 	}
 	if fence <= 0 {
@@ -162,12 +163,12 @@ func (g *FenceTable) check(ctx context.Context, tx store.Backend, resource strin
 		g.obs.rejected(ctx, "fence_table")
 		cur, err := g.store.CurrentFence(ctx, tx, resource)
 		if err != nil {
-			return g.table.wrapDB("fence table", err)
+			return g.table.WrapDB("fence table", err)
 		}
 		return &StaleFenceError{Resource: resource, Fence: fence, Current: cur}
 	}
 	if err != nil {
-		return g.table.wrapDB(fmt.Sprintf("fence table %q", resource), err)
+		return g.table.WrapDB(fmt.Sprintf("fence table %q", resource), err)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 const DefaultJournalRetention = 14 * 24 * time.Hour
 
 // An Outcome is how a run made under a lease ended, as the journal records
-// it (see RunInfo.Outcome): Do records one for every run, and
+// it (see Run.Outcome in pglease/journal): Do records one for every run, and
 // Lease.UnlockWithOutcome lets a scheduler adapter record its own.
 type Outcome string
 
@@ -120,7 +120,7 @@ func (le *Lease) witnessTold(why lossReason) {
 // losing it: the time its run really ended (the store's JournalLost). The first
 // attempt is bounded by the release timeout; if it fails, the row is
 // retried in the background until it lands or the Locker closes (see
-// retryWitness), so that Audit sees the run end where it did.
+// retryWitness), so that the journal's Audit sees the run end where it did.
 func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	l := le.locker
 	if l.cfg.journalOff {
@@ -237,6 +237,6 @@ func (l *Locker) pruneJournal() {
 	}
 	if err != nil && !errors.Is(err, errNoRows) && l.ctx.Err() == nil {
 		l.log.Warn("pglease: pruning the journal failed; the next attempt is in "+l.prune.interval().String(),
-			"holder", l.holder, "error", l.table.wrapDB("prune journal", err))
+			"holder", l.holder, "error", l.table.WrapDB("prune journal", err))
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/pglease/pglease/pgleasetest"
 )
 
 // jrow is one journal row, as the tests compare them.
@@ -300,15 +298,6 @@ func TestJournalRowSize(t *testing.T) {
 		runs, heap, total, float64(total)/runs)
 }
 
-// expireNow ends a key's lease on the server clock now, as if its holder
-// had stopped renewing (f.expire dates the lease hours back instead).
-func (f *fixture) expireNow(key string) {
-	f.t.Helper()
-	if _, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET expires_at = clock_timestamp() WHERE key = $1`, key); err != nil {
-		f.t.Fatal(err)
-	}
-}
-
 // The holder's estimate of the server's time tracks the server's clock:
 // between two server readings taken around it.
 func TestServerTimeEstimate(t *testing.T) {
@@ -337,48 +326,4 @@ func TestServerTimeEstimate(t *testing.T) {
 	if est.After(after.Add(time.Since(le.Deadline().Add(-l.cfg.duration + l.cfg.margin)))) {
 		t.Fatalf("estimate %v too late (server %v)", est, after)
 	}
-}
-
-// An evicted holder's witness of when it really stopped (the lost row of
-// its Unlock) is retried in the background when the database cannot be
-// reached, and lands once it can: History then ends the run at the Unlock,
-// after the next holder's grant, which is what Audit needs to see the
-// overlap.
-func TestWitnessRetriedUntilItLands(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	c := ctx(t)
-	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	a := f.locker(proxy.DB(t, 2), WithHolder("a"), WithLeaseDuration(2*time.Second), WithReleaseTimeout(300*time.Millisecond))
-	b := f.replica(2, WithHolder("b"))
-	le, err := a.Lock(c, "nightly")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ForceRelease(c, f.admin, "nightly", WithTable(f.table)); err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, le, 10*time.Second) // told by its next renew
-	leB, err := b.Lock(c, "nightly")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leB.Unlock(c)
-	var stopAt time.Time // the server's time just before a stops
-	if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&stopAt); err != nil {
-		t.Fatal(err)
-	}
-	proxy.Cut()
-	if err := le.Unlock(c); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("Unlock of the evicted lease: %v", err)
-	}
-	proxy.Restore()
-	waitFor(t, 20*time.Second, func() bool {
-		runs, err := History(c, f.admin, "nightly", time.Time{}, 0, WithTable(f.table))
-		return err == nil && len(runs) == 2 && runs[1].Holder == "a" && runs[1].EndedAt != nil && !runs[1].EndedAt.Before(stopAt)
-	})
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -48,7 +49,7 @@ type Locker struct {
 // The Locker never holds a connection between calls: each claim, renew and
 // release borrows one connection for one statement.
 func New[D DB](db D, opts ...Option) (*Locker, error) {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +58,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	l := &Locker{
-		store:  t.store(b, !cfg.journalOff),
+		store:  t.Store(b, !cfg.journalOff),
 		cfg:    cfg,
 		table:  t,
 		holder: cfg.holder,
@@ -80,7 +81,7 @@ func (l *Locker) Holder() string { return l.holder }
 func (l *Locker) LeaseDuration() time.Duration { return l.cfg.duration }
 
 // Table is the lease table's name as configured.
-func (l *Locker) Table() string { return l.table.display }
+func (l *Locker) Table() string { return l.table.Display }
 
 // NumHeld returns the number of leases this Locker holds now.
 func (l *Locker) NumHeld() int {

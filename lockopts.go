@@ -70,10 +70,10 @@ func Tick(t time.Time) LockOption {
 // activation of the job's schedule after this run's tick. A claim that
 // takes the key stores it as the key's next due tick (if the key's schedule
 // was registered with Locker.RegisterSchedule) and in the run's journal
-// row (RunInfo.NextTick): a tick that comes due and gets no run is then
-// reported by Audit (AuditResult.Missed). The scheduler adapters pass it
-// for every run. t must be after the tick; without Tick, the claim fails
-// with ErrInvalidOption.
+// row (Run.NextTick in pglease/journal): a tick that comes due and gets no
+// run is then reported by journal.Audit (AuditResult.Missed). The
+// scheduler adapters pass it for every run. t must be after the tick;
+// without Tick, the claim fails with ErrInvalidOption.
 func NextTick(t time.Time) LockOption {
 	return func(c *lockConfig) {
 		if t.IsZero() {
@@ -86,7 +86,7 @@ func NextTick(t time.Time) LockOption {
 
 // CatchUp marks the claim, with Tick, as the catch-up run of a tick that
 // was missed (see Locker.RegisterSchedule): the journal records it
-// (RunInfo.CatchUp). It changes nothing else: the tick ledger still grants
+// (journal.Run.CatchUp). It changes nothing else: the tick ledger still grants
 // the tick once. Without Tick, the claim fails with ErrInvalidOption.
 func CatchUp() LockOption {
 	return func(c *lockConfig) { c.catchUp = true }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -14,7 +15,7 @@ func SchemaVersion() int { return store.Version() }
 // Migrate creates or upgrades to SchemaVersion() the lease table, its
 // version table (<table>_version), the fence-guard table (<table>_fences,
 // see FenceTable) and the journal (<table>_journal, with its one-row pruning
-// ledger <table>_journal_pruned; see WithJournal, History, Audit). The
+// ledger <table>_journal_pruned; see WithJournal and package pglease/journal). The
 // journal grows by two rows per run — a grant and its end — until the
 // retention (WithJournalRetention) deletes them. On the lease table it also creates the natural-order index
 // (<table>_natural_key: keys without their trailing digits, then by that
@@ -65,7 +66,7 @@ func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 // table named by opts, after validating them; what names the operation in
 // errors.
 func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, op func(*store.Store, context.Context) error) error {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return err
 	}
@@ -76,7 +77,7 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pglease: %s: %w", what, err)
 	}
-	err = op(t.store(b, true), ctx)
+	err = op(t.Store(b, true), ctx)
 	var tooNew *store.TooNewError
 	switch {
 	case err == nil:
@@ -87,14 +88,14 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 			suffix = "; nothing dropped"
 		}
 		err = fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
-			ErrSchemaTooNew, t.display, tooNew.Version, SchemaVersion(), suffix)
+			ErrSchemaTooNew, t.Display, tooNew.Version, SchemaVersion(), suffix)
 	case errors.Is(err, store.ErrNoVersionTable):
 		err = fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
-			ErrNotMigrated, t.display, t.names.Version)
-	case sqlState(err) != "":
-		return t.wrapDB(what, err)
+			ErrNotMigrated, t.Display, t.Names.Version)
+	case entry.SQLState(err) != "":
+		return t.WrapDB(what, err)
 	}
-	return fmt.Errorf("pglease: %s on %s: %w", what, t.display, err)
+	return fmt.Errorf("pglease: %s on %s: %w", what, t.Display, err)
 }
 
 // Drop removes everything Migrate created for the table named by WithTable:
@@ -121,7 +122,7 @@ func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
 // was migrated to: 0 if it was never migrated, SchemaVersion() when it is
 // current. It writes nothing.
 func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int, error) {
-	b, err := newBackend(db)
+	b, err := entry.Backend(db)
 	if err != nil {
 		return 0, err
 	}
@@ -129,9 +130,9 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 	if err != nil {
 		return 0, err
 	}
-	v, err := t.store(b, true).Version(ctx)
+	v, err := t.Store(b, true).Version(ctx)
 	if err != nil {
-		return 0, t.wrapDB("read schema version", err)
+		return 0, t.WrapDB("read schema version", err)
 	}
 	return v, nil
 }
@@ -147,9 +148,9 @@ func SchemaSQL(tableName string) (string, error) {
 	if tableName == "" {
 		tableName = DefaultTable
 	}
-	t, err := parseTable(tableName)
+	t, err := entry.ParseTable(tableName)
 	if err != nil {
 		return "", err
 	}
-	return store.SchemaSQL(t.names), nil
+	return store.SchemaSQL(t.Names), nil
 }

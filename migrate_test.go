@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -49,7 +50,7 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 	// The validity CHECK of the design is there.
 	_, err := admin.ExecContext(c, `INSERT INTO "`+table+`" (key, holder, token, fence, acquired_at, expires_at)
 		VALUES ('x', 'h', 1, 1, now(), now() - interval '1 second')`)
-	if err == nil || sqlState(err) != "23514" {
+	if err == nil || entry.SQLState(err) != "23514" {
 		t.Fatalf("a lease expiring before it starts must violate the CHECK: %v", err)
 	}
 	// A schema from a newer pglease is refused and left alone.
@@ -126,7 +127,7 @@ func TestMigrateFromVersion2KeepsLeases(t *testing.T) {
 	admin := pgleasetest.DB(t, 2)
 	c := ctx(t)
 	tb := migrateTo(t, admin, tbl, 2)
-	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.names.Quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
+	if _, err := admin.ExecContext(c, `INSERT INTO `+tb.Names.Quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at)
 		VALUES ('job', 'old', 1, 5, now() - interval '1 minute', now() - interval '30 seconds', now() - interval '40 seconds')`); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func lockBeforeMigrate(t *testing.T, v int) (string, *sql.DB) {
 		t.Fatalf("RegisterSchedule on a version-%d table: %v", v, err)
 	}
 	var rows int
-	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.names.Quoted).Scan(&rows); err != nil || rows != 0 {
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.Names.Quoted).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("the refused claim wrote %d rows (%v)", rows, err)
 	}
 	if err := Migrate(c, admin, WithTable(tbl)); err != nil {
@@ -239,16 +240,16 @@ func TestSchemaVersionOf(t *testing.T) {
 func migrateTo(t *testing.T, admin *sql.DB, tbl string, n int) table {
 	t.Helper()
 	c := ctx(t)
-	tb, err := parseTable(tbl)
+	tb, err := entry.ParseTable(tbl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := tb.store(nil, true).SQL()
+	st := tb.Store(nil, true).SQL()
 	if _, err := admin.ExecContext(c, st.VersionTable); err != nil {
 		t.Fatal(err)
 	}
 	for v, m := range store.Migrations()[:n] {
-		if _, err := admin.ExecContext(c, tb.names.Bind(m)); err != nil {
+		if _, err := admin.ExecContext(c, tb.Names.Bind(m)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := admin.ExecContext(c, st.RecordVersion, v+1); err != nil {

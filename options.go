@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // Limits on the options, checked by New.
@@ -59,6 +61,10 @@ type tableOption string
 func (o tableOption) apply(c *config)   { c.table = string(o) }
 func (tableOption) isFenceTableOption() {}
 func (tableOption) isTableOption()      {}
+
+// TableName is the table's name as given: pglease/journal reads the table
+// of a TableOption through it (internal/entry.TableOf).
+func (o tableOption) TableName() string { return string(o) }
 
 type config struct {
 	table          string
@@ -200,9 +206,10 @@ func WithPollInterval(d time.Duration) Option {
 // WithJournal turns the journal on or off (default on). On, every claim
 // that takes a key, every release, every loss a holder records and every
 // eviction appends a row to <table>_journal in the statement that makes the
-// change (see History and Audit); renewals and claims that skip write
-// nothing. Off, this Locker's statements leave the journal alone (its runs
-// are then missing from History and Audit; ForceRelease still journals).
+// change (read back by package pglease/journal: History and Audit);
+// renewals and claims that skip write nothing. Off, this Locker's
+// statements leave the journal alone (its runs are then missing from
+// History and Audit; ForceRelease still journals).
 func WithJournal(on bool) Option {
 	return optionFunc(func(c *config) { c.journalOff = !on })
 }
@@ -242,14 +249,14 @@ func buildConfig(opts []Option) (config, table, error) {
 		failoverDelay: -1, retention: DefaultJournalRetention}
 	for _, o := range opts {
 		if o == nil {
-			return c, table{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+			return c, table{}, entry.NilOption()
 		}
 		o.apply(&c)
 	}
 	if len(c.errs) > 0 {
 		return c, table{}, c.errs[0]
 	}
-	t, err := parseTable(c.table)
+	t, err := entry.ParseTable(c.table)
 	if err != nil {
 		return c, t, err
 	}

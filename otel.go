@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // This file is the OpenTelemetry observer (see observe.go for the seam).
@@ -329,7 +331,7 @@ func endSpan(sp trace.Span, op string, err error) {
 		sp.SetStatus(codes.Error, "the lease is not held")
 		return
 	}
-	if code := sqlState(err); code != "" {
+	if code := entry.SQLState(err); code != "" {
 		sp.SetAttributes(semconv.DBResponseStatusCode(code))
 	}
 	sp.SetAttributes(errorType(err))
@@ -341,8 +343,8 @@ func endSpan(sp trace.Span, op string, err error) {
 // context's error or the Go type.
 func errorType(err error) attribute.KeyValue {
 	switch {
-	case sqlState(err) != "":
-		return semconv.ErrorTypeKey.String(sqlState(err))
+	case entry.SQLState(err) != "":
+		return semconv.ErrorTypeKey.String(entry.SQLState(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return semconv.ErrorTypeKey.String("timeout")
 	case errors.Is(err, context.Canceled):

@@ -30,7 +30,7 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //     check) it returns an error instead of panicking.
 //   - With the journal on (WithJournal), an Unlock after a loss journals
 //     when the holder stopped (a lost row), once: the end of a run that
-//     outlived its lease, which Audit needs to see an overlap.
+//     outlived its lease, which the journal's Audit needs to see an overlap.
 func (le *Lease) Unlock(ctx context.Context) error {
 	if le == nil {
 		return errNilLease
@@ -73,7 +73,7 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 			return lost
 		}
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
-			l.table.wrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
+			l.table.WrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
 	case !released:
 		le.finishLost(ctx, stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
@@ -135,7 +135,7 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%w; %d leases are no longer renewed and expire by themselves",
-			l.table.wrapDB("close", err), len(batch))
+			l.table.WrapDB("close", err), len(batch))
 	}
 	return errors.Join(lost...)
 }

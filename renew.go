@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -145,7 +146,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	got, err := l.store.Renew(ctx, l.holder, l.cfg.duration, leaseRefs(batch))
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
-	if sqlState(err) == "25006" { // read_only_sql_transaction
+	if entry.SQLState(err) == "25006" { // read_only_sql_transaction
 		// A standby answered: after a failover, the old primary rejoins as
 		// one, and a pool still connected to it can never renew there.
 		// The leases end now rather than at their deadline, while the new
@@ -159,7 +160,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	if err != nil {
 		if warn && l.ctx.Err() == nil {
 			l.log.WarnContext(ctx, "pglease: renew failed, retrying until the local deadline",
-				withTrace(ctx, "holder", l.holder, "leases", len(batch), "error", l.table.wrapDB("renew", err))...)
+				withTrace(ctx, "holder", l.holder, "leases", len(batch), "error", l.table.WrapDB("renew", err))...)
 		}
 		return false
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // This file is the fleet's memory of scheduled keys: what each key's
 // schedule is and when its next tick is due, so that a tick that ran zero
 // times — every replica was down across it — is caught up once or at
-// least reported (Audit's Missed).
+// least reported (pglease/journal's Audit: AuditResult.Missed).
 
 // A Schedule gives the activations ("ticks") of a scheduled job. A
 // robfig/cron cron.Schedule is one.
@@ -61,8 +63,8 @@ type JobSchedule struct {
 	// (Tick).
 	Schedule Schedule
 	// Grace is how late a tick's run may start and still be on time: a due
-	// tick with no run claimed for it after Grace is missed (Audit). At
-	// least 0, at most MaxGrace.
+	// tick with no run claimed for it after Grace is missed (pglease/journal's
+	// Audit). At least 0, at most MaxGrace.
 	Grace time.Duration
 	// CatchUpWithin turns on catch-up: a tick missed no more than
 	// CatchUpWithin ago is returned by RegisterSchedule, to be run now. 0
@@ -116,7 +118,7 @@ func (js JobSchedule) check() error {
 // Invalid arguments fail with ErrInvalidKey or ErrInvalidOption and write
 // nothing.
 func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedule) (time.Time, error) {
-	if err := checkKey(key); err != nil {
+	if err := entry.CheckKey(key); err != nil {
 		return time.Time{}, err
 	}
 	if err := js.check(); err != nil {
@@ -136,7 +138,7 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	was, err := l.store.RegisterSchedule(ctx, key, js.Spec, next.Truncate(time.Microsecond), js.Grace)
 	spec, due, last := was.Schedule, was.NextDue, was.LastTick
 	if err != nil {
-		return time.Time{}, l.table.wrapDB(fmt.Sprintf("register schedule of %q", key), err)
+		return time.Time{}, l.table.WrapDB(fmt.Sprintf("register schedule of %q", key), err)
 	}
 	if js.CatchUpWithin == 0 || !spec.Valid || spec.String != js.Spec {
 		return time.Time{}, nil // catch-up off, or a new schedule: nothing was due yet

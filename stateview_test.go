@@ -3,6 +3,8 @@ package pglease
 import (
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // The state view gives each lease row its state on the server clock —
@@ -13,11 +15,11 @@ import (
 func TestStateView(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
-	tb, err := parseTable(f.table)
+	tb, err := entry.ParseTable(f.table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.admin.ExecContext(c, `INSERT INTO `+tb.names.Quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at, hold_until)
+	if _, err := f.admin.ExecContext(c, `INSERT INTO `+tb.Names.Quoted+` (key, holder, token, fence, acquired_at, expires_at, released_at, hold_until)
 		VALUES ('held', 'h', 1, 1, now() - interval '1 minute', now() + interval '1 hour', NULL, NULL),
 		       ('expired', 'h', 1, 2, now() - interval '1 hour', now() - interval '1 minute', NULL, NULL),
 		       ('min-hold', 'h', 1, 3, now() - interval '1 hour', now() - interval '30 minutes', now() - interval '40 minutes', now() + interval '2 hours'),
@@ -25,7 +27,7 @@ func TestStateView(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := f.admin.QueryContext(c, `SELECT key, state, coalesce(hold_until, expires_at) - time_left, extract(epoch FROM time_left)
-		FROM `+tb.names.StateView+` ORDER BY key`)
+		FROM `+tb.Names.StateView+` ORDER BY key`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // findingJSON is one finding as `pglease audit --json` prints it.
@@ -22,10 +23,10 @@ type findingJSON struct {
 	From           time.Time            `json:"from"`       // when the overlap began
 	OverlapMS      float64              `json:"overlap_ms"` // to the microsecond
 	Tick           *time.Time           `json:"tick"`       // a tick both runs ran, else null
-	Cause          pglease.OverlapCause `json:"cause"`
+	Cause          journal.OverlapCause `json:"cause"`
 }
 
-func findingsJSON(fs []pglease.OverlapInfo) []findingJSON {
+func findingsJSON(fs []journal.Overlap) []findingJSON {
 	out := make([]findingJSON, 0, len(fs))
 	for _, f := range fs {
 		out = append(out, findingJSON{Key: f.Key, Fence: f.Fence, Holder: f.Holder, OverlapsFence: f.OverlapsFence,
@@ -40,7 +41,7 @@ var errFindings = errors.New("audit found")
 
 // foundWhat names the kinds of findings of res: "overlapping runs",
 // "missed ticks" or both.
-func foundWhat(res pglease.AuditResult) string {
+func foundWhat(res journal.AuditResult) string {
 	switch {
 	case len(res.Findings) > 0 && len(res.Missed) > 0:
 		return "overlapping runs and missed ticks"
@@ -50,7 +51,7 @@ func foundWhat(res pglease.AuditResult) string {
 	return "overlapping runs"
 }
 
-func printFindings(w io.Writer, res pglease.AuditResult) {
+func printFindings(w io.Writer, res journal.AuditResult) {
 	window := "in the whole journal"
 	if !res.Since.IsZero() {
 		window = "since " + res.Since.UTC().Format(tsFormat)
@@ -114,7 +115,7 @@ so it can run from cron or CI.`,
 				return err
 			}
 			defer db.Close()
-			res, err := pglease.Audit(cmd.Context(), db, from, pglease.WithTable(f.table))
+			res, err := journal.Audit(cmd.Context(), db, from, pglease.WithTable(f.table))
 			if err != nil {
 				return explain(err, f.table)
 			}

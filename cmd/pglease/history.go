@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // runJSON is one run as `pglease history --json` prints it.
@@ -25,11 +26,11 @@ type runJSON struct {
 	AcquiredAt time.Time      `json:"acquired_at"`
 	EndedAt    *time.Time     `json:"ended_at"` // null while running
 	DurationMS int64          `json:"duration_ms"`
-	End        pglease.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost
+	End        journal.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost
 	Outcome    *string        `json:"outcome"` // ok, error, panic, lost, or null
 }
 
-func runsJSON(runs []pglease.RunInfo) []runJSON {
+func runsJSON(runs []journal.Run) []runJSON {
 	out := make([]runJSON, 0, len(runs))
 	for _, r := range runs {
 		j := runJSON{Key: r.Key, Fence: r.Fence, Holder: r.Holder, Tick: utcPtr(r.Tick), CatchUp: r.CatchUp,
@@ -49,7 +50,7 @@ const tsFormat = "2006-01-02 15:04:05.000Z"
 // printRuns prints the runs as a table; the TICK column only when a run has
 // one (a catch-up run's marked "catch-up": it ran a missed tick late), the
 // NEXT DUE column only when a run recorded one.
-func printRuns(w io.Writer, key string, runs []pglease.RunInfo) {
+func printRuns(w io.Writer, key string, runs []journal.Run) {
 	if len(runs) == 0 {
 		fmt.Fprintf(w, "no runs of %q in the journal\n", key)
 		return
@@ -171,7 +172,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 				return err
 			}
 			defer db.Close()
-			runs, err := pglease.History(cmd.Context(), db, args[0], from, limit, pglease.WithTable(f.table))
+			runs, err := journal.History(cmd.Context(), db, args[0], from, limit, pglease.WithTable(f.table))
 			if err != nil {
 				return explain(err, f.table)
 			}

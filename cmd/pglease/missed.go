@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // causeMissed is the "cause" of a missed tick in `pglease audit --json`,
@@ -21,7 +21,7 @@ type runRefJSON struct {
 	AcquiredAt time.Time  `json:"acquired_at"`
 }
 
-func runRef(r *pglease.RunInfo) *runRefJSON {
+func runRef(r *journal.Run) *runRefJSON {
 	if r == nil {
 		return nil
 	}
@@ -42,14 +42,14 @@ type missedJSON struct {
 }
 
 // auditJSON is `pglease audit --json`: the overlaps, then the missed ticks.
-func auditJSON(res pglease.AuditResult) []any {
+func auditJSON(res journal.AuditResult) []any {
 	out := make([]any, 0, len(res.Findings)+len(res.Missed))
 	for _, f := range findingsJSON(res.Findings) {
 		out = append(out, f)
 	}
 	for _, m := range res.Missed {
 		out = append(out, missedJSON{Key: m.Key, Cause: causeMissed, Due: m.Due.UTC(),
-			LastRun: runRef(m.LastRun), NextRun: runRef(m.NextRun), Overdue: m.NextRun == nil})
+			LastRun: runRef(m.LastRun), NextRun: runRef(m.NextRun), Overdue: m.Overdue})
 	}
 	return out
 }
@@ -57,12 +57,15 @@ func auditJSON(res pglease.AuditResult) []any {
 // missedLine is one missed tick as audit's text says it, e.g.
 //
 //	nightly: tick 2026-12-04 00:00:00.000Z ran zero times (last run fence 7 by worker-2 for tick … at …; caught up by fence 9 by worker-1 for tick … at …); cause: missed
-func missedLine(m pglease.MissedTickInfo) string {
+func missedLine(m journal.MissedTick) string {
 	last := "no run before it in the window"
 	if r := m.LastRun; r != nil {
 		last = "last run " + runWords(r)
 	}
-	next := "none since: overdue now"
+	next := "none since"
+	if m.Overdue {
+		next = "none since: overdue now"
+	}
 	if r := m.NextRun; r != nil {
 		next = "next run " + runWords(r)
 		if r.CatchUp {
@@ -74,7 +77,7 @@ func missedLine(m pglease.MissedTickInfo) string {
 }
 
 // runWords names a run: fence, holder, tick, when it began.
-func runWords(r *pglease.RunInfo) string {
+func runWords(r *journal.Run) string {
 	s := fmt.Sprintf("fence %d by %s", r.Fence, oneLine(r.Holder))
 	if r.Tick != nil {
 		s += " for tick " + r.Tick.UTC().Format(tsFormat)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // tickList is a Schedule with the listed ticks (in order) and none after.
@@ -185,15 +186,15 @@ func TestMissedLine(t *testing.T) {
 		return tt
 	}
 	tick, due := at("2026-12-05T00:00:00Z"), at("2026-12-04T00:00:00Z")
-	next := &pglease.RunInfo{Fence: 9, Holder: "worker-1", Tick: &tick, AcquiredAt: at("2026-12-05T00:00:01Z")}
-	got := missedLine(pglease.MissedTickInfo{Key: "nightly", Due: due, NextRun: next})
+	next := &journal.Run{Fence: 9, Holder: "worker-1", Tick: &tick, AcquiredAt: at("2026-12-05T00:00:01Z")}
+	got := missedLine(journal.MissedTick{Key: "nightly", Due: due, NextRun: next})
 	want := "nightly: tick 2026-12-04 00:00:00.000Z ran zero times (no run before it in the window; " +
 		"next run fence 9 by worker-1 for tick 2026-12-05 00:00:00.000Z at 2026-12-05 00:00:01.000Z); cause: missed"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	last := &pglease.RunInfo{Fence: 7, Holder: "bad\nholder", AcquiredAt: at("2026-12-03T00:00:02Z")}
-	got = missedLine(pglease.MissedTickInfo{Key: "k", Due: due, LastRun: last})
+	last := &journal.Run{Fence: 7, Holder: "bad\nholder", AcquiredAt: at("2026-12-03T00:00:02Z")}
+	got = missedLine(journal.MissedTick{Key: "k", Due: due, LastRun: last, Overdue: true})
 	want = `k: tick 2026-12-04 00:00:00.000Z ran zero times (last run fence 7 by "bad\nholder" at 2026-12-03 00:00:02.000Z; ` +
 		"none since: overdue now); cause: missed"
 	if got != want {

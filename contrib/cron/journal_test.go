@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasecron "github.com/pglease/pglease/contrib/cron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -39,7 +40,7 @@ func TestOnceJournalsRunsAndOutcomes(t *testing.T) {
 	<-ran
 	<-ran
 	<-c.Stop().Done()
-	runs, err := pglease.History(t.Context(), db, "nightly", time.Time{}, 0, pglease.WithTable(table))
+	runs, err := journal.History(t.Context(), db, "nightly", time.Time{}, 0, pglease.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

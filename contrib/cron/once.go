@@ -155,7 +155,7 @@ func WithLogger(l cron.Logger) Option {
 // With the journal on (pglease.WithJournal, the default), each run is
 // journaled with its activation as the tick and its outcome (Do records
 // it): ok when the job returns, panic when it panics, lost when the lease
-// was lost during the run; see pglease.History.
+// was lost during the run; see pglease/journal.History.
 //
 // A nil l or sched, an empty key, an @every delay under a second, a
 // schedule that never fires or an invalid option fail with an error

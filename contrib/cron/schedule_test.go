@@ -15,6 +15,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasecron "github.com/pglease/pglease/contrib/cron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -209,8 +210,8 @@ func (f *cronFleet) stopAll(reps []*cronReplica) {
 }
 
 // runs returns the job's runs from the journal, oldest first.
-func (f *cronFleet) runs() []pglease.RunInfo {
-	runs, err := pglease.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
+func (f *cronFleet) runs() []journal.Run {
+	runs, err := journal.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func (f *cronFleet) runs() []pglease.RunInfo {
 }
 
 // waitRuns waits until the job has run n times in all.
-func (f *cronFleet) waitRuns(n int) []pglease.RunInfo {
+func (f *cronFleet) waitRuns(n int) []journal.Run {
 	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if runs := f.runs(); len(runs) >= n {
 			return runs
@@ -236,7 +237,7 @@ func sleepPastTick(period, off time.Duration) {
 }
 
 // catchUps counts the catch-up runs.
-func catchUps(runs []pglease.RunInfo) (n int, last pglease.RunInfo) {
+func catchUps(runs []journal.Run) (n int, last journal.Run) {
 	for _, r := range runs {
 		if r.CatchUp {
 			n, last = n+1, r
@@ -248,7 +249,7 @@ func catchUps(runs []pglease.RunInfo) (n int, last pglease.RunInfo) {
 // checkOncePerTick fails unless runs (oldest first) claimed distinct ticks
 // in increasing order, each tick of period from the first to the last
 // run's, and each recorded the next one as due (NextTick).
-func checkOncePerTick(t *testing.T, runs []pglease.RunInfo, period time.Duration) {
+func checkOncePerTick(t *testing.T, runs []journal.Run, period time.Duration) {
 	t.Helper()
 	for i, r := range runs {
 		if r.Tick == nil || r.NextTick == nil || !r.NextTick.Equal(r.Tick.Add(period)) {
@@ -340,7 +341,7 @@ func catchUpOnceAfterAnOutage(t *testing.T, together bool) {
 			t.Errorf("replica %d has %d entries after the catch-up, want the job's alone", i, n)
 		}
 	}
-	res, err := pglease.Audit(context.Background(), pgleasetest.DB(t, 1), time.Time{}, pglease.WithTable(f.table))
+	res, err := journal.Audit(context.Background(), pgleasetest.DB(t, 1), time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +379,7 @@ func TestAddJobNoCatchUpPastTheWindow(t *testing.T) {
 		}
 	}
 	db := pgleasetest.DB(t, 1)
-	res, err := pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	res, err := journal.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,11 +395,11 @@ func TestAddJobNoCatchUpPastTheWindow(t *testing.T) {
 		t.Fatalf("%d catch-up runs past the window, want none", n)
 	}
 	checkOncePerTick(t, after[len(before):], period)
-	res, err = pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	res, err = journal.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(res.Missed, func(m pglease.MissedTickInfo) bool { return m.Due.Equal(last.Tick.Add(period)) })
+	i := slices.IndexFunc(res.Missed, func(m journal.MissedTick) bool { return m.Due.Equal(last.Tick.Add(period)) })
 	if i < 0 || res.Missed[i].NextRun == nil || res.Missed[i].LastRun == nil || res.Missed[i].LastRun.Fence != last.Fence {
 		t.Fatalf("audit after the restart: missed %+v; want the tick after %v, between the last run before and the first after", res.Missed, last.Tick)
 	}
@@ -477,7 +478,7 @@ func TestOnceRecordsItsScheduleAtTheFirstRun(t *testing.T) {
 	<-ran
 	<-c.Stop().Done()
 	_ = l.Close()
-	runs, err := pglease.History(t.Context(), db, "sync", time.Time{}, 0, pglease.WithTable(table))
+	runs, err := journal.History(t.Context(), db, "sync", time.Time{}, 0, pglease.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +492,7 @@ func TestOnceRecordsItsScheduleAtTheFirstRun(t *testing.T) {
 	}
 	due := runs[0].NextTick
 	time.Sleep(time.Until(due.Add(300 * time.Millisecond)))
-	res, err := pglease.Audit(t.Context(), db, time.Time{}, pglease.WithTable(table))
+	res, err := journal.Audit(t.Context(), db, time.Time{}, pglease.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -563,13 +564,13 @@ func TestAddJobRecordsTheScheduleAtTheFirstRunAfterAFailure(t *testing.T) {
 	<-ran
 	<-c.Stop().Done()
 	_ = l.Close()
-	runs, err := pglease.History(t.Context(), db, "sync", time.Time{}, 0, pglease.WithTable(table))
+	runs, err := journal.History(t.Context(), db, "sync", time.Time{}, 0, pglease.WithTable(table))
 	if err != nil || len(runs) != 1 || runs[0].NextTick == nil {
 		t.Fatalf("runs: %+v (%v)", runs, err)
 	}
 	due := *runs[0].NextTick
 	time.Sleep(time.Until(due.Add(300 * time.Millisecond)))
-	res, err := pglease.Audit(t.Context(), db, time.Time{}, pglease.WithTable(table))
+	res, err := journal.Audit(t.Context(), db, time.Time{}, pglease.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

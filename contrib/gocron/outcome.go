@@ -16,7 +16,7 @@ import (
 // lock that Unlock then records.
 
 // OutcomeListeners returns the gocron event listeners that record each
-// run's outcome in the pglease journal (see pglease.History): ok, error or
+// run's outcome in the pglease journal (see pglease/journal.History): ok, error or
 // panic; lost, whatever the job returned, when the lease was lost during
 // the run. Give them to the jobs that use this Locker:
 //

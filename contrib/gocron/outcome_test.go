@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -53,12 +54,12 @@ func TestOutcomeListenersRecordOutcomes(t *testing.T) {
 	// gocron's Shutdown does not wait for the unlock deferred after the
 	// last run: wait until the first three runs have ended.
 	db := pgleasetest.DB(t, 1)
-	var runs []pglease.RunInfo
+	var runs []journal.Run
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if runs, err = pglease.History(context.Background(), db, "report", time.Time{}, 0, pglease.WithTable(table)); err != nil {
+		if runs, err = journal.History(context.Background(), db, "report", time.Time{}, 0, pglease.WithTable(table)); err != nil {
 			t.Fatal(err)
 		}
-		if len(runs) >= 3 && runs[len(runs)-3].End != pglease.EndRunning {
+		if len(runs) >= 3 && runs[len(runs)-3].End != journal.EndRunning {
 			break
 		}
 		if time.Now().After(end) {
@@ -67,7 +68,7 @@ func TestOutcomeListenersRecordOutcomes(t *testing.T) {
 	}
 	want := []pglease.Outcome{pglease.OutcomeOK, pglease.OutcomeError, pglease.OutcomePanic}
 	for i, w := range want {
-		if r := runs[len(runs)-1-i]; r.Outcome != w || r.End != pglease.EndReleased {
+		if r := runs[len(runs)-1-i]; r.Outcome != w || r.End != journal.EndReleased {
 			t.Fatalf("run %d: %+v, want outcome %s", i+1, r, w)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -123,8 +124,8 @@ func (f *cronFleet) stopAll(reps []*cronReplica) {
 }
 
 // runs returns the job's runs from the journal, oldest first.
-func (f *cronFleet) runs() []pglease.RunInfo {
-	runs, err := pglease.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
+func (f *cronFleet) runs() []journal.Run {
+	runs, err := journal.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func (f *cronFleet) runs() []pglease.RunInfo {
 }
 
 // waitRuns waits until the job has run n times in all.
-func (f *cronFleet) waitRuns(n int) []pglease.RunInfo {
+func (f *cronFleet) waitRuns(n int) []journal.Run {
 	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if runs := f.runs(); len(runs) >= n {
 			return runs
@@ -152,7 +153,7 @@ func sleepPastTick(period, off time.Duration) time.Time {
 }
 
 // catchUps counts the catch-up runs.
-func catchUps(runs []pglease.RunInfo) (n int, last pglease.RunInfo) {
+func catchUps(runs []journal.Run) (n int, last journal.Run) {
 	for _, r := range runs {
 		if r.CatchUp {
 			n, last = n+1, r
@@ -163,7 +164,7 @@ func catchUps(runs []pglease.RunInfo) (n int, last pglease.RunInfo) {
 
 // checkOncePerTick fails unless runs (oldest first) claimed distinct ticks
 // in increasing order, each tick of period from first to the last run's.
-func checkOncePerTick(t *testing.T, runs []pglease.RunInfo, period time.Duration) {
+func checkOncePerTick(t *testing.T, runs []journal.Run, period time.Duration) {
 	t.Helper()
 	for i := 1; i < len(runs); i++ {
 		if got, want := runs[i].Tick.Sub(*runs[i-1].Tick), period; got != want {
@@ -210,7 +211,7 @@ func TestNewCronJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	if ran != len(after) {
 		t.Fatalf("the task ran %d times, the journal has %d runs", ran, len(after))
 	}
-	res, err := pglease.Audit(context.Background(), pgleasetest.DB(t, 1), time.Time{}, pglease.WithTable(f.table))
+	res, err := journal.Audit(context.Background(), pgleasetest.DB(t, 1), time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestNewCronJobNoCatchUpPastTheWindow(t *testing.T) {
 	}
 	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
 	db := pgleasetest.DB(t, 1)
-	res, err := pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	res, err := journal.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,11 +253,11 @@ func TestNewCronJobNoCatchUpPastTheWindow(t *testing.T) {
 		t.Fatalf("%d catch-up runs past the window, want none", n)
 	}
 	checkOncePerTick(t, after[len(before):], period)
-	res, err = pglease.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
+	res, err = journal.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(res.Missed, func(m pglease.MissedTickInfo) bool { return m.Due.Equal(last.Tick.Add(period)) })
+	i := slices.IndexFunc(res.Missed, func(m journal.MissedTick) bool { return m.Due.Equal(last.Tick.Add(period)) })
 	if i < 0 || res.Missed[i].NextRun == nil || res.Missed[i].LastRun == nil || res.Missed[i].LastRun.Fence != last.Fence {
 		t.Fatalf("audit after the restart: missed %+v; want the tick after %v, between the last run before and the first after", res.Missed, last.Tick)
 	}

@@ -10,9 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
-// The Audit section (issue 30): pglease.Audit over the last 24 h of a
+// The Audit section (issue 30): journal.Audit over the last 24 h of a
 // journal filled with 100,000, 1,000,000 and 5,000,000 runs, against the
 // status page's bound (its ReadTimeout, 5 s), which the page's audit and
 // `pglease serve` run under.
@@ -42,7 +43,7 @@ type auditSize struct {
 	Bytes                 int64 // the journal with its index
 	Fill                  time.Duration
 	Times                 []time.Duration // each Audit, in order
-	Examined              int             // AuditResult.Runs
+	Examined              int             // journal.AuditResult.Runs
 	Findings              []string        // what it found: the planted irregularities
 }
 
@@ -97,7 +98,7 @@ func runAudit(ctx context.Context, url string, sizes []int, reps int) (*auditRep
 		}
 		for i := range reps {
 			t0 := time.Now()
-			res, err := pglease.Audit(ctx, pool, time.Now().Add(-24*time.Hour), pglease.WithTable(table))
+			res, err := journal.Audit(ctx, pool, time.Now().Add(-24*time.Hour), pglease.WithTable(table))
 			took := time.Since(t0)
 			if err != nil {
 				return nil, err
@@ -116,7 +117,7 @@ func runAudit(ctx context.Context, url string, sizes []int, reps int) (*auditRep
 }
 
 // auditFound names Audit's findings: key, kind, cause.
-func auditFound(res pglease.AuditResult) []string {
+func auditFound(res journal.AuditResult) []string {
 	var out []string
 	for _, f := range res.Findings {
 		kind := "overlap"

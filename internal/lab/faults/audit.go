@@ -3,7 +3,7 @@ package faults
 import (
 	"fmt"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // AuditComparison sets the journal's Audit (a second witness, on the
@@ -14,7 +14,7 @@ type AuditComparison struct {
 	// Missed are checker overlaps Audit did not find, Extra findings of
 	// Audit for runs the checker saw stop before the next grant.
 	Missed []Overlap
-	Extra  []pglease.OverlapInfo
+	Extra  []journal.Overlap
 }
 
 // CompareAudit matches the checker's overlaps with Audit's findings. An
@@ -22,7 +22,7 @@ type AuditComparison struct {
 // same fence (Audit reports every later run the earlier one overlapped; the
 // checker the next one only). Runs of holders the checker does not follow
 // (the probe after the faults) are ignored.
-func CompareAudit(st Stats, findings []pglease.OverlapInfo) AuditComparison {
+func CompareAudit(st Stats, findings []journal.Overlap) AuditComparison {
 	c := AuditComparison{Findings: len(findings)}
 	type kf struct {
 		key   string

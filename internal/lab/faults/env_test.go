@@ -24,6 +24,7 @@ import (
 	"github.com/pglease/pglease/internal/lab/patroni"
 	"github.com/pglease/pglease/internal/pgcluster"
 	"github.com/pglease/pglease/internal/tcpproxy"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -428,7 +429,7 @@ func runScenario(t *testing.T, sc scenario, prof profile, run int, own *pgcluste
 	// The second witness: the journal, on the server's clock.
 	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer acancel()
-	audit, err := pglease.Audit(actx, e.admin, time.Time{}, pglease.WithTable(e.table))
+	audit, err := journal.Audit(actx, e.admin, time.Time{}, pglease.WithTable(e.table))
 	if err != nil {
 		res.AuditErr = err
 	} else {

@@ -6,12 +6,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // Causes are the likely causes of an overlap that the audit gauge always
 // reports, 0 included (a cause not among them is reported when found).
-var Causes = []string{string(pglease.CauseForceRelease), string(pglease.CauseAsyncFailover), string(pglease.CausePastDeadline), string(pglease.CauseUnknown)}
+var Causes = []string{string(journal.CauseForceRelease), string(journal.CauseAsyncFailover), string(journal.CausePastDeadline), string(journal.CauseUnknown)}
 
 // AttrCause is the attribute key of the audit gauge's likely cause.
 const AttrCause = "pglease.audit.cause"

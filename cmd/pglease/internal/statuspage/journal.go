@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // JournalHistory is a Config.History that reads the runs of a key from
-// pglease's journal of table (pglease.History): one statement through the
+// pglease's journal of table (journal.History): one statement through the
 // journal's (key, occurred_at) index, at most limit runs.
 func JournalHistory(db *sql.DB, table string) func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
 	return func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
-		runs, err := pglease.History(ctx, db, key, since, limit, pglease.WithTable(table))
+		runs, err := journal.History(ctx, db, key, since, limit, pglease.WithTable(table))
 		if err != nil {
 			return nil, err
 		}
@@ -26,12 +27,12 @@ func JournalHistory(db *sql.DB, table string) func(ctx context.Context, key stri
 	}
 }
 
-// JournalAudit is a Config.Audit that runs pglease.Audit on the journal of
+// JournalAudit is a Config.Audit that runs journal.Audit on the journal of
 // table: one statement that reads every journal row of the runs with a row
 // in the window, assembled one key at a time.
 func JournalAudit(db *sql.DB, table string) func(ctx context.Context, since time.Time) ([]Finding, error) {
 	return func(ctx context.Context, since time.Time) ([]Finding, error) {
-		res, err := pglease.Audit(ctx, db, since, pglease.WithTable(table))
+		res, err := journal.Audit(ctx, db, since, pglease.WithTable(table))
 		if err != nil {
 			return nil, err
 		}

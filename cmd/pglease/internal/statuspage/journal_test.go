@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -52,7 +53,7 @@ func TestKeyPageFromJournal(t *testing.T) {
 	}
 	var beforeAudits atomic.Int32
 	before := journalServer(t, f, &beforeAudits)
-	if n := findingsMetric(t, before)[string(pglease.CauseForceRelease)]; n != 0 {
+	if n := findingsMetric(t, before)[string(journal.CauseForceRelease)]; n != 0 {
 		t.Errorf("before any overlap: %v force-release findings", n)
 	}
 
@@ -102,8 +103,8 @@ func TestKeyPageFromJournal(t *testing.T) {
 		t.Errorf("%d red overlap segments, want one on each of the two runs", n)
 	}
 	finding := fmt.Sprintf(`<tr class="finding"><td>%d</td><td>replica-2</td><td>%d</td><td>replica-1</td>`, successor.Fence(), evicted.Fence())
-	if !strings.Contains(body, finding) || !strings.Contains(body, string(pglease.CauseForceRelease)) {
-		t.Errorf("key page lacks the finding %s (cause %s)", finding, pglease.CauseForceRelease)
+	if !strings.Contains(body, finding) || !strings.Contains(body, string(journal.CauseForceRelease)) {
+		t.Errorf("key page lacks the finding %s (cause %s)", finding, journal.CauseForceRelease)
 	}
 
 	code, body = get(t, url, "/")
@@ -119,14 +120,14 @@ func TestKeyPageFromJournal(t *testing.T) {
 		t.Errorf("/api/leases audit %+v, want 1 finding on %q", a, key)
 	}
 	m := findingsMetric(t, url)
-	if m[string(pglease.CauseForceRelease)] != 1 || m[string(pglease.CauseAsyncFailover)] != 0 || m[string(pglease.CausePastDeadline)] != 0 {
+	if m[string(journal.CauseForceRelease)] != 1 || m[string(journal.CauseAsyncFailover)] != 0 || m[string(journal.CausePastDeadline)] != 0 {
 		t.Errorf("pglease_audit_findings %v, want force-release 1, the others 0", m)
 	}
 	if n := audits.Load(); n != 1 {
 		t.Errorf("%d audit runs for a key page, a page, an API read and a scrape; want 1 (shared)", n)
 	}
 	// The earlier server keeps its earlier audit until its next interval.
-	if n := findingsMetric(t, before)[string(pglease.CauseForceRelease)]; n != 0 || beforeAudits.Load() != 1 {
+	if n := findingsMetric(t, before)[string(journal.CauseForceRelease)]; n != 0 || beforeAudits.Load() != 1 {
 		t.Errorf("earlier server: %v findings after %d audits, want its one earlier audit (0)", n, beforeAudits.Load())
 	}
 }

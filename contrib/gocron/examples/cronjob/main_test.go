@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -114,9 +115,9 @@ func TestCronJobCatchesUpAfterAnOutage(t *testing.T) {
 			}
 		}
 	}
-	runs := func(atLeast int) []pglease.RunInfo {
+	runs := func(atLeast int) []journal.Run {
 		for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			r, err := pglease.History(ctx, admin, "refresh-cache", time.Time{}, 0, pglease.WithTable(table))
+			r, err := journal.History(ctx, admin, "refresh-cache", time.Time{}, 0, pglease.WithTable(table))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package pglease
+package journal
 
 import (
 	"database/sql"
@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -64,7 +67,7 @@ func (g *journalGen) key(name string) {
 		case g.p(0.04):
 			fence += 1 << 40 // a new timeline: an asynchronous failover
 		case g.p(0.04):
-			fence += 2 // a run of a Locker with the journal off
+			fence += 2 // a run of a pglease.Locker with the journal off
 		default:
 			fence++
 		}
@@ -180,7 +183,7 @@ func (g *journalGen) key(name string) {
 // insert writes the generated rows into f's tables.
 func (g *journalGen) insert(t *testing.T, f *fixture) {
 	t.Helper()
-	_, tb, err := tableConfig([]TableOption{WithTable(f.table)})
+	tb, err := entry.ParseTable(f.table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,15 +199,15 @@ func (g *journalGen) insert(t *testing.T, f *fixture) {
 		sql string
 		arg any
 	}{
-		{`INSERT INTO ` + tb.names.Prefix + `_journal"  (key, fence, holder, token, event, occurred_at, expires_at, tick, outcome, due, catch_up)
+		{`INSERT INTO ` + tb.Names.Prefix + `_journal"  (key, fence, holder, token, event, occurred_at, expires_at, tick, outcome, due, catch_up)
 SELECT key, fence, holder, token, event, at, expires, tick, outcome, due, catch_up
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, holder text, token bigint, event text, at timestamptz,
 	expires timestamptz, tick timestamptz, outcome text, due timestamptz, catch_up boolean)`, g.rows},
-		{`INSERT INTO ` + tb.names.Quoted + ` (key, holder, token, fence, acquired_at, expires_at, released_at, last_tick)
+		{`INSERT INTO ` + tb.Names.Quoted + ` (key, holder, token, fence, acquired_at, expires_at, released_at, last_tick)
 SELECT key, 'h0', 0, fence, acquired_at, expires_at, released_at, last_tick
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
 	released_at timestamptz, last_tick timestamptz)`, g.leases},
-		{`INSERT INTO ` + tb.names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since)
+		{`INSERT INTO ` + tb.Names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since)
 SELECT key, '@every 10m', next_due, grace_us, known_since
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, next_due timestamptz, grace_us bigint, known_since timestamptz)`, g.schedules},
 	}
@@ -231,19 +234,19 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 				g.key(fmt.Sprintf("%s-%03d", []string{"job", "Job", "éte", "z"}[i%4], i))
 			}
 			g.insert(t, f)
-			b, err := newBackend(f.admin)
+			b, err := entry.Backend(f.admin)
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, tb, _ := tableConfig([]TableOption{WithTable(f.table)})
+			tb, _ := entry.ParseTable(f.table)
 			c := ctx(t)
 			for _, since := range []time.Time{{}, g.now.Add(-11 * time.Hour), g.now.Add(-8 * time.Hour),
 				g.now.Add(-5 * time.Hour), g.now.Add(-3*time.Hour - 17*time.Minute), g.now.Add(-time.Hour), g.now.Add(time.Hour)} {
-				want, err := audit(c, tb.store(b, true), since, false)
+				want, err := audit(c, tb.Store(b, true), since, false)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := audit(c, tb.store(b, true), since, true)
+				got, err := audit(c, tb.Store(b, true), since, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -252,7 +255,7 @@ func TestAuditScanAgreesWithFullRead(t *testing.T) {
 				}
 				findings += len(want.Findings)
 				missed += len(want.Missed)
-				s, err := scanKeys(c, tb.store(b, true), since, map[string]MissedTickInfo{})
+				s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTick{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -296,7 +299,7 @@ func stable(res AuditResult) AuditResult {
 	for i := range res.Findings {
 		res.Findings[i].Overlap = 0
 	}
-	run := func(r *RunInfo) *RunInfo {
+	run := func(r *Run) *Run {
 		if r == nil || r.End != EndRunning {
 			return r
 		}
@@ -317,24 +320,24 @@ func auditDiff(got, want AuditResult) string {
 	if got.Runs != want.Runs {
 		s += fmt.Sprintf("runs: got %d, want %d\n", got.Runs, want.Runs)
 	}
-	keyOf := func(f OverlapInfo) string { return fmt.Sprintf("%s %d/%d", f.Key, f.OverlapsFence, f.Fence) }
+	keyOf := func(f Overlap) string { return fmt.Sprintf("%s %d/%d", f.Key, f.OverlapsFence, f.Fence) }
 	for _, f := range got.Findings {
-		if !slices.ContainsFunc(want.Findings, func(w OverlapInfo) bool { return reflect.DeepEqual(w, f) }) {
+		if !slices.ContainsFunc(want.Findings, func(w Overlap) bool { return reflect.DeepEqual(w, f) }) {
 			s += fmt.Sprintf("extra finding: %s %+v\n", keyOf(f), f)
 		}
 	}
 	for _, f := range want.Findings {
-		if !slices.ContainsFunc(got.Findings, func(w OverlapInfo) bool { return reflect.DeepEqual(w, f) }) {
+		if !slices.ContainsFunc(got.Findings, func(w Overlap) bool { return reflect.DeepEqual(w, f) }) {
 			s += fmt.Sprintf("missing finding: %s %+v\n", keyOf(f), f)
 		}
 	}
 	for _, m := range got.Missed {
-		if !slices.ContainsFunc(want.Missed, func(w MissedTickInfo) bool { return reflect.DeepEqual(w, m) }) {
+		if !slices.ContainsFunc(want.Missed, func(w MissedTick) bool { return reflect.DeepEqual(w, m) }) {
 			s += fmt.Sprintf("extra missed tick: %s %v last %+v next %+v\n", m.Key, m.Due, m.LastRun, m.NextRun)
 		}
 	}
 	for _, m := range want.Missed {
-		if !slices.ContainsFunc(got.Missed, func(w MissedTickInfo) bool { return reflect.DeepEqual(w, m) }) {
+		if !slices.ContainsFunc(got.Missed, func(w MissedTick) bool { return reflect.DeepEqual(w, m) }) {
 			s += fmt.Sprintf("missing missed tick: %s %v last %+v next %+v\n", m.Key, m.Due, m.LastRun, m.NextRun)
 		}
 	}
@@ -395,14 +398,14 @@ func TestAuditScanPlanted(t *testing.T) {
 	g.rows = append(g.rows, genRow{Key: "behind", Fence: 1, Holder: "h1", Event: "granted", At: at(-300)})
 	g.insert(t, f)
 
-	b, err := newBackend(f.admin)
+	b, err := entry.Backend(f.admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, tb, _ := tableConfig([]TableOption{WithTable(f.table)})
+	tb, _ := entry.ParseTable(f.table)
 	c := ctx(t)
 	for _, since := range []time.Time{{}, at(-295), at(-250), at(-210)} {
-		s, err := scanKeys(c, tb.store(b, true), since, map[string]MissedTickInfo{})
+		s, err := scanKeys(c, tb.Store(b, true), since, map[string]MissedTick{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,11 +414,11 @@ func TestAuditScanPlanted(t *testing.T) {
 			_ = json.Unmarshal([]byte(s.read), &read)
 		}
 		slices.Sort(read)
-		want, err := audit(c, tb.store(b, true), since, false)
+		want, err := audit(c, tb.Store(b, true), since, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := audit(c, tb.store(b, true), since, true)
+		got, err := audit(c, tb.Store(b, true), since, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -449,20 +452,20 @@ func TestAuditScanPlanted(t *testing.T) {
 	}
 	t.Cleanup(func() { pq.Close() })
 	pool := pgleasetest.Pool(t, 2)
-	for name, run := range map[string]func() (AuditResult, backend, error){
-		"database/sql (pgx)": func() (AuditResult, backend, error) {
-			r, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(f.admin)
+	for name, run := range map[string]func() (AuditResult, store.Backend, error){
+		"database/sql (pgx)": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
+			b, _ := entry.Backend(f.admin)
 			return r, b, err
 		},
-		"lib/pq": func() (AuditResult, backend, error) {
-			r, err := Audit(c, pq, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(pq)
+		"lib/pq": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, pq, time.Time{}, pglease.WithTable(f.table))
+			b, _ := entry.Backend(pq)
 			return r, b, err
 		},
-		"pgxpool": func() (AuditResult, backend, error) {
-			r, err := Audit(c, pool, time.Time{}, WithTable(f.table))
-			b, _ := newBackend(pool)
+		"pgxpool": func() (AuditResult, store.Backend, error) {
+			r, err := Audit(c, pool, time.Time{}, pglease.WithTable(f.table))
+			b, _ := entry.Backend(pool)
 			return r, b, err
 		},
 	} {
@@ -470,7 +473,7 @@ func TestAuditScanPlanted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		want, err := audit(c, tb.store(b, true), time.Time{}, false)
+		want, err := audit(c, tb.Store(b, true), time.Time{}, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,19 +1,21 @@
-package pglease
+package journal
 
 import (
 	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease"
 )
 
 // heldRun starts a Do run on key that keeps running — ignoring its lease's
 // end — until stop is closed; started is closed once it runs, and the
 // returned channel yields Do's error.
-func heldRun(l *Locker, key string, started, stop chan struct{}) <-chan error {
+func heldRun(l *pglease.Locker, key string, started, stop chan struct{}) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		done <- l.Do(context.Background(), key, func(context.Context, *Lease) error {
+		done <- l.Do(context.Background(), key, func(context.Context, *pglease.Lease) error {
 			close(started)
 			<-stop // a job that does not watch its context
 			return nil
@@ -30,12 +32,12 @@ func heldRun(l *Locker, key string, started, stop chan struct{}) <-chan error {
 func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
+	a, b := f.replica(2, pglease.WithHolder("a")), f.replica(2, pglease.WithHolder("b"))
 	c := ctx(t)
 	started, stop := make(chan struct{}), make(chan struct{})
 	done := heldRun(a, "nightly", started, stop)
 	<-started
-	if _, err := ForceRelease(c, f.admin, "nightly", WithTable(f.table)); err != nil {
+	if _, err := pglease.ForceRelease(c, f.admin, "nightly", pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
 	leB, err := b.Lock(c, "nightly")
@@ -43,13 +45,13 @@ func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(stop) // a stops only now, after b's grant
-	if err := <-done; !errors.Is(err, ErrLeaseLost) {
+	if err := <-done; !errors.Is(err, pglease.ErrLeaseLost) {
 		t.Fatalf("the evicted run: %v", err)
 	}
 	if err := leB.Unlock(c); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,12 +63,12 @@ func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
 		got.Cause != CauseForceRelease || got.Overlap <= 0 || got.SameTick != nil {
 		t.Fatalf("finding: %+v", got)
 	}
-	runs, err := History(c, f.admin, "nightly", time.Time{}, 0, WithTable(f.table))
+	runs, err := History(c, f.admin, "nightly", time.Time{}, 0, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(runs) != 2 || runs[0].Fence != 3 || runs[0].End != EndReleased || runs[1].Fence != 1 ||
-		runs[1].End != EndForceReleased || runs[1].Outcome != OutcomeLost || !runs[1].EndedAt.After(runs[0].AcquiredAt) {
+		runs[1].End != EndForceReleased || runs[1].Outcome != pglease.OutcomeLost || !runs[1].EndedAt.After(runs[0].AcquiredAt) {
 		t.Fatalf("history: %+v", runs)
 	}
 }
@@ -76,7 +78,7 @@ func TestAuditForceReleaseWhileEvictedHolderRuns(t *testing.T) {
 func TestAuditHolderPastDeadline(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
+	a, b := f.replica(2, pglease.WithHolder("a")), f.replica(2, pglease.WithHolder("b"))
 	c := ctx(t)
 	started, stop := make(chan struct{}), make(chan struct{})
 	done := heldRun(a, "k", started, stop)
@@ -87,11 +89,11 @@ func TestAuditHolderPastDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(stop)
-	if err := <-done; !errors.Is(err, ErrLeaseLost) {
+	if err := <-done; !errors.Is(err, pglease.ErrLeaseLost) {
 		t.Fatalf("the expired run: %v", err)
 	}
 	_ = leB.Unlock(c)
-	res, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +108,11 @@ func TestAuditHolderPastDeadline(t *testing.T) {
 func TestAuditCleanRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a, b := f.replica(2, WithHolder("a")), f.replica(2, WithHolder("b"))
+	a, b := f.replica(2, pglease.WithHolder("a")), f.replica(2, pglease.WithHolder("b"))
 	c := ctx(t)
 	for i := range 6 {
-		l := []*Locker{a, b}[i%2]
-		if err := l.Do(c, "job", func(context.Context, *Lease) error { return nil }, Tick(time.Unix(int64(1000+i), 0))); err != nil {
+		l := []*pglease.Locker{a, b}[i%2]
+		if err := l.Do(c, "job", func(context.Context, *pglease.Lease) error { return nil }, pglease.Tick(time.Unix(int64(1000+i), 0))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,7 +120,7 @@ func TestAuditCleanRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil {
+	if _, err := pglease.ForceRelease(c, f.admin, "evicted", pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
 	_ = le.Unlock(c) // stops before anyone else takes the key
@@ -128,7 +130,7 @@ func TestAuditCleanRun(t *testing.T) {
 	if _, err := a.Lock(c, "running"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +138,7 @@ func TestAuditCleanRun(t *testing.T) {
 		t.Fatalf("clean runs: %d runs, findings %+v", res.Runs, res.Findings)
 	}
 	// since excludes older runs.
-	res, err = Audit(c, f.admin, time.Now().Add(time.Hour), WithTable(f.table))
+	res, err = Audit(c, f.admin, time.Now().Add(time.Hour), pglease.WithTable(f.table))
 	if err != nil || res.Runs != 0 {
 		t.Fatalf("audit since the future: %d runs, %v", res.Runs, err)
 	}
@@ -150,7 +152,7 @@ func TestFindOverlaps(t *testing.T) {
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	end := func(s int) *time.Time { e := at(s); return &e }
 	tick := at(0)
-	runs := []RunInfo{
+	runs := []Run{
 		{Key: "a", Fence: 1, Holder: "x", AcquiredAt: at(0), EndedAt: end(10), End: EndLost},
 		{Key: "a", Fence: 1<<40 + 1, Holder: "y", AcquiredAt: at(4), EndedAt: end(12), End: EndReleased},
 		{Key: "a", Fence: 1<<40 + 2, Holder: "z", AcquiredAt: at(12), End: EndRunning},
@@ -177,12 +179,12 @@ func TestFindOverlaps(t *testing.T) {
 func TestAuditForceRelock(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a := f.replica(2, WithHolder("a"))
+	a := f.replica(2, pglease.WithHolder("a"))
 	c := ctx(t)
 	if _, err := a.Lock(c, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+	if _, err := pglease.ForceRelease(c, f.admin, "k", pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Lock(c, "k"); err != nil { // supersedes fence 1
@@ -191,7 +193,7 @@ func TestAuditForceRelock(t *testing.T) {
 	if err := a.Close(); err != nil { // waits for the background witness
 		t.Fatal(err)
 	}
-	res, err := Audit(c, f.admin, time.Time{}, WithTable(f.table))
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,179 @@
+package journal
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// AuditResult is what Audit found.
+type AuditResult struct {
+	Since    time.Time // the start of the audited window
+	Runs     int       // runs examined
+	Findings []Overlap // by key, then by the later run's fence
+	// Missed lists the ticks of scheduled keys that ran zero times, by
+	// key, then by due time.
+	Missed []MissedTick
+}
+
+// Audit reads the journal's runs with a row at or after since (the zero
+// time: all the journal holds), one key at a time, and returns every pair
+// of runs of one key that overlapped in time — a run granted before the
+// previous one ended — and every tick run by two runs. It also returns the
+// ticks of scheduled keys (pglease.Locker.RegisterSchedule) that ran zero
+// times (AuditResult.Missed): a tick that came due between two runs in the
+// window and got none, and a key's next due tick when it is overdue now, past its
+// grace, with no run claimed for it (MissedTick.Overdue). It writes nothing.
+//
+// What it can see: a run ends, for the journal, at its last end row. A
+// holder journals when the server told it of a loss (a renew or fenced
+// transaction found the lease gone, or its own new claim superseded it) and
+// when it unlocks after a loss (as Do does): an evicted holder that ran on
+// shows until then. A holder that stopped at its local deadline ends there
+// (before its lease's expiry, by design); one that ran on past it without
+// ever unlocking, or whose process died, cannot be seen running. Runs of
+// Lockers with the journal off are not seen, nor rows lost with a primary
+// in an asynchronous failover (a run that outlived them is seen through its
+// holder's later rows on the new primary).
+//
+// What it reads: one statement goes over the window's rows in the server
+// and sends, per key, how many runs it has there and whether its rows are
+// out of line in time order (a fence, tick or due tick going back, a tick
+// past the due tick recorded before it, a fence past the lease row's), as
+// the rows of every key with a finding are; only those keys, and the
+// overdue ones, are then read and assembled run by run. Its cost is the
+// server's pass over the window (docs/operating.md has figures), not the
+// runs sent: a journal with nothing to report sends one row per key.
+//
+// An invalid table name fails with pglease.ErrInvalidOption, a table not
+// migrated with pglease.ErrNotMigrated.
+func Audit[D pglease.DB](ctx context.Context, db D, since time.Time, opts ...pglease.TableOption) (AuditResult, error) {
+	b, err := entry.Backend(db)
+	if err != nil {
+		return AuditResult{}, err
+	}
+	t, err := entry.TableOf(opts, pglease.DefaultTable)
+	if err != nil {
+		return AuditResult{}, err
+	}
+	res, err := audit(ctx, t.Store(b, true), since, true)
+	if err != nil {
+		return AuditResult{}, t.WrapDB("audit", err)
+	}
+	return res, nil
+}
+
+// audit is Audit. With scan, one pass over the window (the store's
+// AuditScan) picks the keys whose runs may hold a finding, and only those
+// keys' rows (and the overdue keys', for their last run) are read and
+// assembled into runs; the others' runs are only counted. Without it,
+// every key's rows are read: the tests' oracle, which the scan must always
+// agree with.
+func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (AuditResult, error) {
+	overdue, err := readOverdue(ctx, st)
+	if err != nil {
+		return AuditResult{}, err
+	}
+	res := AuditResult{Since: since}
+	lastRun := func(runs []Run) {
+		if m, ok := overdue[runs[0].Key]; ok {
+			last := runs[len(runs)-1]
+			m.LastRun = &last
+			overdue[m.Key] = m
+		}
+	}
+	read := func(ctx context.Context, each func(journalRow) error) error {
+		return st.JournalRows(ctx, since, nil, nil, each)
+	}
+	if scan {
+		s, err := scanKeys(ctx, st, since, overdue)
+		if err != nil {
+			return AuditResult{}, err
+		}
+		res.Runs = s.runs
+		read = func(ctx context.Context, each func(journalRow) error) error {
+			if s.read == "" {
+				return nil
+			}
+			return st.JournalRowsOfKeys(ctx, since, s.read, each)
+		}
+		if s.last != "" {
+			last := func(ctx context.Context, each func(journalRow) error) error {
+				return st.JournalLastRuns(ctx, since, s.last, each)
+			}
+			err := readRuns(ctx, last, func(runs []Run, _ time.Time, _ *time.Time) error {
+				lastRun(runs)
+				return nil
+			})
+			if err != nil {
+				return AuditResult{}, err
+			}
+		}
+	}
+	err = readRuns(ctx, read, func(runs []Run, now time.Time, scheduledSince *time.Time) error {
+		res.Runs += len(runs)
+		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
+		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
+		lastRun(runs)
+		return nil
+	})
+	if err != nil {
+		return AuditResult{}, err
+	}
+	for _, m := range overdue {
+		res.Missed = append(res.Missed, m)
+	}
+	slices.SortStableFunc(res.Missed, func(a, b MissedTick) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), a.Due.Compare(b.Due))
+	})
+	return res, nil
+}
+
+// scanned is what the audit's scan found: the keys to read run by run, the
+// overdue keys of which only the last run is needed (each a JSON array, ""
+// for none), and the runs of the keys not read run by run.
+type scanned struct {
+	read, last string
+	runs       int
+}
+
+// scanKeys runs the store's AuditScan. The keys it marks are read run by
+// run; of the overdue keys it does not mark, only the last run.
+func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map[string]MissedTick) (scanned, error) {
+	var s scanned
+	var read, last []string
+	err := st.AuditScan(ctx, since, func(key string, n int, mark bool) error {
+		_, late := overdue[key]
+		switch {
+		case mark:
+			read = append(read, key)
+		case late:
+			last = append(last, key)
+			s.runs += n
+		default:
+			s.runs += n
+		}
+		return nil
+	})
+	if err != nil {
+		return scanned{}, err
+	}
+	s.read, s.last = jsonKeys(read), jsonKeys(last)
+	return s, nil
+}
+
+// jsonKeys is keys as a JSON array, "" for none.
+func jsonKeys(keys []string) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(keys) // keys are valid UTF-8 (checked before any was written): cannot fail
+	return string(b)
+}

@@ -1,0 +1,68 @@
+package journal
+
+import (
+	"context"
+	"time"
+
+	"github.com/pglease/pglease/internal/store"
+)
+
+// MissedTick describes a tick of a scheduled key (pglease.Locker.RegisterSchedule)
+// that came due and ran zero times: every replica was down across it, or
+// none could reach the database, or the run before it was still going.
+type MissedTick struct {
+	Key string
+	// Due is the tick that came due with no run: the next tick the key's
+	// last run before it recorded (Run.NextTick), or the one recorded when its
+	// schedule was registered.
+	Due time.Time
+	// LastRun is the key's latest run before Due in the audited window, or
+	// nil if there is none.
+	LastRun *Run
+	// NextRun is the key's first run after Due: the catch-up run
+	// (NextRun.CatchUp) or a later tick's; nil while there is none yet
+	// (Overdue).
+	NextRun *Run
+	// Overdue is set when no run followed the missed tick (NextRun is
+	// nil): the tick is overdue now, past its grace
+	// (pglease.JobSchedule.Grace).
+	Overdue bool
+}
+
+// readOverdue reads the scheduled keys whose next due tick is overdue now,
+// by key.
+func readOverdue(ctx context.Context, st *store.Store) (map[string]MissedTick, error) {
+	out := map[string]MissedTick{}
+	err := st.Overdue(ctx, func(key string, due time.Time) error {
+		out[key] = MissedTick{Key: key, Due: due, Overdue: true}
+		return nil
+	})
+	return out, err
+}
+
+// findMissed returns the ticks of one key's runs (ordered by fence) that
+// came due between two runs and got none: a run recorded its next due tick
+// (NextTick) and the key's next run with a tick claimed a later one. Only
+// runs claimed since the key's current schedule became known are compared:
+// across a schedule change, the old schedule's next tick is not due.
+func findMissed(runs []Run, scheduledSince *time.Time) []MissedTick {
+	if scheduledSince == nil {
+		return nil
+	}
+	var out []MissedTick
+	var prev *Run // the latest run that recorded its next due tick
+	for i := range runs {
+		r := &runs[i]
+		if r.Tick == nil {
+			continue
+		}
+		if prev != nil && r.Tick.After(*prev.NextTick) {
+			out = append(out, MissedTick{Key: r.Key, Due: *prev.NextTick, LastRun: prev, NextRun: r})
+		}
+		prev = nil
+		if r.NextTick != nil && !r.AcquiredAt.Before(*scheduledSince) {
+			prev = r
+		}
+	}
+	return out
+}

@@ -1,0 +1,53 @@
+package journal
+
+import (
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// RunEnd is how a run ended (Run.End).
+type RunEnd string
+
+// How a run ended.
+const (
+	EndRunning       RunEnd = "running"        // the lease is held now
+	EndReleased      RunEnd = "released"       // released by its holder
+	EndExpired       RunEnd = "expired"        // ran out unreleased
+	EndForceReleased RunEnd = "force-released" // evicted by pglease.ForceRelease
+	EndSuperseded    RunEnd = "superseded"     // no end recorded; a later run of the key began
+	EndLost          RunEnd = "lost"           // its holder gave it up or found it gone
+)
+
+// Run describes one run (tenure) of a key from the journal: History
+// returns them.
+type Run struct {
+	Key    string
+	Fence  int64
+	Holder string
+	Tick   *time.Time // the tick the run was claimed for (pglease.Tick), or nil
+	// NextTick is when the key's next tick was due as the run was claimed
+	// (pglease.NextTick), or nil.
+	NextTick *time.Time
+	// CatchUp is set for the catch-up run of a missed tick (pglease.CatchUp).
+	CatchUp bool
+	// AcquiredAt is when the claim took the key (server clock).
+	AcquiredAt time.Time
+	// EndedAt is when the run ended as far as the journal knows: the latest
+	// of its end rows, so a holder that kept running after an eviction or
+	// an expiry and then unlocked ends at its unlock. Nil while running, and
+	// for a superseded run with no later run in view.
+	EndedAt *time.Time
+	// Duration is EndedAt - AcquiredAt; while running, up to now.
+	Duration time.Duration
+	// End is how the run ended: EndRunning, EndReleased, EndExpired,
+	// EndForceReleased, EndSuperseded or EndLost. Superseded: the journal
+	// holds no end for this run and a later run of the key began (its end
+	// was written on a primary lost in an asynchronous failover, by a
+	// Locker with the journal off, or pruned); it is taken to end when
+	// that run began.
+	End RunEnd
+	// Outcome is the job's outcome for runs made through Do or a scheduler
+	// adapter (pglease's Lease.UnlockWithOutcome); "" if none was recorded.
+	Outcome pglease.Outcome
+}
