@@ -21,9 +21,9 @@ func TestKnee(t *testing.T) {
 		{[]float64{100, 150, 140, 160, 120}, 3, true}, // a dip is not the knee
 		{[]float64{100}, 0, false},
 	} {
-		got, found := knee(steps(c.tp...))
-		if got != c.want || found != c.found {
-			t.Errorf("knee(%v) = %d, %v; want %d, %v", c.tp, got, found, c.want, c.found)
+		k := knee(steps(c.tp...))
+		if k.At.Workers != 1<<c.want || k.Found != c.found {
+			t.Errorf("knee(%v) = %d workers, %v; want %d, %v", c.tp, k.At.Workers, k.Found, 1<<c.want, c.found)
 		}
 	}
 }

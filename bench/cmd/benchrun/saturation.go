@@ -160,3 +160,20 @@ WHERE query LIKE '%SET expires_at%' AND query LIKE '%jsonb_object_keys%' AND que
 	}
 	return calls, time.Duration(meanMs * 1e6), time.Duration(maxMs * 1e6)
 }
+
+// knee is the step of the highest throughput of the ramp s: past it, more
+// claimers add no claims per second, only latency. Found is false when
+// the last step is the highest (the ramp did not reach the knee).
+func knee(s []satStep) (k struct {
+	Found           bool
+	At, Last, First satStep
+}) {
+	best := 0
+	for i := range s {
+		if s[i].ClaimsPerSec > s[best].ClaimsPerSec {
+			best = i
+		}
+	}
+	k.Found, k.At, k.Last, k.First = best < len(s)-1, s[best], s[len(s)-1], s[0]
+	return k
+}

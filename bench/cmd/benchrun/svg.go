@@ -18,7 +18,8 @@ func renewSVG(r *report) string {
 	var stmt, beat, cold, warm [][2]float64
 	for _, n := range []float64{1, 100, 1000, 10000} {
 		name := fmt.Sprintf("Renew/N=%.0f", n)
-		if v, ok := r.get(name, "ns/op"); ok {
+		if r.Has(name, "ns/op") {
+			v := r.Med(name, "ns/op")
 			stmt, beat = append(stmt, [2]float64{n, v / 1e6}), append(beat, [2]float64{n, r.Med(name, "beat-ns") / 1e6})
 		}
 	}
@@ -30,8 +31,8 @@ func renewSVG(r *report) string {
 	add("fresh table, before ANALYZE (planner check)", false, cold)
 	add("same table after ANALYZE", true, warm)
 	add("a tenth of the default beat (2 s)", true, [][2]float64{{1, 2000}, {10000, 2000}})
-	for _, f := range []struct{ name, bench string }{{"SELECT 1", selP}, {"one durable upsert", upsP}} {
-		if v, ok := r.get(f.bench, "ns/op"); ok {
+	for _, f := range []struct{ name, bench string }{{"SELECT 1", "Floor/op=SELECT1/driver=pgxpool"}, {"one durable upsert", "Floor/op=upsert/driver=pgxpool"}} {
+		if v := r.Med(f.bench, "ns/op"); v > 0 {
 			add(f.name, true, [][2]float64{{1, v / 1e6}, {10000, v / 1e6}})
 		}
 	}
