@@ -41,28 +41,3 @@ func TestThousands(t *testing.T) {
 		}
 	}
 }
-
-// -merge adds the audit section to an earlier run's JSON, or replaces it,
-// leaving every other byte as that run wrote it.
-func TestSpliceMember(t *testing.T) {
-	obj := []byte("{\n\t\"Args\": [\n\t\t\"-x\"\n\t],\n\t\"Took\": 5\n}\n")
-	v1, v2 := []byte("{\n\t\t\"Reps\": 1\n\t}"), []byte("{\n\t\t\"Reps\": 22\n\t}")
-	added, err := spliceMember(obj, "Audit", v1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "{\n\t\"Args\": [\n\t\t\"-x\"\n\t],\n\t\"Took\": 5,\n\t\"Audit\": {\n\t\t\"Reps\": 1\n\t}\n}\n"
-	if string(added) != want {
-		t.Errorf("added:\n%s\nwant:\n%s", added, want)
-	}
-	replaced, err := spliceMember(added, "Audit", v2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := strings.Replace(want, "\"Reps\": 1", "\"Reps\": 22", 1); string(replaced) != want {
-		t.Errorf("replaced:\n%s\nwant:\n%s", replaced, want)
-	}
-	if _, err := spliceMember([]byte("[1]"), "Audit", v1); err == nil {
-		t.Error("an array taken for an object")
-	}
-}

@@ -325,3 +325,49 @@ func (r *report) Num(name, unit string, prec int) string {
 		return fmt.Sprintf("%.*f", prec, s.Med)
 	}
 }
+
+// result is one benchmark's figures over its -count runs: the median, min
+// and max of each unit (ns/op and the extra metrics).
+type result struct {
+	Name             string
+	Runs             int
+	Median, Min, Max map[string]float64
+}
+
+// parseBench reads go test -bench output.
+func parseBench(out string) map[string]*result {
+	res := map[string]*result{}
+	vals := map[string]map[string][]float64{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		name := strings.TrimPrefix(f[0], "Benchmark")
+		if i := strings.LastIndexByte(name, '-'); i > 0 && i < len(name)-1 && strings.Trim(name[i+1:], "0123456789") == "" {
+			name = name[:i] // the -GOMAXPROCS suffix
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		if vals[name] == nil {
+			vals[name], res[name] = map[string][]float64{}, &result{Name: name, Median: map[string]float64{}, Min: map[string]float64{}, Max: map[string]float64{}}
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				break
+			}
+			vals[name][f[i+1]] = append(vals[name][f[i+1]], v)
+		}
+	}
+	for name, m := range vals {
+		r := res[name]
+		for unit, vs := range m {
+			slices.Sort(vs)
+			r.Runs = max(r.Runs, len(vs))
+			r.Min[unit], r.Max[unit], r.Median[unit] = vs[0], vs[len(vs)-1], (vs[(len(vs)-1)/2]+vs[len(vs)/2])/2
+		}
+	}
+	return res
+}
