@@ -38,11 +38,11 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 			tick                     *time.Time
 		}
 		reply := []any{&r.outcome, &r.fence, &r.expires, &r.holder, &r.tick, &r.freeIn, &r.journaled}
-		// key, holder, claim token, lease duration and failover delay (µs, the defaults), tick.
-		args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6)}
+		// key, holder, claim token, lease duration (µs), tick, failover delay (µs), next due tick, catch-up.
+		args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6), nil, false}
 		interleave(b, []part{
 			{"select1", "SELECT 1", func() { c.scan(b, `SELECT 1`, nil, &one) }},
-			{"shaped", "WHERE $1::text IS NOT NULL", func() { c.scan(b, shaped, args, reply...) }},
+			{"shaped", "WHERE $1::text IS NOT NULL", func() { c.scan(b, shaped, args[:6], reply...) }},
 			{"lookup", "WHERE key = $1 AND released_at IS NULL", func() { c.scan(b, lookup, []any{key}, &r.holder, &r.fence, &r.expires) }},
 			{"claimstmt", claimCall, func() { c.scan(b, claim, args, reply...) }},
 			{"claimdeadline", "", func() {

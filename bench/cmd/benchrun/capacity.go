@@ -154,30 +154,56 @@ func (s sample) rate(end sample) (r sample, secs float64, d benchenv.Counters) {
 		secs, end.ctr.Sub(s.ctr)
 }
 
-// capacity runs the whole Capacity section: the fleet shapes, the
-// scheduled fleet on the last, the saturation ramp, the peers at the last shape.
-func (e *env) capacity() (*capacityReport, error) {
+// capacity runs the whole Capacity section: each fleet shape in steady
+// state, the scheduled fleet on the last (still holding its leases), the
+// saturation ramp, the peers at the last shape.
+func (e *env) capacity() (out *capacityReport, err error) {
 	// pg_stat_statements: the renew's server time (absent: none); pg_stat_wal.wal_sync_time: the WAL fsyncs' time.
 	_, _ = e.admin.Exec(e.ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
-	for _, q := range []string{`ALTER SYSTEM SET track_wal_io_timing = on`, `SELECT pg_reload_conf()`} {
-		if _, err := e.admin.Exec(e.ctx, q); err != nil {
-			return nil, err
-		}
+	if err = e.exec(`ALTER SYSTEM SET track_wal_io_timing = on`, `SELECT pg_reload_conf()`); err == nil {
+		err = pglease.Migrate(e.ctx, e.admin)
 	}
-	if err := pglease.Migrate(e.ctx, e.admin); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond)
-	out := &capacityReport{Lease: capLease, Beat: capLease / 3, Pool: capPool, SatStep: e.c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
+	out = &capacityReport{Lease: capLease, Beat: capLease / 3, Pool: capPool, SatStep: e.c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
 	var shapes [][2]int
 	for _, s := range strings.Split(e.c.shapes, ",") {
 		if n := nums(s); len(n) == 2 && n[0] > 0 && n[1] > 0 {
 			shapes = append(shapes, [2]int{n[0], n[1]})
 		}
 	}
-	var err error
-	if out.Shapes, out.Sched, err = e.fleetShapes(shapes); err != nil {
-		return nil, err
+	var bouncer *benchenv.Bouncer
+	for i, sh := range shapes {
+		furl, via := e.url, "direct"
+		if sh[0]*capPool > capDirect && bouncer == nil {
+			logf("capacity: starting PgBouncer (transaction pooling, %d server connections)", bouncerPool)
+			cfg, err := pgx.ParseConfig(e.url)
+			if err == nil {
+				maxR := slices.MaxFunc(shapes, func(a, b [2]int) int { return a[0] - b[0] })[0]
+				bouncer, err = benchenv.StartBouncer(e.ctx, int(cfg.Port), maxR*capPool+1000, bouncerPool)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("PgBouncer: %w", err)
+			}
+			defer bouncer.Stop()
+		}
+		if sh[0]*capPool > capDirect {
+			furl, via = bouncer.URL(), fmt.Sprintf("PgBouncer (%d server connections)", bouncerPool)
+		}
+		logf("capacity: fleet %d replicas × %d leases (%s): claiming", sh[0], sh[1], via)
+		f, err := e.newFleet(furl, sh[0], capPool, pglease.WithLeaseDuration(capLease))
+		if err != nil {
+			return nil, err
+		}
+		res, err := e.measureShape(bouncer, f, fmt.Sprintf("fleet%d", i), sh[0], sh[1])
+		if res.Via, out.Shapes = via, append(out.Shapes, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
+			out.Sched, err = e.scheduled(f, res.ServerCPU)
+		}
+		if f.close(); err != nil {
+			return nil, err
+		}
 	}
 	if steps := ints(e.c.satSteps); len(steps) > 0 {
 		if out.Sat, err = e.saturation(steps); err != nil {
@@ -188,51 +214,6 @@ func (e *env) capacity() (*capacityReport, error) {
 		out.Peers, out.PeersWhy = e.peerFleets(shapes[len(shapes)-1])
 	}
 	return out, nil
-}
-
-// fleetShapes measures each fleet shape in steady state, then the
-// scheduled ticks on the last one, still holding its leases.
-func (e *env) fleetShapes(shapes [][2]int) (out []shapeResult, _ *schedResult, err error) {
-	var bouncer *benchenv.Bouncer
-	defer func() {
-		if bouncer != nil {
-			bouncer.Stop()
-		}
-	}()
-	for i, sh := range shapes {
-		r, j := sh[0], sh[1]
-		furl, via := e.url, "direct"
-		if r*capPool > capDirect {
-			if bouncer == nil {
-				logf("capacity: starting PgBouncer (transaction pooling, %d server connections)", bouncerPool)
-				cfg, err := pgx.ParseConfig(e.url)
-				if err != nil {
-					return nil, nil, err
-				}
-				maxR := slices.MaxFunc(shapes, func(a, b [2]int) int { return a[0] - b[0] })[0]
-				if bouncer, err = benchenv.StartBouncer(e.ctx, int(cfg.Port), maxR*capPool+1000, bouncerPool); err != nil {
-					return nil, nil, fmt.Errorf("PgBouncer: %w", err)
-				}
-			}
-			furl, via = bouncer.URL(), fmt.Sprintf("PgBouncer (%d server connections)", bouncerPool)
-		}
-		logf("capacity: fleet %d replicas × %d leases (%s): claiming", r, j, via)
-		f, err := e.newFleet(furl, r, capPool, pglease.WithLeaseDuration(capLease))
-		if err != nil {
-			return nil, nil, err
-		}
-		res, err := e.measureShape(bouncer, f, fmt.Sprintf("fleet%d", i), r, j)
-		res.Via = via
-		if out = append(out, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
-			s, err := e.scheduled(f, res.ServerCPU)
-			f.close()
-			return out, s, err
-		}
-		if f.close(); err != nil {
-			return nil, nil, err
-		}
-	}
-	return out, nil, nil
 }
 
 func (e *env) measureShape(b *benchenv.Bouncer, f *fleet, prefix string, r, j int) (shapeResult, error) {

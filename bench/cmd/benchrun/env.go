@@ -74,3 +74,13 @@ func parallel(n, workers int, fn func(i int) error) error {
 	err, _ := first.Load().(error)
 	return err
 }
+
+// exec runs the statements on the admin pool, stopping at the first error.
+func (e *env) exec(qs ...string) error {
+	for _, q := range qs {
+		if _, err := e.admin.Exec(e.ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
