@@ -33,13 +33,13 @@ var waitModes = []waitMode{
 	{"polling 1 s (ListenNever, default interval)", time.Second},
 }
 
-// handoffResult is the handoff latency of one mode after Unlock (sorted ns).
+// handoffResult is the handoff latency of one mode after Unlock, sorted
+// ns: from the Unlock call, and from its return, to the waiter's Acquire
+// returning; the Unlock call itself.
 type handoffResult struct {
-	Mode     string
-	Pairs, N int
-	FromCall []int64 // Unlock called → waiter's Acquire returned
-	FromRet  []int64 // Unlock returned → waiter's Acquire returned
-	Unlock   []int64 // the Unlock call itself
+	Mode                      string
+	Pairs, N                  int
+	FromCall, FromRet, Unlock []int64
 }
 
 // vanishResult is the delay between the server-side expiry of a lease whose
@@ -77,10 +77,10 @@ type handoffReport struct {
 
 // handoff runs the whole Handoff section.
 func (e *env) handoff() (*handoffReport, error) {
+	out := &handoffReport{}
 	if err := pglease.Migrate(e.ctx, e.admin); err != nil {
 		return nil, err
 	}
-	out := &handoffReport{}
 	for _, m := range waitModes {
 		// Polling latency is the poll phase, not the server: pairs run side
 		// by side so that 1 s polling fits in the run's time.
@@ -99,9 +99,9 @@ func (e *env) handoff() (*handoffReport, error) {
 			return nil, fmt.Errorf("handoff (%s): %w", m.Name, err)
 		}
 		r.N = len(r.FromCall)
-		slices.Sort(r.FromCall)
-		slices.Sort(r.FromRet)
-		slices.Sort(r.Unlock)
+		for _, d := range [][]int64{r.FromCall, r.FromRet, r.Unlock} {
+			slices.Sort(d)
+		}
 		out.Unlock = append(out.Unlock, r)
 	}
 	for _, m := range []waitMode{waitModes[0], waitModes[2]} {
@@ -131,10 +131,8 @@ func (e *env) handoffPair(m waitMode, n, pair int, record func(call, ret, unlock
 	ctx := e.ctx
 	var claims, probes atomic.Int64
 	tr := &benchenv.Tracer{OnEnd: func(t benchenv.Traced) {
-		if t.Err == nil && t.Kind == benchenv.KindClaim {
-			claims.Add(1)
-		} else if t.Err == nil && t.Kind == benchenv.KindProbe {
-			probes.Add(1)
+		if c := map[string]*atomic.Int64{benchenv.KindClaim: &claims, benchenv.KindProbe: &probes}[t.Kind]; c != nil && t.Err == nil {
+			c.Add(1)
 		}
 	}}
 	holder, err := newReplica(ctx, e.url, 2, nil, nil, m.opts(pglease.WithHolder(fmt.Sprintf("handoff-holder-%d", pair)))...)
@@ -148,14 +146,13 @@ func (e *env) handoffPair(m waitMode, n, pair int, record func(call, ret, unlock
 	}
 	defer waiter.close()
 	key := fmt.Sprintf("handoff-%d-%d", m.Poll.Milliseconds(), pair)
-	// waitCount polls until f() reaches n, for at most 10 s.
-	waitCount := func(f func() int64, n int64) bool {
-		for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(500 * time.Microsecond) {
-			if f() >= n {
-				return true
+	waitCount := func(f func() int64, n int64) bool { // polls until f() reaches n, for at most 10 s
+		for t0 := time.Now(); f() < n; time.Sleep(500 * time.Microsecond) {
+			if time.Since(t0) > 10*time.Second {
+				return false
 			}
 		}
-		return false
+		return true
 	}
 	type got struct {
 		le  *pglease.Lease

@@ -49,15 +49,10 @@ type report struct {
 var reportTemplates embed.FS
 
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
-	"dur": func(ns any) string { return fmtDur(fl(ns)) },
-	"durOrDash": func(ns any) string {
-		if fl(ns) == 0 {
-			return "—"
-		}
-		return fmtDur(fl(ns))
-	},
+	"dur":       func(ns any) string { return fmtDur(fl(ns)) },
+	"durOrDash": func(ns any) string { return orDash(fl(ns) != 0, fmtDur(fl(ns))) },
 	"bytes":     bytesH,
-	"thousands": func(n any) string { return thousands(int64(fl(n))) },
+	"thousands": thousands,
 	"verdict":   verdict,
 	"fl":        fl,
 	"add":       func(a, b any) float64 { return fl(a) + fl(b) },
@@ -65,30 +60,22 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"mul":       func(a, b any) float64 { return fl(a) * fl(b) },
 	"div":       func(a, b any) float64 { return fl(a) / fl(b) },
 	"pct":       func(a any) float64 { return fl(a) * 100 },
+	"max":       math.Max,
 	"ratio": func(a, b any) string { // a/b as "1.23×", "—" when b is missing
-		if fl(b) == 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f×", fl(a)/fl(b))
+		return orDash(fl(b) != 0, fmt.Sprintf("%.2f×", fl(a)/fl(b)))
 	},
-	"pcts":      pctsOf,
-	"atof":      func(s string) float64 { f, _ := strconv.ParseFloat(s, 64); return f },
-	"first":     func(s string) string { return strings.TrimSpace(strings.SplitN(s, ",", 2)[0]) },
-	"noTicks":   func(s string) string { return strings.ReplaceAll(s, "`", "'") },
-	"contains":  strings.Contains,
-	"hasSuffix": strings.HasSuffix,
-	"hasPrefix": strings.HasPrefix,
-	"seq":       func(v ...any) []any { return v },
-	"dict": func(kv ...any) map[string]any {
-		m := map[string]any{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			m[kv[i].(string)] = kv[i+1]
-		}
-		return m
+	"pcts": func(sorted []int64) (p struct{ P50, P90, P99, Max float64 }) { // percentiles of sorted ns
+		p.P50, p.P90, p.P99, p.Max = float64(benchenv.Pct(sorted, 50)), float64(benchenv.Pct(sorted, 90)), float64(benchenv.Pct(sorted, 99)), float64(benchenv.Pct(sorted, 100))
+		return p
 	},
+	"atof":            func(s string) float64 { f, _ := strconv.ParseFloat(s, 64); return f },
+	"first":           func(s string) string { return strings.TrimSpace(strings.SplitN(s, ",", 2)[0]) },
+	"noTicks":         func(s string) string { return strings.ReplaceAll(s, "`", "'") },
+	"contains":        strings.Contains,
+	"hasSuffix":       strings.HasSuffix,
+	"hasPrefix":       strings.HasPrefix,
+	"seq":             func(v ...any) []any { return v },
 	"knee":            knee,
-	"nums":            nums,
-	"max":             math.Max,
 	"auditBound":      func() time.Duration { return auditBound },
 	"auditRunsPerKey": func() int { return auditRunsPerKey },
 }).ParseFS(reportTemplates, "report*.md.tmpl"))
@@ -193,7 +180,7 @@ func (r *report) Variants() []string {
 }
 
 // Sorted are the names of the benchmarks with prefix, sorted by the
-// numbers in them, last number first (Contended: keys, workers, pool).
+// numbers in them.
 func (r *report) Sorted(prefix string) []string {
 	var out []string
 	for name := range r.Results {
@@ -201,8 +188,7 @@ func (r *report) Sorted(prefix string) []string {
 			out = append(out, name)
 		}
 	}
-	rev := func(s string) []int { n := nums(s); slices.Reverse(n); return n }
-	slices.SortFunc(out, func(a, b string) int { return slices.Compare(rev(a), rev(b)) })
+	slices.SortFunc(out, func(a, b string) int { return slices.Compare(nums(a), nums(b)) })
 	return out
 }
 
@@ -262,14 +248,6 @@ func (r *report) Merged() bool {
 	return r.Audit.Started.Before(r.Started) || r.Audit.Started.After(r.Started.Add(r.Took))
 }
 
-// pcts are percentiles of sorted nanoseconds.
-type pcts struct{ P50, P90, P99, Max float64 }
-
-func pctsOf(sorted []int64) pcts {
-	p := func(q float64) float64 { return float64(benchenv.Pct(sorted, q)) }
-	return pcts{p(50), p(90), p(99), p(100)}
-}
-
 func fmtDur(ns float64) string {
 	switch {
 	case ns >= 1e9:
@@ -291,19 +269,12 @@ func bytesH(b any) string {
 }
 
 // thousands prints n with comma separators: 1,000,000.
-func thousands(n int64) string {
-	s := strconv.FormatInt(n, 10)
+func thousands(n any) string {
+	s := strconv.FormatInt(int64(fl(n)), 10)
 	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
-}
-
-func verdict(ok bool) string {
-	if ok {
-		return "**met**"
-	}
-	return "**missed**"
 }
 
 // LastPlanner is the planner check of the most leases, nil if none ran.
@@ -370,4 +341,14 @@ func parseBench(out string) map[string]*result {
 		}
 	}
 	return res
+}
+
+func verdict(ok bool) string { return orDash(ok, "**met**", "**missed**") }
+
+// orDash is s if ok, else "—" (or the alternative given).
+func orDash(ok bool, s string, alt ...string) string {
+	if ok {
+		return s
+	}
+	return append(alt, "—")[0]
 }
