@@ -198,7 +198,8 @@ func (e *env) capacity() (out *capacityReport, err error) {
 			return nil, err
 		}
 		res, err := e.measureShape(bouncer, f, fmt.Sprintf("fleet%d", i), sh[0], sh[1])
-		if res.Via, out.Shapes = via, append(out.Shapes, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
+		res.Via = via
+		if out.Shapes = append(out.Shapes, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
 			out.Sched, err = e.scheduled(f, res.ServerCPU)
 		}
 		if f.close(); err != nil {
