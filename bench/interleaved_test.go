@@ -23,18 +23,13 @@ type part struct {
 // iteration runs every part once, each timed on its own, in an order that
 // rotates (so that each shares the moment's fsync and CPU drift with the
 // others; the parts of a slot run in turn), inside measure. It reports each
-// part's median time (NAME-ns) and, with pg_stat_statements, its server
-// execution time (NAME-exec-us), and returns the medians by name. A median
-// is not moved by the few iterations a neighbour's burst slows down.
-func interleave(b *testing.B, parts []part, slots ...[]int) map[string]float64 {
-	inSlot := map[int]bool{}
-	for _, s := range slots {
-		for _, k := range s {
-			inSlot[k] = true
-		}
-	}
+// part's median time (NAME-ns), with pg_stat_statements its server
+// execution time (NAME-exec-us), and each ratio of medians given as
+// triples unit, x, y (x/y); it returns the medians by name. A median is
+// not moved by the few iterations a neighbour's burst slows down.
+func interleave(b *testing.B, parts []part, slots [][]int, ratios ...string) map[string]float64 {
 	for k := range parts {
-		if !inSlot[k] {
+		if !slices.ContainsFunc(slots, func(s []int) bool { return slices.Contains(s, k) }) {
 			slots = append(slots, []int{k})
 		}
 	}
@@ -61,14 +56,24 @@ func interleave(b *testing.B, parts []part, slots ...[]int) map[string]float64 {
 			b.ReportMetric(us, p.name+"-exec-us")
 		}
 	}
+	for i := 0; i+2 < len(ratios); i += 3 {
+		b.ReportMetric(med[ratios[i+1]]/med[ratios[i+2]], ratios[i])
+	}
 	return med
 }
 
-// ratios reports med[x]/med[y] as unit, for each triple unit, x, y.
-func ratios(b *testing.B, med map[string]float64, unitXY ...string) {
-	for i := 0; i+2 < len(unitXY); i += 3 {
-		b.ReportMetric(med[unitXY[i+1]]/med[unitXY[i+2]], unitXY[i])
-	}
+// lockerVariants are the Locker configurations BenchmarkInterleaved
+// measures, the default first (the targets' source); the report shows each
+// next to it. aa-control is the default again: the resolution of such
+// comparisons. PGLEASE_BENCH_VARIANTS (benchrun's -variants) picks some.
+var lockerVariants = []struct {
+	name string
+	opts []pglease.Option
+}{
+	{"default", nil},
+	{"aa-control", nil},
+	{"journal-off", []pglease.Option{pglease.WithJournal(false)}},
+	{"failover-delay-off", []pglease.Option{pglease.WithFailoverDelay(0)}},
 }
 
 // BenchmarkInterleaved is the source of the target ratios: a SELECT 1, a
@@ -78,50 +83,21 @@ func ratios(b *testing.B, med map[string]float64, unitXY ...string) {
 // durable), interleaved on one pool. One run is one round (benchrun runs
 // -benchtime 400x -count 9). It runs once per Locker variant.
 func BenchmarkInterleaved(b *testing.B) {
-	for _, v := range selectedVariants(b) {
-		if v.name == "default" {
+	list := os.Getenv("PGLEASE_BENCH_VARIANTS")
+	for _, v := range lockerVariants {
+		switch {
+		case list != "" && !slices.Contains(strings.Split(list, ","), v.name):
+		case v.name == "default":
 			interleaved(b, v.opts)
-		} else {
+		default:
 			b.Run("variant="+v.name, func(b *testing.B) { interleaved(b, v.opts) })
 		}
 	}
 }
 
-// lockerVariants are the Locker configurations BenchmarkInterleaved
-// measures, the default first (the targets' source); the report shows each
-// next to it. aa-control is the default again: the resolution of such
-// comparisons. PGLEASE_BENCH_VARIANTS (benchrun's -variants) picks some.
-var lockerVariants = []variant{
-	{"default", nil},
-	{"aa-control", nil},
-	{"journal-off", []pglease.Option{pglease.WithJournal(false)}},
-	{"failover-delay-off", []pglease.Option{pglease.WithFailoverDelay(0)}},
-}
-
-type variant struct {
-	name string
-	opts []pglease.Option
-}
-
-func selectedVariants(b *testing.B) (out []variant) {
-	list := os.Getenv("PGLEASE_BENCH_VARIANTS")
-	for _, v := range lockerVariants {
-		if list == "" || slices.Contains(strings.Split(list, ","), v.name) {
-			out = append(out, v)
-		}
-	}
-	if list != "" && len(out) != len(strings.Split(list, ",")) {
-		b.Fatalf("PGLEASE_BENCH_VARIANTS=%s names an unknown Locker variant", list)
-	}
-	return out
-}
-
 func interleaved(b *testing.B, opts []pglease.Option) {
 	drivers(b, func(b *testing.B, c conn) {
-		ctx := context.Background()
-		held, err := c.locker(b, pglease.WithHolder("interleaved-other-replica")).Lock(ctx, "bench-interleaved-held")
-		must(b, err)
-		defer held.Unlock(ctx)
+		holdKey(b, c, "bench-interleaved-held")
 		l := c.locker(b, opts...)
 		c.exec(b, `INSERT INTO bench_floor (id, n) VALUES (7, 0) ON CONFLICT (id) DO NOTHING`)
 		var (
@@ -140,8 +116,7 @@ func interleaved(b *testing.B, opts []pglease.Option) {
 					[]any{"bench-interleaved-held"}, &holder, &fence, &expires, &tick)
 			}},
 			{"update", "", func() { c.exec(b, updateSQL, 7) }},
-		})
-		ratios(b, med, "skip/select1", "skip", "select1", "lockunlock/upsert", "lockunlock", "upsert", "read/select1", "read", "select1")
+		}, nil, "skip/select1", "skip", "select1", "lockunlock/upsert", "lockunlock", "upsert", "read/select1", "read", "select1")
 		// The floor of a job run: one durable commit and one more round
 		// trip; with a release that writes its row, a non-durable UPDATE.
 		b.ReportMetric((med["upsert"]+med["select1"])/med["upsert"], "floor/upsert")
@@ -154,33 +129,18 @@ func interleaved(b *testing.B, opts []pglease.Option) {
 const updateSQL = `WITH c AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE bench_floor SET n = n + 1 FROM c WHERE id = $1`
 
-func skipOnce(b *testing.B, l *pglease.Locker, key string) {
-	if _, err := l.Lock(context.Background(), key); !isHeld(err) {
-		b.Fatalf("Lock on a held key: %v", err)
-	}
-}
-
-func lockUnlock(b *testing.B, l *pglease.Locker, key string) {
-	le, err := l.Lock(context.Background(), key)
-	must(b, err)
-	must(b, le.Unlock(context.Background()))
-}
-
 // BenchmarkJournal is the journal's cost: Lock+Unlock of a free key and
 // the skip path, by a Locker with the journal on and one with it off,
 // interleaved on one pool.
 func BenchmarkJournal(b *testing.B) {
 	drivers(b, func(b *testing.B, c conn) {
-		held, err := c.locker(b, pglease.WithHolder("journal-other-replica")).Lock(context.Background(), "bench-journal-held")
-		must(b, err)
-		defer held.Unlock(context.Background())
+		holdKey(b, c, "bench-journal-held")
 		on, off := c.locker(b), c.locker(b, pglease.WithJournal(false))
-		med := interleave(b, []part{
+		interleave(b, []part{
 			{"lockunlock-on", "", func() { lockUnlock(b, on, "bench-journal-on") }},
 			{"lockunlock-off", "", func() { lockUnlock(b, off, "bench-journal-off") }},
 			{"skip-on", "", func() { skipOnce(b, on, "bench-journal-held") }},
 			{"skip-off", "", func() { skipOnce(b, off, "bench-journal-held") }},
-		})
-		ratios(b, med, "lockunlock-on/off", "lockunlock-on", "lockunlock-off", "skip-on/off", "skip-on", "skip-off")
+		}, nil, "lockunlock-on/off", "lockunlock-on", "lockunlock-off", "skip-on/off", "skip-on", "skip-off")
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,30 +19,27 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-// EnvPG hands benchrun's PostgreSQL to this test binary; unset, TestMain
-// starts one (and the peers, benchenv.Peers, likewise).
-const EnvPG = "PGLEASE_BENCH_PG_URL"
-
-// PoolSize is the size of the shared pools (the floor, pglease and the
+// PoolSize is the size of the shared pools (the floors, pglease and the
 // PostgreSQL peers all use the same pool).
 const PoolSize = 4
 
 var (
-	pgURL      string
-	pool       *pgxpool.Pool // the shared pgx pool
-	sqlDB      *sql.DB       // the shared database/sql pool (pgx stdlib)
-	serverCPU  *benchenv.ServerCPU
-	peers      = map[string]*benchenv.Peer{} // by environment variable
-	lostLeases atomic.Int64                  // leases lost during the benchmarks (should stay 0)
-	renewWarns atomic.Int64                  // renews that failed and were retried
+	pgURL     string
+	pool      *pgxpool.Pool // the shared pgx pool
+	sqlDB     *sql.DB       // the shared database/sql pool (pgx stdlib)
+	serverCPU *benchenv.ServerCPU
+	peers     = map[string]*benchenv.Peer{} // by environment variable
+	losses    benchenv.Losses               // renews retried (BenchmarkRenew holds them back) and leases lost (must stay 0)
 )
 
+// TestMain uses benchrun's PostgreSQL and peers (PGLEASE_BENCH_PG_URL and
+// benchenv.Peers' variables), or starts its own.
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if pgURL = os.Getenv(EnvPG); pgURL == "" {
+	if pgURL = os.Getenv("PGLEASE_BENCH_PG_URL"); pgURL == "" {
 		c, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cannot start a durable throw-away PostgreSQL: %v\n", err)
@@ -59,29 +55,19 @@ func run(m *testing.M) int {
 	defer pool.Close()
 	defer sqlDB.Close()
 	for _, p := range benchenv.Peers(ctx) {
-		peers[p.Env] = p
-		if p.Proc != nil {
+		if peers[p.Env] = p; p.Proc != nil {
 			defer p.Proc.Stop()
 		}
 	}
 	code := m.Run()
-	if n := renewWarns.Load(); n > 0 { // BenchmarkRenew holds the Locker's renew back: it times out, the next beat renews
+	if n := losses.Warns.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %d renews were retried at the next beat (held back by BenchmarkRenew)\n", n)
 	}
-	if n := lostLeases.Load(); n > 0 {
+	if n := losses.Errs.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %d leases were lost during the benchmarks\n", n)
 		code = 1
 	}
 	return code
-}
-
-// peerAddr is the address of the peer handed over in env, or skips b.
-func peerAddr(b *testing.B, env string) string {
-	p := peers[env]
-	if p.Addr == "" {
-		b.Skipf("%s peer skipped: %s", p.Name, p.Why)
-	}
-	return p.Addr
 }
 
 func setupPG(ctx context.Context) error {
@@ -102,13 +88,6 @@ func setupPG(ctx context.Context) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL)`); err != nil {
 		return err
 	}
-	var durable string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('fsync') || '/' || current_setting('synchronous_commit')`).Scan(&durable); err != nil {
-		return err
-	}
-	if durable != "on/on" {
-		fmt.Fprintf(os.Stderr, "bench: WARNING: the server runs with fsync/synchronous_commit = %s, not durable\n", durable)
-	}
 	// Warm up: the first durable commits of a fresh cluster are slower than the rest.
 	for t0 := time.Now(); time.Since(t0) < 3*time.Second; {
 		if _, err := pool.Exec(ctx, upsertSQL(0)); err != nil {
@@ -126,24 +105,9 @@ func upsertSQL(id int) string {
 	return fmt.Sprintf(`INSERT INTO bench_floor (id, n) VALUES (%d, 1) ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`, id)
 }
 
-// lossHandler counts lease losses (ERROR records) and retried renews
-// (WARN), and prints the first losses.
-type lossHandler struct{ slog.Handler }
-
-func (lossHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (h lossHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Level < slog.LevelError {
-		renewWarns.Add(1)
-	} else if lostLeases.Add(1) <= 3 {
-		fmt.Fprintf(os.Stderr, "bench: pglease: %s\n", r.Message)
-	}
-	return nil
-}
-
 // newLocker returns a Locker on db for the benchmarks (losses are counted).
 func newLocker[D pglease.DB](b *testing.B, db D, opts ...pglease.Option) *pglease.Locker {
-	b.Helper()
-	l, err := pglease.New(db, append([]pglease.Option{pglease.WithLogger(slog.New(lossHandler{}))}, opts...)...)
+	l, err := pglease.New(db, append([]pglease.Option{pglease.WithLogger(slog.New(&losses))}, opts...)...)
 	must(b, err)
 	b.Cleanup(func() { _ = l.Close() })
 	return l
@@ -154,7 +118,6 @@ func newLocker[D pglease.DB](b *testing.B, db D, opts ...pglease.Option) *pgleas
 // transaction ids assigned, the WAL written, and the server's and this
 // process's CPU.
 func measure(b *testing.B, loop func()) {
-	b.Helper()
 	ctx := context.Background()
 	before, err := benchenv.ReadCounters(ctx, pool)
 	must(b, err)
@@ -177,9 +140,7 @@ func measure(b *testing.B, loop func()) {
 // ownCPUSeconds is this process's CPU time (user + system).
 func ownCPUSeconds() float64 {
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
@@ -189,8 +150,6 @@ func must(b *testing.B, err error) {
 		b.Fatal(err)
 	}
 }
-
-func isHeld(err error) bool { return errors.Is(err, pglease.ErrAlreadyLocked) }
 
 // conn is one of the shared pools: pgxpool, or database/sql.
 type conn struct {
@@ -227,4 +186,24 @@ func (c conn) locker(b *testing.B, opts ...pglease.Option) *pglease.Locker {
 		return newLocker(b, c.p, opts...)
 	}
 	return newLocker(b, c.d, opts...)
+}
+
+// skipOnce is a Lock of key, which another Locker holds (the skip path).
+func skipOnce(b *testing.B, l *pglease.Locker, key string) {
+	if _, err := l.Lock(context.Background(), key); !errors.Is(err, pglease.ErrAlreadyLocked) {
+		b.Fatalf("Lock on a held key: %v", err)
+	}
+}
+
+func lockUnlock(b *testing.B, l *pglease.Locker, key string) {
+	le, err := l.Lock(context.Background(), key)
+	must(b, err)
+	must(b, le.Unlock(context.Background()))
+}
+
+// holdKey has another replica hold key until the benchmark ends.
+func holdKey(b *testing.B, c conn, key string) {
+	le, err := c.locker(b, pglease.WithHolder("other-replica-"+key)).Lock(context.Background(), key)
+	must(b, err)
+	b.Cleanup(func() { _ = le.Unlock(context.Background()) })
 }

@@ -14,22 +14,28 @@ import (
 	"go.uber.org/zap"
 )
 
-// Advisory-lock keys of the peers (two int4 keys: class, object).
-const advClass = 7301
-
-// BenchmarkAdvisory measures PostgreSQL's advisory locks on the shared
-// pool: pooled (lock and unlock on whatever connection comes: the unlock
-// can land on another session, counted as unlock-miss/op), pinned (one
-// connection for the lock's lifetime), xact (BEGIN, try-lock, COMMIT), and
-// Skip (a try-lock on a key another session holds).
+// BenchmarkAdvisory measures PostgreSQL's advisory locks (keys 7301, N) on
+// the shared pool: pooled (lock and unlock on whatever connection comes:
+// the unlock can land on another session, counted as unlock-miss/op),
+// pinned (one connection for the lock's lifetime), xact (BEGIN, try-lock,
+// COMMIT), and Skip (a try-lock on a key another session holds).
 func BenchmarkAdvisory(b *testing.B) {
 	ctx := context.Background()
 	try := func(q interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
-	}, fn string, obj int) bool {
-		var ok bool
-		must(b, q.QueryRow(ctx, `SELECT `+fn+`($1, $2)`, advClass, obj).Scan(&ok))
+	}, fn string, obj int) (ok bool) {
+		must(b, q.QueryRow(ctx, `SELECT `+fn+`(7301, $1)`, obj).Scan(&ok))
 		return ok
+	}
+	xact := func(obj int, want bool) func() {
+		return func() {
+			tx, err := pool.Begin(ctx)
+			must(b, err)
+			if try(tx, "pg_try_advisory_xact_lock", obj) != want {
+				b.Fatalf("advisory xact lock: got %v, want %v", !want, want)
+			}
+			must(b, tx.Commit(ctx))
+		}
 	}
 	b.Run("op=LockUnlock/mode=pooled", func(b *testing.B) {
 		misses := 0
@@ -54,16 +60,6 @@ func BenchmarkAdvisory(b *testing.B) {
 			c.Release()
 		})
 	})
-	xact := func(obj int, want bool) func() {
-		return func() {
-			tx, err := pool.Begin(ctx)
-			must(b, err)
-			if try(tx, "pg_try_advisory_xact_lock", obj) != want {
-				b.Fatalf("advisory xact lock: got %v, want %v", !want, want)
-			}
-			must(b, tx.Commit(ctx))
-		}
-	}
 	b.Run("op=LockUnlock/mode=xact", func(b *testing.B) { loop(b, xact(3, true)) })
 	for obj, mode := range []string{4: "pooled", 5: "xact"} {
 		if mode == "" {
@@ -76,15 +72,41 @@ func BenchmarkAdvisory(b *testing.B) {
 			try(holder, "pg_try_advisory_lock", obj)
 			if mode == "xact" {
 				loop(b, xact(obj, false))
-				return
+			} else {
+				loop(b, func() {
+					if try(pool, "pg_try_advisory_lock", obj) {
+						b.Fatal("advisory lock held by another session was taken")
+					}
+				})
 			}
-			loop(b, func() {
-				if try(pool, "pg_try_advisory_lock", obj) {
-					b.Fatal("advisory lock held by another session was taken")
-				}
-			})
 		})
 	}
+}
+
+// peerAddr is the address of the peer handed over in env, or skips b.
+func peerAddr(b *testing.B, env string) string {
+	if p := peers[env]; p.Addr != "" {
+		return p.Addr
+	}
+	b.Skipf("%s peer skipped: %s", peers[env].Name, peers[env].Why)
+	return ""
+}
+
+// lockLoops times lockUnlock (op=LockUnlock) and skip, a lock attempt on a
+// key held by someone else (op=Skip), of a peer's lock.
+func lockLoops(b *testing.B, lockUnlock func() error, hold func() (release func()), skip func() error) {
+	b.Run("op=LockUnlock", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			must(b, lockUnlock())
+		}
+	})
+	b.Run("op=Skip", func(b *testing.B) {
+		defer hold()()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			must(b, skip())
+		}
+	})
 }
 
 // BenchmarkRedis measures a Redis lock (github.com/bsm/redislock: SET NX PX
@@ -92,28 +114,26 @@ func BenchmarkAdvisory(b *testing.B) {
 // its default persistence (no fsync per write) and with appendfsync always.
 func BenchmarkRedis(b *testing.B) {
 	ctx := context.Background()
-	for _, cfg := range []struct{ name, env string }{{"default", "PGLEASE_BENCH_REDIS_ADDR"}, {"fsync-always", "PGLEASE_BENCH_REDIS_FSYNC_ADDR"}} {
-		b.Run("config="+cfg.name, func(b *testing.B) {
-			rdb := redis.NewClient(&redis.Options{Addr: peerAddr(b, cfg.env), PoolSize: PoolSize})
+	for _, cfg := range [][2]string{{"default", "PGLEASE_BENCH_REDIS_ADDR"}, {"fsync-always", "PGLEASE_BENCH_REDIS_FSYNC_ADDR"}} {
+		b.Run("config="+cfg[0], func(b *testing.B) {
+			rdb := redis.NewClient(&redis.Options{Addr: peerAddr(b, cfg[1]), PoolSize: PoolSize})
 			defer rdb.Close()
 			locker := redislock.New(rdb)
-			b.Run("op=LockUnlock", func(b *testing.B) {
-				for i := 0; i < b.N; i++ {
-					l, err := locker.Obtain(ctx, "bench-free", time.Minute, nil)
-					must(b, err)
-					must(b, l.Release(ctx))
+			lockLoops(b, func() error {
+				l, err := locker.Obtain(ctx, "bench-free", time.Minute, nil)
+				if err == nil {
+					err = l.Release(ctx)
 				}
-			})
-			b.Run("op=Skip", func(b *testing.B) {
+				return err
+			}, func() func() {
 				held, err := locker.Obtain(ctx, "bench-held", time.Minute, nil)
 				must(b, err)
-				defer held.Release(ctx)
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if _, err := locker.Obtain(ctx, "bench-held", time.Minute, nil); !errors.Is(err, redislock.ErrNotObtained) {
-						b.Fatalf("Obtain on a held key: %v", err)
-					}
+				return func() { _ = held.Release(ctx) }
+			}, func() error {
+				if _, err := locker.Obtain(ctx, "bench-held", time.Minute, nil); !errors.Is(err, redislock.ErrNotObtained) {
+					return errors.Join(errors.New("Obtain on a held key"), err)
 				}
+				return nil
 			})
 		})
 	}
@@ -134,25 +154,16 @@ func BenchmarkEtcd(b *testing.B) {
 	}
 	sess := session()
 	defer sess.Close()
-	b.Run("op=LockUnlock", func(b *testing.B) {
-		m := concurrency.NewMutex(sess, "/pglease-bench/free")
-		for i := 0; i < b.N; i++ {
-			must(b, m.Lock(ctx))
-			must(b, m.Unlock(ctx))
-		}
-	})
-	b.Run("op=Skip", func(b *testing.B) {
+	free, held := concurrency.NewMutex(sess, "/pglease-bench/free"), concurrency.NewMutex(sess, "/pglease-bench/held")
+	lockLoops(b, func() error { return errors.Join(free.Lock(ctx), free.Unlock(ctx)) }, func() func() {
 		other := session()
-		defer other.Close()
-		held := concurrency.NewMutex(other, "/pglease-bench/held")
-		must(b, held.Lock(ctx))
-		defer held.Unlock(ctx)
-		m := concurrency.NewMutex(sess, "/pglease-bench/held")
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
-				b.Fatalf("TryLock on a held mutex: %v", err)
-			}
+		m := concurrency.NewMutex(other, "/pglease-bench/held")
+		must(b, m.Lock(ctx))
+		return func() { _ = m.Unlock(ctx); _ = other.Close() }
+	}, func() error {
+		if err := held.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
+			return errors.Join(errors.New("TryLock on a held mutex"), err)
 		}
+		return nil
 	})
 }

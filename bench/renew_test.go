@@ -2,7 +2,7 @@ package bench
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -16,158 +16,88 @@ import (
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
-// The Locker under test beats every 2 s (a few beats in a few seconds); its
-// lease is long enough that a beat held back by the measurement is harmless.
-const (
-	renewLease, renewHeartbeat = 60 * time.Second, 2 * time.Second
-	renewBeats                 = 3 // library beats observed per N
-)
-
-// renewFixture is a real Locker holding n leases on its own database/sql
-// pool, whose statements are traced, and what it sent while holding them.
-type renewFixture struct {
-	n      int
-	db     *sql.DB
-	locker *pglease.Locker
-	tracer *benchenv.Tracer
-	gate   sync.RWMutex      // held by the measurement loop: the Locker's renew waits
-	beats  []benchenv.Traced // its renew statements of all n leases
-	others int               // its other statements in the same window
-	inUse  int               // max db.Stats().InUse between beats
-}
-
-func newRenewFixture(b *testing.B, n int, all *[]*renewFixture) *renewFixture {
+// BenchmarkRenew measures the renewal of N held leases: a real Locker
+// (its own database/sql pool, traced, heartbeat 2 s) holds them and
+// renews; ns/op is the re-execution, on the shared database/sql pool, of
+// the very statement (text and arguments) the library sent at its last
+// beat, reading the N rows, while the library's own renew waits at a
+// barrier. Extra metrics: leases/stmt, stmts/beat (statements the Locker
+// sent per beat), beat-ns (median of its own renew statements over 3
+// beats), conns-in-use (max InUse of its pool between beats).
+func BenchmarkRenew(b *testing.B) {
+	const beat, beats = 2 * time.Second, 3
 	ctx := context.Background()
-	f := &renewFixture{n: n, tracer: &benchenv.Tracer{}}
-	f.tracer.Hook = func(q string) {
-		if benchenv.Classify(q) == benchenv.KindRenew {
-			f.gate.RLock()
-			//lint:ignore SA2001 a barrier: wait while the measurement loop runs
-			f.gate.RUnlock()
-		}
-	}
-	cc := pool.Config().ConnConfig.Copy()
-	cc.Tracer = f.tracer
-	f.db = stdlib.OpenDB(*cc)
-	f.db.SetMaxOpenConns(16) // for the parallel claims; PoolSize afterwards
-	l, err := pglease.New(f.db, pglease.WithLeaseDuration(renewLease), pglease.WithHeartbeat(renewHeartbeat),
-		pglease.WithHolder(fmt.Sprintf("renew-bench-%d-%d", n, time.Now().UnixNano())), pglease.WithLogger(slog.New(lossHandler{})))
-	must(b, err)
-	f.locker = l
-	*all = append(*all, f) // closed when BenchmarkRenew ends
-	var wg sync.WaitGroup
-	for w := 0; w < 16; w++ {
-		wg.Go(func() {
-			for i := w; i < n; i += 16 {
-				if _, err := l.Lock(ctx, fmt.Sprintf("renew-%d-%05d", n, i)); err != nil {
-					b.Error(err)
-					return
+	for _, n := range []int{1, 100, 1000, 10000} {
+		var gate sync.RWMutex // held by the measurement loop: the Locker's renew waits
+		tr := &benchenv.Tracer{Hook: func(q string) {
+			if benchenv.Classify(q) == benchenv.KindRenew {
+				gate.RLock()
+				//lint:ignore SA2001 a barrier: wait while the measurement loop runs
+				gate.RUnlock()
+			}
+		}}
+		cc := pool.Config().ConnConfig.Copy()
+		cc.Tracer = tr
+		db := stdlib.OpenDB(*cc)
+		defer db.Close()
+		db.SetMaxOpenConns(16) // for the parallel claims; PoolSize afterwards
+		l, err := pglease.New(db, pglease.WithLeaseDuration(time.Minute), pglease.WithHeartbeat(beat),
+			pglease.WithHolder(fmt.Sprintf("renew-bench-%d-%d", n, time.Now().UnixNano())), pglease.WithLogger(slog.New(&losses)))
+		must(b, err)
+		defer l.Close()
+		must(b, parallelLock(l, n))
+		db.SetMaxOpenConns(PoolSize)
+		// Autovacuum would analyze the table soon after the claims; without
+		// statistics the renew may be planned quadratic in n (benchrun's
+		// planner check).
+		_, err = pool.Exec(ctx, `ANALYZE `+pglease.DefaultTable)
+		must(b, err)
+		// The library's first beat renewing all n leases opens the window;
+		// then `beats` more, every statement between them, and the pool's
+		// connections in use sampled every few milliseconds.
+		var full, window []benchenv.Traced
+		var samples [][2]int64 // time, in use
+		tr.Take()
+		for deadline, open := time.Now().Add((beats+3)*beat*2), false; len(full) < beats; {
+			if time.Now().After(deadline) {
+				b.Fatalf("saw %d renew statements of %d leases; is the renew statement still recognised?", len(full), n)
+			}
+			for end := time.Now().Add(beat / 4); time.Now().Before(end); time.Sleep(3 * time.Millisecond) {
+				if open {
+					samples = append(samples, [2]int64{benchenv.Now(), int64(db.Stats().InUse)})
 				}
 			}
-		})
-	}
-	wg.Wait()
-	f.db.SetMaxOpenConns(PoolSize)
-	if got := l.NumHeld(); got != n {
-		b.Fatalf("holding %d leases, want %d", got, n)
-	}
-	// Autovacuum would analyze the table soon after the claims; without
-	// statistics the renew may be planned quadratic in n (the runner's
-	// planner check).
-	_, err = pool.Exec(ctx, `ANALYZE `+pglease.DefaultTable)
-	must(b, err)
-	f.observe(b)
-	return f
-}
-
-// observe waits for the library's first beat renewing all n leases, then
-// records renewBeats more and the statements between them, sampling the
-// pool's connections in use every few milliseconds.
-func (f *renewFixture) observe(b *testing.B) {
-	f.tracer.Take()
-	deadline := time.Now().Add(time.Duration(renewBeats+3) * renewHeartbeat * 2)
-	var window []benchenv.Traced
-	var samples [][2]int64 // time, in use
-	started := false
-	for len(f.beats) < renewBeats {
-		if time.Now().After(deadline) {
-			b.Fatalf("saw %d renew statements of %d leases; is the renew statement still recognised?", len(f.beats), f.n)
-		}
-		for end := time.Now().Add(renewHeartbeat / 4); time.Now().Before(end); time.Sleep(3 * time.Millisecond) {
-			if started {
-				samples = append(samples, [2]int64{benchenv.Now(), int64(f.db.Stats().InUse)})
+			for _, t := range tr.Take() {
+				isFull := t.Kind == benchenv.KindRenew && t.Rows == int64(n) && t.Err == nil
+				if open {
+					if window = append(window, t); isFull {
+						full = append(full, t)
+					}
+				}
+				open = open || isFull
 			}
 		}
-		for _, t := range f.tracer.Take() {
-			full := t.Kind == benchenv.KindRenew && t.Rows == int64(f.n) && t.Err == nil
-			if started && full {
-				f.beats = append(f.beats, t)
+		// A connection is taken a little before the tracer sees the statement
+		// and returned a little after: keep the samples 5 ms away from them.
+		inUse := 0
+		for _, s := range samples {
+			if !slices.ContainsFunc(window, func(t benchenv.Traced) bool { return s[0] > t.Start-5e6 && s[0] < t.Start+t.Duration+5e6 }) {
+				inUse = max(inUse, int(s[1]))
 			}
-			if started {
-				window = append(window, t)
-			}
-			started = started || full // the window opens after the first full beat
 		}
-	}
-	f.others = len(window) - len(f.beats)
-	// A connection is taken a little before the tracer sees the statement
-	// and returned a little after: keep the samples 5 ms away from them.
-	const guard = int64(5 * time.Millisecond)
-	for _, s := range samples {
-		if !slices.ContainsFunc(window, func(t benchenv.Traced) bool { return s[0] > t.Start-guard && s[0] < t.Start+t.Duration+guard }) {
-			f.inUse = max(f.inUse, int(s[1]))
-		}
-	}
-}
-
-func (f *renewFixture) close() {
-	_ = f.locker.Close()
-	_ = f.db.Close()
-}
-
-// BenchmarkRenew measures the renewal of N held leases: a real Locker holds
-// them and renews; ns/op is the re-execution, on the shared database/sql
-// pool, of the very statement (text and arguments) the library sent at its
-// last beat, reading the N rows. Meanwhile the library's own renew waits at
-// a barrier. Extra metrics: leases/stmt, stmts/beat (statements the Locker
-// sent per beat), beat-ns (median of its own renew statements),
-// conns-in-use (max InUse of its pool between beats).
-func BenchmarkRenew(b *testing.B) {
-	var fixtures []*renewFixture
-	defer func() {
-		for _, f := range fixtures {
-			f.close()
-		}
-	}()
-	for _, n := range []int{1, 100, 1000, 10000} {
-		var f *renewFixture
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-			if f == nil {
-				b.StopTimer()
-				f = newRenewFixture(b, n, &fixtures)
-				b.StartTimer()
-			}
 			// Hold the library's renew back, and let one past the barrier
 			// finish: two renews of the same rows in different orders deadlock.
-			f.gate.Lock()
-			defer f.gate.Unlock()
-			time.Sleep(10 * time.Millisecond)
-			for f.tracer.InFlight() > 0 {
-				time.Sleep(time.Millisecond)
+			gate.Lock()
+			defer gate.Unlock()
+			for time.Sleep(10 * time.Millisecond); tr.InFlight() > 0; time.Sleep(time.Millisecond) {
 			}
-			last := f.beats[len(f.beats)-1]
+			last := full[len(full)-1]
 			loop(b, func() {
-				rows, err := sqlDB.QueryContext(context.Background(), last.SQL, last.Args...)
+				rows, err := sqlDB.QueryContext(ctx, last.SQL, last.Args...)
 				must(b, err)
-				cols, err := rows.Columns()
-				must(b, err)
-				dest := make([]any, len(cols))
-				for j := range dest {
-					dest[j] = new(sql.RawBytes)
-				}
 				renewed := 0
 				for ; rows.Next(); renewed++ {
-					must(b, rows.Scan(dest...))
 				}
 				must(b, rows.Err())
 				rows.Close()
@@ -175,18 +105,33 @@ func BenchmarkRenew(b *testing.B) {
 					b.Fatalf("the renew statement returned %d rows for %d leases", renewed, n)
 				}
 			})
-			durs := make([]int64, len(f.beats))
-			for i, t := range f.beats {
+			durs := make([]int64, len(full))
+			for i, t := range full {
 				durs[i] = t.Duration
 			}
 			slices.Sort(durs)
 			b.ReportMetric(float64(n), "leases/stmt")
-			b.ReportMetric(float64(len(f.beats)+f.others)/float64(len(f.beats)), "stmts/beat")
+			b.ReportMetric(float64(len(window))/float64(len(full)), "stmts/beat")
 			b.ReportMetric(float64(durs[len(durs)/2]), "beat-ns")
-			b.ReportMetric(float64(f.inUse), "conns-in-use")
-			if f.locker.NumHeld() != n {
-				b.Errorf("N=%d: %d leases left", n, f.locker.NumHeld())
+			b.ReportMetric(float64(inUse), "conns-in-use")
+			if l.NumHeld() != n {
+				b.Errorf("N=%d: %d leases left", n, l.NumHeld())
 			}
 		})
 	}
+}
+
+// parallelLock has l claim n keys, 16 at a time.
+func parallelLock(l *pglease.Locker, n int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n && errs[w] == nil; i += 16 {
+				_, errs[w] = l.Lock(context.Background(), fmt.Sprintf("renew-%d-%05d", n, i))
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

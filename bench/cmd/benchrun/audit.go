@@ -206,27 +206,3 @@ WHERE key = 'job-000006' AND fence = 400 AND event = 'released'`,
 	}
 	return qs
 }
-
-// auditView fills report_audit.md.tmpl.
-type auditView struct {
-	*auditReport
-	Date, Bound, Verdict string
-	Within               bool
-	Merged               bool // measured by another run than the report's (-merge)
-}
-
-func (r *report) auditView() *auditView {
-	a := r.Audit
-	if a == nil {
-		return nil
-	}
-	v := &auditView{auditReport: a, Date: a.Started.Format("2006-01-02 15:04 UTC"), Bound: fmtDur(float64(auditBound)), Verdict: "not measured (no 1,000,000-run size)",
-		Merged: a.Started.Before(r.Started) || a.Started.After(r.Started.Add(r.Took))}
-	for _, s := range a.Sizes {
-		if s.Runs == 1_000_000 {
-			v.Within = s.Max() <= auditBound
-			v.Verdict = verdict(v.Within)
-		}
-	}
-	return v
-}

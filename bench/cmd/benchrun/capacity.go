@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,43 +11,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
-// capacityConfig are the capacity section's flags.
-type capacityConfig struct {
-	shapes      string        // "RxJ,RxJ,…": replicas × jobs each
-	window      time.Duration // steady-state measurement per shape
-	lease       time.Duration // lease duration of the fleet
-	pool        int           // pool size of each replica
-	bouncerPool int           // PgBouncer's server connections
-	direct      int           // at most this many client connections go direct (no PgBouncer)
-	schedTicks  int           // ticks of the scheduled fleet
-	schedJobs   int           // jobs fired per replica and tick
-	schedEvery  time.Duration // the compressed minute
-	satSteps    string        // concurrency steps of the saturation ramp
-	satStep     time.Duration // duration of each step
-	peers       bool          // run the peers at the last fleet shape
-	redis, etcd *benchenv.Peer
-}
-
-func capacityFlags(c *capacityConfig) {
-	flag.StringVar(&c.shapes, "capacity-shapes", "10x10,100x10,1000x10,1000x100", "fleet shapes RxJ: R replicas (own Locker and pool each) × J leases each")
-	flag.DurationVar(&c.window, "capacity-window", 40*time.Second, "steady-state measurement per fleet shape (a multiple of the beat: the default beat is 20 s)")
-	flag.DurationVar(&c.lease, "capacity-lease", 60*time.Second, "lease duration of the fleet (heartbeat: a third)")
-	flag.IntVar(&c.pool, "capacity-pool", 2, "pool size (max connections) of each replica")
-	flag.IntVar(&c.bouncerPool, "capacity-bouncer-pool", 20, "PgBouncer's server connections (transaction pooling)")
-	flag.IntVar(&c.direct, "capacity-direct", 150, "fleets whose R × pool is at most this connect directly; larger ones through PgBouncer")
-	flag.IntVar(&c.schedTicks, "sched-ticks", 3, "ticks of the scheduled fleet (on the last fleet shape, still holding its leases)")
-	flag.IntVar(&c.schedJobs, "sched-jobs", 10, "jobs every replica fires at each tick")
-	flag.DurationVar(&c.schedEvery, "sched-every", 10*time.Second, "interval between ticks (the compressed minute)")
-	flag.StringVar(&c.satSteps, "sat-steps", "1,2,4,8,16,32,64", "concurrent claimers of the saturation ramp (direct connections: with the background fleet's 100 they must fit max_connections)")
-	flag.DurationVar(&c.satStep, "sat-step", 6*time.Second, "duration of each saturation step")
-	flag.BoolVar(&c.peers, "capacity-peers", true, "also hold the last fleet shape's leases in Redis (appendfsync always) and etcd, when they run")
-}
+// The fleets: the library's default lease (heartbeat a third of it), a
+// pool of 2 per replica; fleets of more than 150 client connections go
+// through PgBouncer's 20 server connections. The scheduled fleet fires 10
+// jobs per replica every 10 s (a minute compressed).
+const (
+	capLease, capPool, capDirect, bouncerPool = 60 * time.Second, 2, 150, 20
+	schedJobs, schedEvery                     = 10, 10 * time.Second
+)
 
 // shapeResult is one fleet shape in steady state. CPU figures are cores
 // (CPU seconds per second); PerKind is statements per second by kind;
@@ -62,21 +36,28 @@ type shapeResult struct {
 	ServerCPU, BouncerCPU, ClientCPU            float64
 	PerKind                                     map[string]float64
 	RenewP50, RenewP99, RenewMax                time.Duration
-	RenewErrs, ClientConns, ServerConns, Lost   int64
+	ClientConns, ServerConns, Lost              int64
 	XidsPerSec, WALPerSec, FsyncPerSec, FsyncMs float64 // FsyncMs: mean WAL fsync time
 	Waits                                       []waitShare
 	RenewServerMean, RenewServerMax             time.Duration
-	RenewServerCalls, Warns                     int64
+	RenewServerCalls                            int64
+}
+
+// waitShare is one wait event's share of the sampled active backends.
+type waitShare struct {
+	Event string
+	N     int
+	Share float64
 }
 
 // schedResult is the scheduled fleet. ServerCPU is seconds over the bursts
 // (tick → last reply), BaseCPU what the held fleet uses over their time.
 type schedResult struct {
-	R, J, Ticks                                      int
-	Every                                            time.Duration
-	Calls, Skips, Wins, Ran, Errs, Xids, Renews, WAL int64
-	ServerCPU, BaseCPU                               float64
-	BurstP50, BurstMax, SkipP50, SkipP99             time.Duration
+	R, J, Ticks                                 int
+	Every                                       time.Duration
+	Calls, Skips, Wins, Ran, Errs, Xids, Renews int64
+	ServerCPU, BaseCPU                          float64
+	BurstP50, BurstMax, SkipP50, SkipP99        time.Duration
 }
 
 // satStep is one step of the saturation ramp: CPU in cores (MachineCPU:
@@ -92,28 +73,28 @@ type satStep struct {
 }
 
 type capacityReport struct {
-	Shapes                      []shapeResult
-	Sched                       *schedResult
-	Sat                         []satStep
-	Peers                       []peerShape
-	SatBg, PeersWhy, BouncerVer string
-	Lease, Beat, SatStep        time.Duration // SatStep: duration of each saturation step
-	Pool                        int
+	Shapes               []shapeResult
+	Sched                *schedResult
+	Sat                  []satStep
+	Peers                []peerShape
+	PeersWhy, BouncerVer string
+	Lease, Beat, SatStep time.Duration // SatStep: duration of each saturation step
+	Pool                 int
 }
 
 // fleet is R replicas, each a Locker on its own pool, sharing a tracer and
-// a counting logger.
+// a loss counter.
 type fleet struct {
 	replicas []*replica
-	logs     *countingLogger
+	logs     *benchenv.Losses
 	tr       *benchenv.Tracer
 }
 
-func newFleet(ctx context.Context, url string, r, pool int, opts ...pglease.Option) (*fleet, error) {
-	f := &fleet{replicas: make([]*replica, r), logs: &countingLogger{}, tr: &benchenv.Tracer{}}
+func (e *env) newFleet(url string, r, pool int, opts ...pglease.Option) (*fleet, error) {
+	f := &fleet{replicas: make([]*replica, r), logs: &benchenv.Losses{}, tr: &benchenv.Tracer{}}
 	err := parallel(r, 8, func(i int) (err error) {
 		own := []pglease.Option{pglease.WithHolder(fmt.Sprintf("replica-%04d", i)), pglease.WithListen(pglease.ListenNever)}
-		f.replicas[i], err = newReplica(ctx, url, pool, f.tr, f.logs, append(own, opts...)...)
+		f.replicas[i], err = newReplica(e.ctx, url, pool, f.tr, f.logs, append(own, opts...)...)
 		return err
 	})
 	if err != nil {
@@ -133,221 +114,218 @@ func (f *fleet) close() {
 
 // claim has replica i claim keys prefix-i-0 … prefix-i-(j-1), `par` claims
 // in flight at once over the whole fleet, key by key across the replicas.
-func (f *fleet) claim(ctx context.Context, prefix string, j, par int) error {
+func (e *env) claim(f *fleet, prefix string, j, par int) error {
 	r := len(f.replicas)
 	return parallel(r*j, par, func(n int) error {
-		_, err := f.replicas[n%r].Lock(ctx, fmt.Sprintf("%s-%04d-%03d", prefix, n%r, n/r))
+		_, err := f.replicas[n%r].Lock(e.ctx, fmt.Sprintf("%s-%04d-%03d", prefix, n%r, n/r))
 		return err
 	})
 }
 
-func (f *fleet) held() (n int) {
-	for _, r := range f.replicas {
-		n += r.NumHeld()
-	}
-	return n
-}
-
-// sample is the machine-wide counters at one moment.
+// sample is the machine-wide counters at one moment: CPU seconds of
+// PostgreSQL, PgBouncer, this process and the machine (busy), and the
+// server's counters.
 type sample struct {
 	at                          time.Time
-	server, bouncer, c, machine float64 // CPU seconds: PostgreSQL, PgBouncer, this process, the machine (busy)
+	server, bouncer, c, machine float64
 	ctr                         benchenv.Counters
 }
 
-func takeSample(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCPU, b *benchenv.Bouncer) (sample, error) {
-	if err := benchenv.FlushStats(ctx, admin); err != nil {
+func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
+	if err := benchenv.FlushStats(e.ctx, e.admin); err != nil {
 		return sample{}, err
 	}
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	s := sample{at: time.Now(), server: cpu.Seconds(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU()}
+	s := sample{at: time.Now(), server: e.cpu.Seconds(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU()}
 	if b != nil {
-		s.bouncer = b.CPUSeconds()
+		s.bouncer = benchenv.ProcCPU(b.PID())
 	}
 	var err error
-	s.ctr, err = benchenv.ReadCounters(ctx, admin)
+	s.ctr, err = benchenv.ReadCounters(e.ctx, e.admin)
 	return s, err
 }
 
-// per is the rate of each CPU figure and counter from s to e.
-type per struct {
-	secs, server, bouncer, c, machine float64
-	d                                 benchenv.Counters
+// rate is the per-second rate of each CPU figure from s to end, the
+// seconds between them and the counters' change.
+func (s sample) rate(end sample) (r sample, secs float64, d benchenv.Counters) {
+	secs = end.at.Sub(s.at).Seconds()
+	return sample{end.at, (end.server - s.server) / secs, (end.bouncer - s.bouncer) / secs, (end.c - s.c) / secs, (end.machine - s.machine) / secs, benchenv.Counters{}},
+		secs, end.ctr.Sub(s.ctr)
 }
 
-func (e sample) since(s sample) per {
-	secs := e.at.Sub(s.at).Seconds()
-	return per{secs, (e.server - s.server) / secs, (e.bouncer - s.bouncer) / secs, (e.c - s.c) / secs, (e.machine - s.machine) / secs, e.ctr.Sub(s.ctr)}
-}
-
-func runCapacity(ctx context.Context, url string, cpu *benchenv.ServerCPU, c capacityConfig) (*capacityReport, error) {
-	admin, err := newPool(ctx, url, 2, nil)
+// capacity runs the whole Capacity section: each fleet shape in steady
+// state, the scheduled fleet on the last (still holding its leases), the
+// saturation ramp, the peers at the last shape.
+func (e *env) capacity() (out *capacityReport, err error) {
+	// pg_stat_statements: the renew's server time (absent: none); pg_stat_wal.wal_sync_time: the WAL fsyncs' time.
+	_, _ = e.admin.Exec(e.ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	if err = e.exec(`ALTER SYSTEM SET track_wal_io_timing = on`, `SELECT pg_reload_conf()`); err == nil {
+		err = pglease.Migrate(e.ctx, e.admin)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close()
-	// pg_stat_statements: the renew's server time (absent: none); pg_stat_wal.wal_sync_time: the WAL fsyncs' time.
-	_, _ = admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
-	for _, q := range []string{`ALTER SYSTEM SET track_wal_io_timing = on`, `SELECT pg_reload_conf()`} {
-		if _, err := admin.Exec(ctx, q); err != nil {
+	time.Sleep(200 * time.Millisecond)
+	out = &capacityReport{Lease: capLease, Beat: capLease / 3, Pool: capPool, SatStep: e.c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
+	var shapes [][2]int
+	for _, s := range strings.Split(e.c.shapes, ",") {
+		if n := nums(s); len(n) == 2 && n[0] > 0 && n[1] > 0 {
+			shapes = append(shapes, [2]int{n[0], n[1]})
+		}
+	}
+	var bouncer *benchenv.Bouncer
+	for i, sh := range shapes {
+		furl, via := e.url, "direct"
+		if sh[0]*capPool > capDirect && bouncer == nil {
+			logf("capacity: starting PgBouncer (transaction pooling, %d server connections)", bouncerPool)
+			cfg, err := pgx.ParseConfig(e.url)
+			if err == nil {
+				maxR := slices.MaxFunc(shapes, func(a, b [2]int) int { return a[0] - b[0] })[0]
+				bouncer, err = benchenv.StartBouncer(e.ctx, int(cfg.Port), maxR*capPool+1000, bouncerPool)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("PgBouncer: %w", err)
+			}
+			defer bouncer.Stop()
+		}
+		if sh[0]*capPool > capDirect {
+			furl, via = bouncer.URL(), fmt.Sprintf("PgBouncer (%d server connections)", bouncerPool)
+		}
+		logf("capacity: fleet %d replicas × %d leases (%s): claiming", sh[0], sh[1], via)
+		f, err := e.newFleet(furl, sh[0], capPool, pglease.WithLeaseDuration(capLease))
+		if err != nil {
+			return nil, err
+		}
+		res, err := e.measureShape(bouncer, f, fmt.Sprintf("fleet%d", i), sh[0], sh[1])
+		res.Via = via
+		if out.Shapes = append(out.Shapes, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
+			out.Sched, err = e.scheduled(f, res.ServerCPU)
+		}
+		if f.close(); err != nil {
 			return nil, err
 		}
 	}
-	if err := pglease.Migrate(ctx, admin); err != nil {
-		return nil, err
-	}
-	time.Sleep(200 * time.Millisecond)
-	out := &capacityReport{Lease: c.lease, Beat: c.lease / 3, Pool: c.pool, SatStep: c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
-	var shapes [][2]int
-	for _, s := range strings.Split(c.shapes, ",") {
-		var r, j int
-		if _, err := fmt.Sscanf(strings.TrimSpace(s), "%dx%d", &r, &j); err == nil && r > 0 && j > 0 {
-			shapes = append(shapes, [2]int{r, j})
-		}
-	}
-	if out.Shapes, out.Sched, err = fleetShapes(ctx, url, admin, cpu, shapes, c); err != nil {
-		return nil, err
-	}
-	if c.satSteps != "" {
-		if out.Sat, out.SatBg, err = saturation(ctx, url, admin, cpu, c); err != nil {
+	if steps := ints(e.c.satSteps); len(steps) > 0 {
+		if out.Sat, err = e.saturation(steps); err != nil {
 			return nil, fmt.Errorf("saturation: %w", err)
 		}
 	}
-	if c.peers && len(shapes) > 0 {
-		out.Peers, out.PeersWhy = peerFleets(ctx, c, shapes[len(shapes)-1])
+	if e.c.capPeers && len(shapes) > 0 {
+		out.Peers, out.PeersWhy = e.peerFleets(shapes[len(shapes)-1])
 	}
 	return out, nil
 }
 
-// fleetShapes measures each fleet shape in steady state, then the
-// scheduled ticks on the last one, still holding its leases.
-func fleetShapes(ctx context.Context, url string, admin *pgxpool.Pool, cpu *benchenv.ServerCPU, shapes [][2]int, c capacityConfig) ([]shapeResult, *schedResult, error) {
-	var bouncer *benchenv.Bouncer
-	defer func() {
-		if bouncer != nil {
-			bouncer.Stop()
-		}
-	}()
-	var out []shapeResult
-	for i, sh := range shapes {
-		r, j := sh[0], sh[1]
-		furl, via := url, "direct"
-		if r*c.pool > c.direct {
-			if bouncer == nil {
-				logf("capacity: starting PgBouncer (transaction pooling, %d server connections)", c.bouncerPool)
-				cfg, err := pgx.ParseConfig(url)
-				if err != nil {
-					return nil, nil, err
-				}
-				maxR := slices.MaxFunc(shapes, func(a, b [2]int) int { return a[0] - b[0] })[0]
-				if bouncer, err = benchenv.StartBouncer(ctx, int(cfg.Port), maxR*c.pool+1000, c.bouncerPool); err != nil {
-					return nil, nil, fmt.Errorf("PgBouncer: %w", err)
-				}
-			}
-			furl, via = bouncer.URL(), fmt.Sprintf("PgBouncer (%d server connections)", c.bouncerPool)
-		}
-		logf("capacity: fleet %d replicas × %d leases (%s): claiming", r, j, via)
-		f, err := newFleet(ctx, furl, r, c.pool, pglease.WithLeaseDuration(c.lease))
-		if err != nil {
-			return nil, nil, err
-		}
-		res, err := measureShape(ctx, admin, cpu, bouncer, f, fmt.Sprintf("fleet%d", i), r, j, c.window)
-		res.Via = via
-		out = append(out, res)
-		if err == nil {
-			logf("capacity: %d leases: server %.1f%% of a core, renew p99 %v, lost %d", res.Leases, res.ServerCPU*100, res.RenewP99, res.Lost)
-		}
-		if err == nil && i == len(shapes)-1 && c.schedTicks > 0 {
-			logf("capacity: scheduled fleet: %d replicas fire %d jobs every %v, %d ticks", r, c.schedJobs, c.schedEvery, c.schedTicks)
-			s, err := scheduled(ctx, admin, cpu, f, res.ServerCPU, c)
-			f.close()
-			return out, s, err
-		}
-		f.close()
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	return out, nil, nil
-}
-
-func measureShape(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCPU, b *benchenv.Bouncer, f *fleet, prefix string, r, j int, window time.Duration) (shapeResult, error) {
-	res := shapeResult{R: r, J: j, Leases: r * j, Window: window}
+func (e *env) measureShape(b *benchenv.Bouncer, f *fleet, prefix string, r, j int) (shapeResult, error) {
+	ctx, window, res := e.ctx, e.c.window, shapeResult{R: r, J: j, Leases: r * j}
 	t0 := time.Now()
-	if err := f.claim(ctx, prefix, j, 64); err != nil {
+	if err := e.claim(f, prefix, j, 64); err != nil {
 		return res, fmt.Errorf("claiming %d leases: %w", r*j, err)
 	}
 	res.ClaimTook = time.Since(t0)
 	logf("capacity: %d leases claimed in %v; measuring %v", r*j, res.ClaimTook.Round(time.Millisecond), window)
 	f.tr.Take()
-	s0, err := takeSample(ctx, admin, cpu, b)
+	s0, err := e.sample(b)
 	if err != nil {
 		return res, err
 	}
-	lost0, warns0 := f.logs.errs.Load(), f.logs.warns.Load()
-	_, stmtsErr := admin.Exec(ctx, `SELECT pg_stat_statements_reset()`)
-	wctx, wstop := context.WithTimeout(ctx, window)
-	defer wstop()
-	waitsC := make(chan []waitShare, 1)
-	go func() { waitsC <- sampleWaits(wctx, admin) }()
+	lost0 := f.logs.Errs.Load()
+	_, stmtsErr := e.admin.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	waits := make(chan []waitShare, 1)
+	go func() { waits <- e.sampleWaits(window) }()
 	time.Sleep(window / 2)
-	if res.ServerConns, _, err = backendCounts(ctx, admin); err != nil {
+	if res.ServerConns, _, err = e.backends(); err != nil {
 		return res, err
 	}
 	for _, r := range f.replicas {
 		res.ClientConns += int64(r.pool.Stat().TotalConns())
 	}
 	time.Sleep(window - window/2)
-	wstop()
-	res.Waits = <-waitsC
-	if stmtsErr == nil {
-		res.RenewServerCalls, res.RenewServerMean, res.RenewServerMax = renewStatements(ctx, admin)
+	res.Waits = <-waits
+	if stmtsErr == nil { // the renew statements' server-side execution time (their normalised text sets expires_at from a jsonb list)
+		var meanMs, maxMs float64
+		if e.admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time) / nullif(sum(calls), 0), 0), coalesce(max(max_exec_time), 0)
+FROM pg_stat_statements WHERE query LIKE '%\_renew"(%'`).Scan(&res.RenewServerCalls, &meanMs, &maxMs) == nil {
+			res.RenewServerMean, res.RenewServerMax = time.Duration(meanMs*1e6), time.Duration(maxMs*1e6)
+		}
 	}
-	s1, err := takeSample(ctx, admin, cpu, b)
+	s1, err := e.sample(b)
 	if err != nil {
 		return res, err
 	}
-	st, p := benchenv.Kinds(f.tr.Take()), s1.since(s0)
+	st := benchenv.Kinds(f.tr.Take())
+	p, secs, d := s0.rate(s1)
 	res.Window = s1.at.Sub(s0.at)
 	res.ServerCPU, res.BouncerCPU, res.ClientCPU = p.server, p.bouncer, p.c
-	res.XidsPerSec, res.WALPerSec, res.FsyncPerSec = float64(p.d.NextXid)/p.secs, float64(p.d.WALLSN)/p.secs, float64(p.d.WALSync)/p.secs
-	if p.d.WALSync > 0 {
-		res.FsyncMs = p.d.WALSyncMs / float64(p.d.WALSync)
+	res.XidsPerSec, res.WALPerSec, res.FsyncPerSec = float64(d.NextXid)/secs, float64(d.WALLSN)/secs, float64(d.WALSync)/secs
+	if d.WALSync > 0 {
+		res.FsyncMs = d.WALSyncMs / float64(d.WALSync)
 	}
 	res.PerKind = map[string]float64{}
 	for k, n := range st.N {
-		res.PerKind[k] = float64(n) / p.secs
+		res.PerKind[k] = float64(n) / secs
 	}
 	ren := st.Durs[benchenv.KindRenew]
 	res.RenewP50, res.RenewP99, res.RenewMax = benchenv.Pct(ren, 50), benchenv.Pct(ren, 99), benchenv.Pct(ren, 100)
-	res.RenewErrs = st.Errs[benchenv.KindRenew]
-	res.Lost, res.Warns, res.Held = f.logs.errs.Load()-lost0, f.logs.warns.Load()-warns0, f.held()
-	res.Lost += int64(max(0, res.Leases-res.Held)) // counted even if nothing was logged
+	for _, r := range f.replicas {
+		res.Held += r.NumHeld()
+	}
+	res.Lost = f.logs.Errs.Load() - lost0 + int64(max(0, res.Leases-res.Held)) // counted even if nothing was logged
+	logf("capacity: %d leases: server %.1f%% of a core, renew p99 %v, lost %d", res.Leases, res.ServerCPU*100, res.RenewP99, res.Lost)
 	return res, nil
+}
+
+// sampleWaits samples pg_stat_activity every 20 ms for d and tallies what
+// the active client backends (other than the sampler) were doing: their
+// wait event, or "running (CPU)" when they wait for nothing.
+func (e *env) sampleWaits(d time.Duration) []waitShare {
+	counts, total := map[string]int{}, 0
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		rows, err := e.admin.Query(e.ctx, `SELECT coalesce(wait_event_type || ':' || wait_event, 'running (CPU)') FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid()`)
+		for err == nil && rows.Next() {
+			var ev string
+			if rows.Scan(&ev) == nil {
+				counts[ev]++
+				total++
+			}
+		}
+		if err == nil {
+			rows.Close()
+		}
+	}
+	var out []waitShare
+	for ev, n := range counts {
+		out = append(out, waitShare{ev, n, float64(n) / float64(max(total, 1))})
+	}
+	slices.SortFunc(out, func(a, b waitShare) int { return b.N - a.N })
+	return out
 }
 
 // scheduled fires, at each tick, every job from every replica of f: Lock
 // with Tick(the tick's time); the winner holds it 100 ms and Unlocks, the
 // others skip (held, or already run for this tick). baseCPU is the held
 // fleet's server CPU (cores) in steady state.
-func scheduled(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCPU, f *fleet, baseCPU float64, c capacityConfig) (*schedResult, error) {
-	res := &schedResult{R: len(f.replicas), J: c.schedJobs, Ticks: c.schedTicks, Every: c.schedEvery}
+func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
+	ctx, ticks := e.ctx, e.c.schedTicks
+	logf("capacity: scheduled fleet: %d replicas fire %d jobs every %v, %d ticks", len(f.replicas), schedJobs, schedEvery, ticks)
+	res := &schedResult{R: len(f.replicas), J: schedJobs, Ticks: ticks, Every: schedEvery}
 	var calls, skips, wins, ran, errs atomic.Int64
 	var mu sync.Mutex
 	var skipDurs, bursts []int64
 	var burstSecs float64
 	var unlocks sync.WaitGroup
 	f.tr.Take()
-	c0, err := benchenv.ReadCounters(ctx, admin)
+	c0, err := benchenv.ReadCounters(ctx, e.admin)
 	if err != nil {
 		return nil, err
 	}
-	for t := range c.schedTicks {
+	for t := range ticks {
 		tick := time.Now().Truncate(time.Millisecond)
-		cpu0 := cpu.Seconds()
+		cpu0 := e.cpu.Seconds()
 		_ = parallel(len(f.replicas), len(f.replicas), func(i int) error {
-			for k := range c.schedJobs {
+			for k := range schedJobs {
 				t1 := time.Now()
 				le, err := f.replicas[i].Lock(ctx, fmt.Sprintf("sched-job-%02d", k), pglease.Tick(tick))
 				d := time.Since(t1)
@@ -375,26 +353,129 @@ func scheduled(ctx context.Context, admin *pgxpool.Pool, cpu *benchenv.ServerCPU
 			return nil
 		})
 		b := time.Since(tick)
-		res.ServerCPU += cpu.Seconds() - cpu0
+		res.ServerCPU += e.cpu.Seconds() - cpu0
 		burstSecs += b.Seconds()
 		bursts = append(bursts, int64(b))
-		if t < c.schedTicks-1 {
-			time.Sleep(time.Until(tick.Add(c.schedEvery)))
+		if t < ticks-1 {
+			time.Sleep(time.Until(tick.Add(schedEvery)))
 		}
 	}
 	unlocks.Wait()
-	c1, err := benchenv.ReadCounters(ctx, admin)
+	c1, err := benchenv.ReadCounters(ctx, e.admin)
 	if err != nil {
 		return nil, err
 	}
-	d := c1.Sub(c0)
 	res.Calls, res.Skips, res.Wins, res.Ran, res.Errs = calls.Load(), skips.Load(), wins.Load(), ran.Load(), errs.Load()
 	// The held fleet renews meanwhile: one xid per renew statement.
 	res.Renews = benchenv.Kinds(f.tr.Take()).N[benchenv.KindRenew]
-	res.Xids, res.WAL, res.BaseCPU = d.NextXid, d.WALLSN, baseCPU*burstSecs
+	res.Xids, res.BaseCPU = c1.Sub(c0).NextXid, baseCPU*burstSecs
 	slices.Sort(skipDurs)
 	slices.Sort(bursts)
 	res.SkipP50, res.SkipP99 = benchenv.Pct(skipDurs, 50), benchenv.Pct(skipDurs, 99)
 	res.BurstP50, res.BurstMax = benchenv.Pct(bursts, 50), benchenv.Pct(bursts, 100)
 	return res, nil
+}
+
+// saturation ramps up concurrent Lock+Unlock claimers on fresh keys (one
+// Locker, one direct pool of as many connections) while a background fleet
+// (100 replicas × 10 leases, lease 3 s, beat 1 s) renews, and reports per step the claims
+// per second, claim latency, server CPU, WAL fsyncs and the background's
+// renew p99 and losses.
+func (e *env) saturation(steps []int) ([]satStep, error) {
+	bg, err := e.newFleet(e.url, 100, 1, pglease.WithLeaseDuration(3*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer bg.close()
+	if err := e.claim(bg, "satbg", 10, 16); err != nil {
+		return nil, err
+	}
+	var out []satStep
+	for _, w := range steps {
+		logf("capacity: saturation: %d claimers for %v", w, e.c.satStep)
+		st, err := e.satRun(bg, w)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+		logf("capacity: saturation: %d claimers: %.0f claims/s, p99 %v, server %.2f cores", w, st.ClaimsPerSec, st.P99, st.ServerCPU)
+	}
+	return out, nil
+}
+
+func (e *env) satRun(bg *fleet, w int) (satStep, error) {
+	ctx, res := e.ctx, satStep{Workers: w}
+	l, err := newReplica(ctx, e.url, w, nil, nil, pglease.WithListen(pglease.ListenNever))
+	if err != nil {
+		return res, err
+	}
+	defer l.close()
+	_ = parallel(w, w, func(int) error { return l.pool.Ping(ctx) }) // every worker's connection open before timing
+	bg.tr.Take()
+	lost0 := bg.logs.Errs.Load()
+	s0, err := e.sample(nil)
+	if err != nil {
+		return res, err
+	}
+	var mu sync.Mutex
+	var durs []int64
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	fail := func(err error) {
+		errs.Add(1)
+		firstErr.CompareAndSwap(nil, err.Error())
+	}
+	stop := time.Now().Add(e.c.satStep)
+	_ = parallel(w, w, func(i int) error {
+		var mine []int64
+		for n := 0; time.Now().Before(stop); n++ {
+			t0 := time.Now()
+			le, err := l.Lock(ctx, fmt.Sprintf("sat-%d-%d-%d", w, i, n%50))
+			if err != nil {
+				fail(err)
+				continue
+			}
+			mine = append(mine, int64(time.Since(t0)))
+			if err := le.Unlock(ctx); err != nil {
+				fail(err)
+			}
+		}
+		mu.Lock()
+		durs = append(durs, mine...)
+		mu.Unlock()
+		return nil
+	})
+	s1, err := e.sample(nil)
+	if err != nil {
+		return res, err
+	}
+	p, secs, d := s0.rate(s1)
+	slices.Sort(durs)
+	res.ClaimsPerSec, res.P50, res.P99 = float64(len(durs))/secs, benchenv.Pct(durs, 50), benchenv.Pct(durs, 99)
+	res.ServerCPU, res.ClientCPU, res.MachineCPU = p.server, p.c, p.machine
+	res.FsyncPerSec, res.FsyncBusy = float64(d.WALSync)/secs, d.WALSyncMs/1000/secs
+	if d.WALSync > 0 {
+		res.CommitsPerFsync, res.FsyncMs = float64(len(durs))/float64(d.WALSync), d.WALSyncMs/float64(d.WALSync)
+	}
+	res.FirstErr, _ = firstErr.Load().(string)
+	res.RenewP99 = benchenv.Pct(benchenv.Kinds(bg.tr.Take()).Durs[benchenv.KindRenew], 99)
+	res.BgLost, res.Errs = bg.logs.Errs.Load()-lost0, errs.Load()
+	return res, nil
+}
+
+// knee is the step of the highest throughput of the ramp s: past it, more
+// claimers add no claims per second, only latency. Found is false when
+// the last step is the highest (the ramp did not reach the knee).
+func knee(s []satStep) (k struct {
+	Found           bool
+	At, Last, First satStep
+}) {
+	best := 0
+	for i := range s {
+		if s[i].ClaimsPerSec > s[best].ClaimsPerSec {
+			best = i
+		}
+	}
+	k.Found, k.At, k.Last, k.First = best < len(s)-1, s[best], s[len(s)-1], s[0]
+	return k
 }

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
@@ -35,13 +33,13 @@ var waitModes = []waitMode{
 	{"polling 1 s (ListenNever, default interval)", time.Second},
 }
 
-// handoffResult is the handoff latency of one mode after Unlock.
+// handoffResult is the handoff latency of one mode after Unlock, sorted
+// ns: from the Unlock call, and from its return, to the waiter's Acquire
+// returning; the Unlock call itself.
 type handoffResult struct {
-	Mode     string
-	Pairs, N int
-	FromCall []int64 // sorted ns: Unlock called → waiter's Acquire returned
-	FromRet  []int64 // sorted ns: Unlock returned → waiter's Acquire returned
-	Unlock   []int64 // sorted ns: the Unlock call itself
+	Mode                      string
+	Pairs, N                  int
+	FromCall, FromRet, Unlock []int64
 }
 
 // vanishResult is the delay between the server-side expiry of a lease whose
@@ -66,7 +64,6 @@ type crowdResult struct {
 	Claims, ClaimNoRow, Probes            int64
 	Xids, WAL, LoserXids                  int64
 	Handoff                               []int64
-	Took                                  time.Duration
 	ServerCPU                             float64
 	ConnsBefore, ConnsWaiting, ConnsAfter int64
 	ListenersWaiting, ListenersAfter      int64
@@ -78,91 +75,85 @@ type handoffReport struct {
 	Crowd  []crowdResult
 }
 
-// runHandoff runs the whole Handoff section.
-func runHandoff(ctx context.Context, url string, cpu *benchenv.ServerCPU, n, vanishN int) (*handoffReport, error) {
-	admin, err := newPool(ctx, url, 2, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
-	if err := pglease.Migrate(ctx, admin); err != nil {
-		return nil, err
-	}
+// handoff runs the whole Handoff section.
+func (e *env) handoff() (*handoffReport, error) {
 	out := &handoffReport{}
+	if err := pglease.Migrate(e.ctx, e.admin); err != nil {
+		return nil, err
+	}
 	for _, m := range waitModes {
 		// Polling latency is the poll phase, not the server: pairs run side
 		// by side so that 1 s polling fits in the run's time.
 		pairs := int(min(8, max(1, m.Poll/(100*time.Millisecond))))
-		logf("handoff after Unlock, %s: %d handoffs over %d pair(s)", m.Name, n, pairs)
-		r, err := handoffUnlock(ctx, url, m, n, pairs)
+		logf("handoff after Unlock, %s: %d handoffs over %d pair(s)", m.Name, e.c.handoffN, pairs)
+		r := handoffResult{Mode: m.Name, Pairs: pairs}
+		var mu sync.Mutex
+		err := parallel(pairs, pairs, func(p int) error {
+			return e.handoffPair(m, (e.c.handoffN+pairs-1)/pairs, p, func(call, ret, unlock time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				r.FromCall, r.FromRet, r.Unlock = append(r.FromCall, int64(call)), append(r.FromRet, int64(ret)), append(r.Unlock, int64(unlock))
+			})
+		})
 		if err != nil {
 			return nil, fmt.Errorf("handoff (%s): %w", m.Name, err)
+		}
+		r.N = len(r.FromCall)
+		for _, d := range [][]int64{r.FromCall, r.FromRet, r.Unlock} {
+			slices.Sort(d)
 		}
 		out.Unlock = append(out.Unlock, r)
 	}
 	for _, m := range []waitMode{waitModes[0], waitModes[2]} {
-		logf("vanished holder, %s: %d takeovers", m.Name, vanishN)
-		r, err := handoffVanish(ctx, url, admin, m, vanishN, 5, 1500*time.Millisecond)
+		logf("vanished holder, %s: %d takeovers", m.Name, e.c.vanishN)
+		r, err := e.vanish(m, e.c.vanishN, 5, 1500*time.Millisecond)
 		if err != nil {
 			return nil, fmt.Errorf("vanished holder (%s): %w", m.Name, err)
 		}
 		out.Vanish = append(out.Vanish, r)
 	}
 	for i, releases := range []int64{200, 100} {
-		m := waitModes[i]
-		logf("50 waiters on one key, %s: %d releases", m.Name, releases)
-		r, err := handoffCrowd(ctx, url, admin, cpu, m, 5, 10, releases)
+		logf("50 waiters on one key, %s: %d releases", waitModes[i].Name, releases)
+		r, err := e.crowd(waitModes[i], 5, 10, releases)
 		if err != nil {
-			return nil, fmt.Errorf("50 waiters (%s): %w", m.Name, err)
+			return nil, fmt.Errorf("50 waiters (%s): %w", waitModes[i].Name, err)
 		}
 		out.Crowd = append(out.Crowd, r)
 	}
 	return out, nil
 }
 
-// handoffUnlock measures n handoffs after Unlock in mode m, spread over
-// `pairs` concurrent holder/waiter pairs (each Locker on its own pool).
-func handoffUnlock(ctx context.Context, url string, m waitMode, n, pairs int) (handoffResult, error) {
-	res := handoffResult{Mode: m.Name, Pairs: pairs}
-	var mu sync.Mutex
-	err := parallel(pairs, pairs, func(p int) error {
-		return handoffPair(ctx, url, m, (n+pairs-1)/pairs, p, func(call, ret, unlock time.Duration) {
-			mu.Lock()
-			defer mu.Unlock()
-			res.FromCall, res.FromRet, res.Unlock = append(res.FromCall, int64(call)), append(res.FromRet, int64(ret)), append(res.Unlock, int64(unlock))
-		})
-	})
-	res.N = len(res.FromCall)
-	slices.Sort(res.FromCall)
-	slices.Sort(res.FromRet)
-	slices.Sort(res.Unlock)
-	return res, err
-}
-
 // handoffPair: the holder Unlocks once the waiter has made its first claim
 // attempt and then waited a random time: with LISTEN, 5–55 ms after its
 // listener proved it delivers (its probe came back); polling, uniform over
 // 1.2 poll intervals, so that the release falls at a random phase.
-func handoffPair(ctx context.Context, url string, m waitMode, n, pair int, record func(call, ret, unlock time.Duration)) error {
+func (e *env) handoffPair(m waitMode, n, pair int, record func(call, ret, unlock time.Duration)) error {
+	ctx := e.ctx
 	var claims, probes atomic.Int64
 	tr := &benchenv.Tracer{OnEnd: func(t benchenv.Traced) {
-		if t.Err == nil && t.Kind == benchenv.KindClaim {
-			claims.Add(1)
-		} else if t.Err == nil && t.Kind == benchenv.KindProbe {
-			probes.Add(1)
+		if c := map[string]*atomic.Int64{benchenv.KindClaim: &claims, benchenv.KindProbe: &probes}[t.Kind]; c != nil && t.Err == nil {
+			c.Add(1)
 		}
 	}}
-	holder, err := newReplica(ctx, url, 2, nil, nil, m.opts(pglease.WithHolder(fmt.Sprintf("handoff-holder-%d", pair)))...)
+	holder, err := newReplica(ctx, e.url, 2, nil, nil, m.opts(pglease.WithHolder(fmt.Sprintf("handoff-holder-%d", pair)))...)
 	if err != nil {
 		return err
 	}
 	defer holder.close()
-	waiter, err := newReplica(ctx, url, 2, tr, nil, m.opts(pglease.WithHolder(fmt.Sprintf("handoff-waiter-%d", pair)))...)
+	waiter, err := newReplica(ctx, e.url, 2, tr, nil, m.opts(pglease.WithHolder(fmt.Sprintf("handoff-waiter-%d", pair)))...)
 	if err != nil {
 		return err
 	}
 	defer waiter.close()
 	key := fmt.Sprintf("handoff-%d-%d", m.Poll.Milliseconds(), pair)
+	waitCount := func(f func() int64, n int64) bool { // polls until f() reaches n, for at most 10 s
+		for t0 := time.Now(); f() < n; time.Sleep(500 * time.Microsecond) {
+			if time.Since(t0) > 10*time.Second {
+				return false
+			}
+		}
+		return true
+	}
 	type got struct {
 		le  *pglease.Lease
 		at  time.Time
@@ -213,37 +204,27 @@ func handoffPair(ctx context.Context, url string, m waitMode, n, pair int, recor
 	return nil
 }
 
-// waitCount polls until f() reaches n, for at most 10 s.
-func waitCount(f func() int64, n int64) bool {
-	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(500 * time.Microsecond) {
-		if f() >= n {
-			return true
-		}
-	}
-	return false
-}
-
-// handoffVanish measures n takeovers of a key whose holder vanished: the
-// holder claims with a short lease and its pool is closed at once (no
-// renew, no release); a waiter of another Locker, already in Acquire,
-// takes the key after the server-side expiry, read on the server clock.
-// `par` trials run at once on distinct keys.
-func handoffVanish(ctx context.Context, url string, admin *pgxpool.Pool, m waitMode, n, par int, lease time.Duration) (vanishResult, error) {
-	res := vanishResult{Mode: m.Name, Lease: lease}
+// vanish measures n takeovers of a key whose holder vanished: the holder
+// claims with a short lease and its pool is closed at once (no renew, no
+// release); a waiter of another Locker, already in Acquire, takes the key
+// after the server-side expiry, read on the server clock. `par` trials
+// run at once on distinct keys.
+func (e *env) vanish(m waitMode, n, par int, lease time.Duration) (vanishResult, error) {
+	ctx, res := e.ctx, vanishResult{Mode: m.Name, Lease: lease}
 	var mu sync.Mutex
 	at := func(col, key string) (t time.Time, err error) {
-		err = admin.QueryRow(ctx, `SELECT `+col+` FROM `+pglease.DefaultTable+` WHERE key = $1`, key).Scan(&t)
+		err = e.admin.QueryRow(ctx, `SELECT `+col+` FROM `+pglease.DefaultTable+` WHERE key = $1`, key).Scan(&t)
 		return
 	}
 	err := parallel(par, par, func(p int) error {
-		waiter, err := newReplica(ctx, url, 2, nil, nil, m.opts()...)
+		waiter, err := newReplica(ctx, e.url, 2, nil, nil, m.opts()...)
 		if err != nil {
 			return err
 		}
 		defer waiter.close()
 		for i := p; i < n; i += par {
 			key := fmt.Sprintf("vanish-%d-%d", m.Poll.Milliseconds(), i)
-			h, err := newReplica(ctx, url, 1, nil, nil, pglease.WithLeaseDuration(lease))
+			h, err := newReplica(ctx, e.url, 1, nil, nil, pglease.WithLeaseDuration(lease))
 			if err != nil {
 				return err
 			}
@@ -285,12 +266,146 @@ func handoffVanish(ctx context.Context, url string, admin *pgxpool.Pool, m waitM
 	return res, err
 }
 
-// backendCounts are the server's client backends of this database, and
-// of them those whose last statement was LISTEN (a Locker's listener).
-func backendCounts(ctx context.Context, admin *pgxpool.Pool) (all, listeners int64, err error) {
-	err = admin.QueryRow(ctx, `
-SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
-FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = current_database()
-  AND pid <> pg_backend_pid()`).Scan(&all, &listeners)
+// backends are the server's client backends of this database, and of
+// them those whose last statement was LISTEN (a Locker's listener).
+func (e *env) backends() (all, listeners int64, err error) {
+	err = e.admin.QueryRow(e.ctx, `SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
+FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = current_database() AND pid <> pg_backend_pid()`).Scan(&all, &listeners)
 	return
+}
+
+// crowd runs `lockers` Lockers (each on its own pool of 4) with `per`
+// goroutines each, all waiting in Acquire on one key. Whoever gets it holds
+// it 2 ms, Unlocks and waits again, until `releases` releases. It counts
+// claim statements, xids and WAL per release, checks one holder at a time,
+// and the server connections held while waiting and after.
+func (e *env) crowd(m waitMode, lockers, per int, releases int64) (crowdResult, error) {
+	ctx, res := e.ctx, crowdResult{Mode: m.Name, Lockers: lockers, Waiters: lockers * per}
+	tr := &benchenv.Tracer{}
+	var ls []*replica
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for range lockers {
+		l, err := newReplica(ctx, e.url, 4, tr, nil, m.opts()...)
+		if err != nil {
+			return res, err
+		}
+		if ls = append(ls, l); l.pool.Ping(ctx) != nil { // one pooled connection open before counting
+			return res, l.pool.Ping(ctx)
+		}
+	}
+	key := fmt.Sprintf("crowd-%d", m.Poll.Milliseconds())
+	blocker, err := newReplica(ctx, e.url, 1, nil, nil) // holds the key until everyone waits
+	if err != nil {
+		return res, err
+	}
+	defer blocker.close()
+	ble, err := blocker.Lock(ctx, key)
+	if err == nil {
+		res.ConnsBefore, _, err = e.backends()
+	}
+	if err != nil {
+		return res, err
+	}
+	var (
+		holding, overlaps, acq, rel, lastRelease atomic.Int64 // lastRelease: unix ns of the last Unlock call
+		mu                                       sync.Mutex
+		once                                     sync.Once
+		end                                      struct { // at the target release, before the waiters are cancelled
+			ctr      benchenv.Counters
+			err      error
+			cpu      float64
+			acq, rel int64
+			stmts    []benchenv.Traced
+		}
+	)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	wait := func(l *replica) error { // acquire, hold 2 ms and release the key until the target release
+		for wctx.Err() == nil {
+			le, err := l.Acquire(wctx, key)
+			if err != nil {
+				if wctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			now := time.Now().UnixNano()
+			if !holding.CompareAndSwap(0, 1) {
+				overlaps.Add(1)
+			}
+			if lr := lastRelease.Load(); lr > 0 {
+				mu.Lock()
+				res.Handoff = append(res.Handoff, now-lr)
+				mu.Unlock()
+			}
+			acq.Add(1)
+			time.Sleep(2 * time.Millisecond)
+			done := rel.Load() >= releases
+			holding.Store(0)
+			lastRelease.Store(time.Now().UnixNano())
+			if err := le.Unlock(ctx); err != nil {
+				return err
+			}
+			if n := rel.Add(1); n == releases {
+				// The counters at the target release, before the waiters are
+				// cancelled (a cancelled claim's undo is not a handoff's cost).
+				once.Do(func() {
+					end.ctr, end.err = benchenv.ReadCounters(ctx, e.admin)
+					end.cpu, end.acq, end.rel, end.stmts = e.cpu.Seconds(), acq.Load(), n, tr.Take()
+				})
+				stop()
+			} else if n > releases || done {
+				stop()
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, lockers*per)
+	for _, l := range ls {
+		for range per {
+			wg.Go(func() {
+				if err := wait(l); err != nil {
+					errc <- err
+				}
+			})
+		}
+	}
+	// Everyone waits: count the connections, then let the first one in.
+	time.Sleep(1500 * time.Millisecond)
+	if res.ConnsWaiting, res.ListenersWaiting, err = e.backends(); err != nil {
+		return res, err
+	}
+	res.ConnsWaiting-- // the blocker's
+	tr.Take()
+	before, err := benchenv.ReadCounters(ctx, e.admin)
+	if err != nil {
+		return res, err
+	}
+	cpu0 := e.cpu.Seconds()
+	if err := ble.Unlock(ctx); err != nil {
+		return res, err
+	}
+	<-wctx.Done()
+	wg.Wait()
+	close(errc)
+	if err := errors.Join(<-errc, end.err); err != nil {
+		return res, err
+	}
+	st, d := benchenv.Kinds(end.stmts), end.ctr.Sub(before)
+	res.Releases, res.Acquired, res.Overlaps = end.rel+1, end.acq, overlaps.Load() // the blocker's release too
+	res.Claims, res.ClaimNoRow, res.Probes = st.N[benchenv.KindClaim], st.N[benchenv.KindClaim]-st.Rows[benchenv.KindClaim], st.N[benchenv.KindProbe]
+	res.Xids, res.WAL, res.ServerCPU = d.NextXid, d.WALLSN, end.cpu-cpu0
+	res.LoserXids = d.NextXid - res.Releases - res.Acquired - res.Probes
+	slices.Sort(res.Handoff)
+	// Nobody waits any more: the listeners close.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if res.ConnsAfter, res.ListenersAfter, err = e.backends(); err != nil || res.ListenersAfter == 0 || time.Now().After(deadline) {
+			return res, err
+		}
+	}
 }

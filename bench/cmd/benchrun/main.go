@@ -1,93 +1,77 @@
 // Command benchrun runs all of pglease's benchmarks in one go and writes
-// bench/BENCHMARKS.md, beside bench/renew-cost.svg,
-// bench/handoff.svg and bench/capacity.svg (see bench/README.md).
+// bench/BENCHMARKS.md, beside bench/renew-cost.svg, bench/handoff.svg and
+// bench/capacity.svg (see bench/README.md).
 //
 //	cd bench && go run ./cmd/benchrun
 //
 // It starts a durable throw-away PostgreSQL and the peers (benchenv.Peers),
 // runs this module's testing.B benchmarks against them in a child go test
 // (raw output kept in bench/results/latest.txt for benchstat), then, in
-// this process: the skip-path counters, the renew planner check, the
-// table-health run, the Handoff section (handoff.go, crowd.go) and the
-// Capacity section (capacity.go, saturation.go, peers_capacity.go).
-// -sections runs a subset; -render rewrites the report from a run's JSON.
+// this process, the other sections (probes.go, handoff.go, capacity.go,
+// peers.go, audit.go). -sections runs a subset; -render rewrites the
+// report from a run's JSON.
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease/bench/internal/benchenv"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
 type config struct {
-	bench, benchtime            string
-	count, rounds, roundN       int // go test -count; rounds and iterations of the interleaved benchmarks
-	variants                    string
-	health                      time.Duration
-	healthLeases                int
-	healthBeat                  time.Duration
-	fillfactors, plannerN       string
-	skipN                       int
-	out, svg, raw, json, render string
-	sections                    string
-	handoffN, vanishN           int
-	handoffSVG, capacitySVG     string
-	capacity                    capacityConfig
-	auditRuns                   string // the audit section's journal sizes (runs)
-	auditReps                   int    // Audits timed per size
-	merge                       string // the JSON of an earlier run to put this run's sections into
-}
-
-// has reports whether section s is to run (-sections).
-func (c config) has(s string) bool {
-	for _, x := range strings.Split(c.sections, ",") {
-		if x = strings.TrimSpace(x); x == s || x == "all" {
-			return true
-		}
-	}
-	return false
+	benchtime, variants, sections, merge, render string
+	out, svg, handoffSVG, capacitySVG, raw, json string
+	shapes, satSteps, auditRuns                  string
+	count, rounds, roundN                        int // go test -count; rounds and iterations of the interleaved benchmarks
+	handoffN, vanishN, schedTicks, auditReps     int
+	health, window, satStep                      time.Duration
+	capPeers                                     bool
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.bench, "bench", ".", "regexp of the testing.B benchmarks to run (go test -bench)")
-	flag.StringVar(&c.benchtime, "benchtime", "1s", "go test -benchtime")
-	flag.IntVar(&c.count, "count", 3, "go test -count: runs of each benchmark; the table shows the median")
-	flag.IntVar(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios (median and min–max across rounds)")
-	flag.IntVar(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
-	flag.StringVar(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants in interleaved_test.go; empty: all)")
-	flag.DurationVar(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
-	flag.IntVar(&c.healthLeases, "health-leases", 1000, "leases held per table in the table-health run")
-	flag.DurationVar(&c.healthBeat, "health-beat", 250*time.Millisecond, "renew interval in the table-health run")
-	flag.StringVar(&c.fillfactors, "fillfactors", "100,70,50", "fillfactors tried in the table-health run")
-	flag.IntVar(&c.skipN, "skip-claims", 10000, "skip-path claims in the counter check")
-	flag.StringVar(&c.plannerN, "planner-n", "1000,3000,10000", "lease counts of the renew planner check (empty: skip)")
-	flag.StringVar(&c.out, "out", "BENCHMARKS.md", "the report to write")
-	flag.StringVar(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write (linked from the report)")
-	flag.StringVar(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
-	flag.StringVar(&c.json, "json", "results/latest.json", "where to keep the report's data (JSON: -render input)")
-	flag.StringVar(&c.render, "render", "", "write the report from this JSON file of an earlier run (-json), measuring nothing")
-	flag.StringVar(&c.sections, "sections", "all", "comma-separated parts to run: bench (the go test benchmarks), counters, planner, health, handoff, capacity, audit; or all")
-	flag.IntVar(&c.handoffN, "handoff-n", 200, "handoffs after Unlock measured per waiting mode")
-	flag.IntVar(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder measured per waiting mode")
-	flag.StringVar(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
-	flag.StringVar(&c.capacitySVG, "capacity-svg", "capacity.svg", "the capacity plot to write")
-	capacityFlags(&c.capacity)
-	flag.StringVar(&c.auditRuns, "audit-runs", "100000,1000000,5000000", "runs in the 24 h journal of each size the audit section measures")
-	flag.IntVar(&c.auditReps, "audit-reps", 5, "Audits timed per journal size")
-	flag.StringVar(&c.merge, "merge", "", "put the sections this run measures (only audit, for now) into this JSON file of an earlier run (-json) and write the report from the result: the other sections keep that run's figures")
+	s, i, d := flag.StringVar, flag.IntVar, flag.DurationVar
+	s(&c.benchtime, "benchtime", "1s", "go test -benchtime of the separate benchmarks")
+	i(&c.count, "count", 3, "go test -count: runs of each separate benchmark; the table shows the median")
+	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios")
+	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
+	s(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants; empty: all)")
+	s(&c.sections, "sections", "all", "comma list of bench, counters, planner, health, handoff, capacity, audit; or all")
+	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
+	s(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write")
+	s(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
+	s(&c.capacitySVG, "capacity-svg", "capacity.svg", "the capacity plot to write")
+	s(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
+	s(&c.json, "json", "results/latest.json", "where to keep the report's data (-render input)")
+	s(&c.render, "render", "", "write the report from this JSON file of an earlier run, measuring nothing")
+	s(&c.merge, "merge", "", "with -sections audit: put this run's audit section into this JSON file of an earlier run and write the report from the result")
+	d(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
+	i(&c.handoffN, "handoff-n", 200, "handoffs after Unlock per waiting mode")
+	i(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder per waiting mode")
+	s(&c.shapes, "capacity-shapes", "10x10,100x10,1000x10,1000x100", "fleet shapes RxJ: R replicas × J leases each")
+	d(&c.window, "capacity-window", 40*time.Second, "steady-state measurement per fleet shape (two default beats)")
+	i(&c.schedTicks, "sched-ticks", 3, "ticks of the scheduled fleet (0: skip it)")
+	s(&c.satSteps, "sat-steps", "1,2,4,8,16,32,64", "concurrent claimers of the saturation ramp (empty: skip it)")
+	d(&c.satStep, "sat-step", 6*time.Second, "duration of each saturation step")
+	flag.BoolVar(&c.capPeers, "capacity-peers", true, "also hold the last fleet shape's leases in Redis (appendfsync always) and etcd")
+	s(&c.auditRuns, "audit-runs", "100000,1000000,5000000", "runs in the 24 h journal of each size the audit section measures")
+	i(&c.auditReps, "audit-reps", 5, "Audits timed per journal size")
 	flag.Parse()
 	if err := run(c, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "benchrun: %v\n", err)
@@ -95,63 +79,65 @@ func main() {
 	}
 }
 
-// link points the report's links to the plots from where the report is
-// written: they depend on the files' places, not on the run's data.
-func (rep *report) link() {
-	c := rep.Config
-	rep.SVGLink, rep.HandoffLink, rep.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
+// has reports whether section s is to run (-sections).
+func (c config) has(s string) bool {
+	return slices.Contains(strings.Split(c.sections, ","), s) || c.sections == "all"
+}
+
+// link points the report's links to the plots from where the report is written.
+func (r *report) link() {
+	c := r.Config
+	r.SVGLink, r.HandoffLink, r.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
 }
 
 func run(c config, args []string) error {
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
 	}
-	if c.render != "" {
-		rep, err := readJSON(c.render)
-		if err != nil {
-			return err
-		}
-		rep.Config = c // this run's flags for what the data does not hold (-count, -rounds, …)
-		rep.link()
-		return writeFile(c.out, rep.markdown)
-	}
-	rep := &report{Args: args, Config: c, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 	if c.merge != "" && c.sections != "audit" {
 		return errors.New("-merge takes the audit section only (-sections audit)")
 	}
-	var err error
-	if err = measure(context.Background(), c, rep); err != nil {
+	rep := &report{Args: args, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
+	if c.render != "" || c.merge != "" {
+		old, err := readJSON(cmpOr(c.render, c.merge))
+		if err != nil {
+			return err
+		}
+		if c.merge != "" {
+			if err := measure(context.Background(), c, rep); err != nil {
+				return err
+			}
+			old.Audit = rep.Audit
+		}
+		rep = old
+	} else if err := measure(context.Background(), c, rep); err != nil {
 		return err
 	}
-	rep.Took = time.Since(rep.Started)
-	logf("measured for %v", rep.Took.Round(time.Second))
-	if c.merge != "" {
-		return merge(c, rep.Audit)
-	}
+	rep.Config = c // this run's flags for what the data does not hold (-count, -rounds, …)
 	rep.link()
-	for _, f := range []struct {
-		ok   bool
-		path string
-		svg  func() string
-	}{
-		{c.has("bench"), c.svg, func() string { return renewSVG(rep) }},
-		{rep.Handoff != nil, c.handoffSVG, func() string { return handoffSVG(rep.Handoff) }},
-		{rep.Capacity != nil, c.capacitySVG, func() string { return capacitySVG(rep.Capacity) }},
-	} {
-		if f.ok {
-			if err := writeFile(f.path, func() (string, error) { return f.svg(), nil }); err != nil {
-				return err
+	if c.render == "" && c.merge == "" {
+		rep.Took = time.Since(rep.Started)
+		logf("measured for %v", rep.Took.Round(time.Second))
+		for _, f := range []struct {
+			ok   bool
+			path string
+			svg  func() string
+		}{{c.has("bench"), c.svg, rep.renewSVG}, {rep.Handoff != nil, c.handoffSVG, rep.handoffSVG}, {rep.Capacity != nil, c.capacitySVG, rep.capacitySVG}} {
+			if f.ok {
+				if err := writeFile(true, f.path, f.svg()); err != nil {
+					return err
+				}
 			}
 		}
 	}
-	b, err := json.MarshalIndent(rep, "", "\t")
-	if err != nil {
-		return err
+	if c.render == "" {
+		b, err := json.MarshalIndent(rep, "", "\t")
+		if err = errors.Join(err, writeFile(err == nil, c.json, string(b))); err != nil {
+			return err
+		}
 	}
-	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
-		return err
-	}
-	return writeFile(c.out, rep.markdown)
+	md, err := rep.markdown()
+	return errors.Join(err, writeFile(err == nil, c.out, md))
 }
 
 // measure runs the sections, filling rep.
@@ -163,36 +149,40 @@ func measure(ctx context.Context, c config, rep *report) error {
 		return err
 	}
 	defer cl.Stop()
-	admin, err := newPool(ctx, cl.URL(), 2, nil)
-	if err != nil {
+	e := &env{ctx: ctx, url: cl.URL(), c: c, peers: map[string]*benchenv.Peer{}}
+	if e.admin, err = newPool(ctx, e.url, 2, nil); err != nil {
 		return err
 	}
-	defer admin.Close()
-	if rep.Settings, err = benchenv.Settings(ctx, admin); err != nil {
+	defer e.admin.Close()
+	if rep.Settings, err = benchenv.Settings(ctx, e.admin); err != nil {
 		return err
 	}
 	rep.Machine = append(benchenv.MachineInfo(), [2]string{"Go", runtime.Version()})
-	cpu, err := benchenv.NewServerCPU(ctx, admin)
-	if err != nil {
+	if e.cpu, err = benchenv.NewServerCPU(ctx, e.admin); err != nil {
 		return err
 	}
-	env, stop := startPeers(ctx, &c, rep)
-	defer stop()
-	env = append(env, "PGLEASE_BENCH_PG_URL="+cl.URL())
+	logf("starting the peers (redis-server twice, etcd)")
+	goEnv := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+e.url, "PGLEASE_BENCH_VARIANTS="+c.variants)
+	for _, p := range benchenv.Peers(ctx) {
+		if p.Proc != nil {
+			defer p.Proc.Stop()
+		}
+		if e.peers[p.Env] = p; p.Addr == "" {
+			logf("SKIPPING the %s peer: %s", p.Name, p.Why)
+			rep.Skipped, goEnv = append(rep.Skipped, p.Name+": "+p.Why), append(goEnv, p.Env+"=-")
+		} else {
+			rep.Peers, goEnv = append(rep.Peers, [2]string{p.Name, p.Version}), append(goEnv, p.Env+"="+p.Addr)
+		}
+	}
 	for _, s := range []struct {
 		name string
 		run  func() error
 	}{
-		{"bench", func() error { return benches(c, env, rep) }},
-		{"counters", func() (err error) {
-			logf("skip-path counters: %d claims on a held key", c.skipN)
-			rep.Counters, err = skipCounters(ctx, cl.URL(), c.skipN)
-			return err
-		}},
+		{"bench", func() error { return benches(c, goEnv, rep) }},
+		{"counters", func() (err error) { rep.Counters, err = e.skipCounters(10000); return err }},
 		{"planner", func() error {
-			for _, n := range ints(c.plannerN, func(n int) bool { return n > 0 }) {
-				logf("renew planner check with %d leases", n)
-				pc, err := plannerCheck(ctx, cl.URL(), n)
+			for _, n := range []int{1000, 3000, 10000} {
+				pc, err := e.plannerCheck(n)
 				if err != nil {
 					return err
 				}
@@ -201,68 +191,37 @@ func measure(ctx context.Context, c config, rep *report) error {
 			return nil
 		}},
 		{"health", func() (err error) {
-			ffs := ints(c.fillfactors, func(f int) bool { return f >= 10 && f <= 100 })
 			if c.health > 0 {
-				logf("table health: %d leases per table, renewed every %v for %v, fillfactors %v", c.healthLeases, c.healthBeat, c.health, ffs)
-				rep.Health, err = tableHealth(ctx, cl.URL(), ffs, c.healthLeases, c.healthBeat, c.health)
+				rep.Health, err = e.tableHealth([]int{100, 70, 50}, 1000, 250*time.Millisecond, c.health)
 			}
 			return err
 		}},
 		{"handoff", func() (err error) {
 			rep.LoadBefore["handoff"] = loadAvg()
-			rep.Handoff, err = runHandoff(ctx, cl.URL(), cpu, c.handoffN, c.vanishN)
+			rep.Handoff, err = e.handoff()
 			return err
 		}},
 		{"capacity", func() (err error) {
 			rep.LoadBefore["capacity"] = loadAvg()
-			rep.Capacity, err = runCapacity(ctx, cl.URL(), cpu, c.capacity)
+			rep.Capacity, err = e.capacity()
 			return err
 		}},
 		{"audit", func() (err error) {
 			load, started := loadAvg(), time.Now().UTC()
-			rep.Audit, err = runAudit(ctx, cl.URL(), ints(c.auditRuns, func(n int) bool { return n > 0 }), max(1, c.auditReps))
-			if rep.Audit != nil {
+			if rep.Audit, err = runAudit(ctx, e.url, ints(c.auditRuns), max(1, c.auditReps)); rep.Audit != nil {
 				rep.Audit.Args, rep.Audit.Started, rep.Audit.Load = rep.Args, started, load
 			}
 			return err
 		}},
 	} {
 		if c.has(s.name) {
+			logf("section %s", s.name)
 			if err := s.run(); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 		}
 	}
 	return nil
-}
-
-// startPeers starts the peers and returns the environment that hands
-// them to go test ("-" for those skipped) and what stops them.
-func startPeers(ctx context.Context, c *config, rep *report) (env []string, stop func()) {
-	logf("starting the peers (redis-server twice, etcd)")
-	peers := benchenv.Peers(ctx)
-	env = os.Environ()
-	for _, p := range peers {
-		if p.Addr == "" {
-			logf("SKIPPING the %s peer: %s", p.Name, p.Why)
-			rep.Skipped, env = append(rep.Skipped, p.Name+": "+p.Why), append(env, p.Env+"=-")
-			continue
-		}
-		rep.Peers, env = append(rep.Peers, [2]string{p.Name, p.Version}), append(env, p.Env+"="+p.Addr)
-		switch p.Env {
-		case "PGLEASE_BENCH_REDIS_FSYNC_ADDR":
-			c.capacity.redis = p
-		case "PGLEASE_BENCH_ETCD_URL":
-			c.capacity.etcd = p
-		}
-	}
-	return env, func() {
-		for _, p := range peers {
-			if p.Proc != nil {
-				p.Proc.Stop()
-			}
-		}
-	}
 }
 
 // benches runs the testing.B benchmarks in a child go test against the
@@ -279,92 +238,57 @@ func benches(c config, env []string, rep *report) error {
 		return err
 	}
 	defer raw.Close()
-	args := []string{"test", "-run", "^$", "-bench", c.bench, "-skip", rounds, "-benchtime", c.benchtime,
-		"-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."}
-	inter := []string{"test", "-run", "^$", "-bench", rounds, "-benchtime", fmt.Sprintf("%dx", c.roundN),
-		"-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."}
-	rep.GoTest, rep.GoTestInterleaved = "go "+strings.Join(args, " "), "go "+strings.Join(inter, " ")
-	logf("running %s", rep.GoTest)
-	out, err := goTest(args, env, raw)
-	if err != nil {
-		return err
+	var out strings.Builder
+	for i, args := range [][]string{
+		{"test", "-run", "^$", "-bench", ".", "-skip", rounds, "-benchtime", c.benchtime, "-count", fmt.Sprint(c.count), "-benchmem", "-timeout", "60m", "."},
+		{"test", "-run", "^$", "-bench", rounds, "-benchtime", fmt.Sprintf("%dx", c.roundN), "-count", fmt.Sprint(c.rounds), "-timeout", "60m", "."},
+	} {
+		cmd := "go " + strings.Join(args, " ")
+		if i == 0 {
+			rep.GoTest = cmd
+		} else {
+			rep.GoTestInterleaved, rep.LoadBefore["interleaved"] = cmd, loadAvg()
+		}
+		logf("running %s", cmd)
+		if err := goTest(args, env, raw, &out); err != nil {
+			return err
+		}
 	}
-	rep.LoadBefore["interleaved"] = loadAvg()
-	logf("running %s", rep.GoTestInterleaved)
-	more, err := goTest(inter, append(env, "PGLEASE_BENCH_VARIANTS="+c.variants), raw)
-	if err != nil {
-		return err
-	}
-	if rep.Results = parseBench(out + more); len(rep.Results) == 0 {
+	if rep.Results = parseBench(out.String()); len(rep.Results) == 0 {
 		return errors.New("go test printed no benchmark result")
 	}
 	return nil
 }
 
-// merge puts the audit section a into the earlier run's data (c.merge)
-// and writes the JSON (c.json) and the report (c.out) from the result. The
-// earlier run's JSON is kept as it is, its "Audit" member replaced or
-// added: its other figures, its plots and their order stay those of its
-// own run.
-func merge(c config, a *auditReport) error {
-	old, err := os.ReadFile(c.merge)
+// goTest runs go test, echoing its output and appending it to raw and all.
+func goTest(args, env []string, raw *os.File, all *strings.Builder) error {
+	cmd := exec.Command("go", args...)
+	cmd.Env, cmd.Stderr = env, os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
 	if err != nil {
 		return err
 	}
-	val, err := json.MarshalIndent(a, "\t", "\t")
-	if err != nil {
-		return err
+	sc := bufio.NewScanner(io.TeeReader(out, raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		fmt.Println(sc.Text())
+		all.WriteString(sc.Text() + "\n")
 	}
-	b, err := spliceMember(old, "Audit", val)
-	if err != nil {
-		return fmt.Errorf("%s: %w", c.merge, err)
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("go test: %w (output in %s)", err, raw.Name())
 	}
-	rep := &report{}
-	if err := json.Unmarshal(b, rep); err != nil {
-		return err
-	}
-	rep.Config = c
-	rep.link()
-	if err := writeFile(c.json, func() (string, error) { return string(b), nil }); err != nil {
-		return err
-	}
-	return writeFile(c.out, rep.markdown)
+	return nil
 }
 
-// spliceMember is the JSON object obj with its member name's value
-// replaced by val, or the member added last; the rest of obj byte for byte.
-func spliceMember(obj []byte, name string, val []byte) ([]byte, error) {
-	d := json.NewDecoder(bytes.NewReader(obj))
-	if t, err := d.Token(); err != nil || t != json.Delim('{') {
-		return nil, errors.New("not a JSON object")
+// writeFile writes content to path if ok.
+func writeFile(ok bool, path, content string) error {
+	if !ok {
+		return nil
 	}
-	for d.More() {
-		t, err := d.Token()
-		if err != nil {
-			return nil, err
-		}
-		var v json.RawMessage
-		if err := d.Decode(&v); err != nil {
-			return nil, err
-		}
-		if t == name {
-			end := int(d.InputOffset())
-			start := end - len(v)
-			return slices.Concat(obj[:start], val, obj[end:]), nil
-		}
-	}
-	last := bytes.LastIndexByte(obj, '}')
-	body := bytes.TrimRight(obj[:last], " \t\n")
-	return slices.Concat(body, []byte(",\n\t\""+name+"\": "), val, []byte("\n"), obj[last:]), nil
-}
-
-// writeFile writes what content returns to path.
-func writeFile(path string, content func() (string, error)) error {
-	s, err := content()
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s", path)
@@ -373,13 +297,65 @@ func writeFile(path string, content func() (string, error)) error {
 
 // readJSON reads a report written by run (-json).
 func readJSON(path string) (*report, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
 	rep := &report{}
-	if err := json.Unmarshal(b, rep); err != nil {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(b, rep)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return rep, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "benchrun %s: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// linkFrom is the path of file relative to the directory of the report.
+func linkFrom(report, file string) string {
+	abs, err1 := filepath.Abs(file)
+	dir, err2 := filepath.Abs(filepath.Dir(report))
+	rel, err3 := filepath.Rel(dir, abs)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return file
+	}
+	return filepath.ToSlash(rel)
+}
+
+// loadAvg is /proc/loadavg's three load averages.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return "unknown"
+}
+
+// ints parses a comma list of positive integers.
+func ints(list string) (out []int) {
+	for _, n := range nums(list) {
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// env is what the sections measured in this process share: the server,
+// its CPU, the flags and the peers (by their environment variable).
+type env struct {
+	ctx   context.Context
+	url   string
+	admin *pgxpool.Pool
+	cpu   *benchenv.ServerCPU
+	c     config
+	peers map[string]*benchenv.Peer
 }

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +14,8 @@ import (
 // and short runs of BenchmarkInterleaved with its four Locker variants,
 // BenchmarkJournal and BenchmarkParts (testdata/bench-sample.txt: go test
 // -run '^$' -bench '^Benchmark(Interleaved|Journal|Parts)$' -benchtime 30x
-// -count 2), in place of the full run's.
+// -count 2), added to the full run's.
 func sampleReport(t *testing.T) *report {
-	t.Helper()
 	raw, err := os.ReadFile("../../results/latest.txt")
 	if err != nil {
 		t.Fatal(err)
@@ -33,17 +29,15 @@ func sampleReport(t *testing.T) *report {
 		t.Fatal(err)
 	}
 	r.Config = config{count: 3, rounds: 9, roundN: 400, raw: "results/latest.txt"}
-	r.Results = parseBench(string(raw))
-	for name, res := range parseBench(string(variants)) {
-		r.Results[name] = res
-	}
+	r.Results = parseBench(string(raw) + string(variants))
 	r.LoadBefore["interleaved"] = "3.50, 2.00, 1.00"
 	r.Counters = []counterPhase{{Name: "SELECT 1", N: 10}, {Name: "skip", N: 10}}
 	return r
 }
 
-// renderOK writes the report and fails on template or formatting errors.
-func renderOK(t *testing.T, r *report) string {
+// render writes the report, fails on template or formatting errors, and
+// checks that it contains each of want.
+func render(t *testing.T, r *report, want ...string) string {
 	t.Helper()
 	md, err := r.markdown()
 	if err != nil {
@@ -54,47 +48,53 @@ func renderOK(t *testing.T, r *report) string {
 			t.Errorf("report contains %q: …%s…", bad, md[max(0, i-200):min(len(md), i+100)])
 		}
 	}
+	for _, w := range want {
+		if !strings.Contains(md, w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
 	return md
 }
 
 // The report renders from real output of every section, with the paths
-// the committed run does not take (a loaded machine, no fleet target);
-// TestBenchmarksMDIsTheCommittedRender checks every row of a full run.
+// the committed run does not take (a loaded machine, no fleet target, the
+// fleet target relabelled onto the sample's last shape, sections that did
+// not run); TestBenchmarksMDIsTheCommittedRender checks every row of a
+// full run.
 func TestReportRenders(t *testing.T) {
 	r := sampleReport(t)
-	md := renderOK(t, r)
-	for _, want := range []string{"## Targets", "| `Lock` on a held key (skip path) ≤ 1.2× `SELECT 1` (pgxpool), ≤ 1.3× (database/sql) | ", "*floor of a job run whose release writes its row*", "median of 9 rounds",
+	render(t, r, "## Targets", "| `Lock` on a held key (skip path) ≤ 1.2× `SELECT 1` (pgxpool), ≤ 1.3× (database/sql) | ", "*floor of a job run whose release writes its row*", "median of 9 rounds",
 		"## What the journal costs", "| `Lock`+`Unlock` with the journal on ≤ 1.15× the same with it off (same pool, interleaved) | ",
 		"run with the library's defaults (journal on): 10 claims on a held key, 0 xids assigned",
 		"**the journal is on and the failover delay is on**", "which this run did not include",
 		"](../docs/status-page.md#measured-with-100000-leases)",
-		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine"} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
+		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine")
+	last := &r.Capacity.Shapes[len(r.Capacity.Shapes)-1]
+	last.R, last.J = 1000, 100
+	if md := render(t, r, fmt.Sprintf("| 100,000 leases held by 1,000 replicas, default beat, journal on: < 10 %% of one server core (renewals only: they write no journal row) | %.1f %% of one core", last.ServerCPU*100)); strings.Contains(md, "which this run did not include") {
+		t.Errorf("report says the fleet target's shape did not run")
 	}
-	if testing.Verbose() {
-		t.Log(md)
+	r.Handoff, r.Capacity = nil, nil
+	if md := render(t, r); strings.Contains(md, "## Handoff") || strings.Contains(md, "## Capacity") || strings.Contains(md, "## Audit") {
+		t.Error("report has a section that did not run")
 	}
 }
 
-// A report written as JSON (-json) renders the same again (-render).
-func TestReportJSONRoundTrip(t *testing.T) {
+// The audit section renders from its data: the sizes' table and the
+// target's verdict, met or missed by the slowest Audit of 1,000,000 runs.
+func TestReportAuditSection(t *testing.T) {
 	r := sampleReport(t)
-	r.Started, r.Took = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC), time.Minute
-	path := filepath.Join(t.TempDir(), "r.json")
-	b, err := json.Marshal(r)
-	if err == nil {
-		err = os.WriteFile(path, b, 0o644)
+	size := func(runs int, times ...time.Duration) auditSize {
+		return auditSize{Runs: runs, Keys: auditKeys(runs), Scheduled: auditKeys(runs) / 2, Rows: int64(2 * runs), Bytes: int64(runs) * 380,
+			Fill: time.Second, Times: times, Examined: runs - 1, Findings: plantedFindings}
 	}
-	back, err2 := readJSON(path)
-	if err = errors.Join(err, err2); err != nil {
-		t.Fatal(err)
-	}
-	back.Config = r.Config
-	if renderOK(t, back) != renderOK(t, r) {
-		t.Errorf("the report read back from JSON renders differently")
-	}
+	r.Audit = &auditReport{Args: []string{"-sections", "audit", "-merge", "results/latest.json"}, Started: r.Started.Add(-time.Hour),
+		Load: "1.00, 1.00, 1.00", Reps: 3, Sizes: []auditSize{size(100_000, 300*time.Millisecond, 250*time.Millisecond, 280*time.Millisecond),
+			size(1_000_000, 3*time.Second, 2*time.Second, 4*time.Second)}}
+	render(t, r, "## Audit over a day of runs", "| 1,000,000 | 2,000 (1,000) | 2,000,000 |", "3.00 s [2.00 s–4.00 s]",
+		"-merge results/latest.json", "put into this report's data with `-merge`", "| **met** |")
+	r.Audit.Sizes[1].Times[2] = 6 * time.Second
+	render(t, r, "| **missed** |")
 }
 
 // BENCHMARKS.md is what -render makes of the committed run's data
@@ -112,36 +112,37 @@ func TestBenchmarksMDIsTheCommittedRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if renderOK(t, r) != string(want) {
+	if render(t, r) != string(want) {
 		t.Errorf("BENCHMARKS.md differs from the render of results/latest.json: regenerate it with go run ./cmd/benchrun -render results/latest.json")
 	}
 }
 
-// A section that did not run leaves no trace in the report.
-func TestReportWithoutSections(t *testing.T) {
-	r := sampleReport(t)
-	r.Handoff, r.Capacity = nil, nil
-	md := renderOK(t, r)
-	for _, absent := range []string{"## Handoff", "## Capacity"} {
-		if strings.Contains(md, absent) {
-			t.Errorf("report has %q, whose section did not run", absent)
+func TestKnee(t *testing.T) {
+	for _, c := range []struct {
+		tp    []float64
+		want  int // index of the knee
+		found bool
+	}{
+		{[]float64{100, 190, 300, 320, 310}, 3, true},
+		{[]float64{100, 200, 400}, 2, false},
+		{[]float64{100, 90}, 0, true},
+		{[]float64{100, 150, 140, 160, 120}, 3, true}, // a dip is not the knee
+		{[]float64{100}, 0, false},
+	} {
+		var s []satStep
+		for i, v := range c.tp {
+			s = append(s, satStep{Workers: 1 << i, ClaimsPerSec: v})
+		}
+		if k := knee(s); k.At.Workers != 1<<c.want || k.Found != c.found {
+			t.Errorf("knee(%v) = %d workers, %v; want %d, %v", c.tp, k.At.Workers, k.Found, 1<<c.want, c.found)
 		}
 	}
-}
-
-// The fleet target is reported when its shape (1,000 replicas × 100
-// leases) ran. The sample's short run has no such shape: its last one is
-// relabelled, which checks the template, not the figures.
-func TestReportFleetTarget(t *testing.T) {
-	r := sampleReport(t)
-	last := &r.Capacity.Shapes[len(r.Capacity.Shapes)-1]
-	last.R, last.J = targetR, targetJ
-	md := renderOK(t, r)
-	want := fmt.Sprintf("| 100,000 leases held by 1,000 replicas, default beat, journal on: < 10 %% of one server core (renewals only: they write no journal row) | %.1f %% of one core", last.ServerCPU*100)
-	if !strings.Contains(md, want) {
-		t.Errorf("report lacks the fleet target row %q", want)
+	if pts := cdf([]int64{1e6, 2e6, 3e6, 4e6}); len(pts) != 4 || pts[3][1] != 100 || pts[0][0] != 1 {
+		t.Fatalf("cdf = %v", pts)
 	}
-	if strings.Contains(md, "which this run did not include") {
-		t.Errorf("report says the fleet target's shape did not run")
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 5_000_000: "5,000,000", -12345: "-12,345"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
 	}
 }

@@ -15,19 +15,20 @@ type Bouncer struct {
 	Port int
 }
 
-// StartBouncer starts pgbouncer on a free loopback port in front of
-// 127.0.0.1:pgPort, with maxClients client connections and poolSize
-// server connections for the one database and user.
+// StartBouncer starts pgbouncer in front of 127.0.0.1:pgPort, with
+// maxClients client connections and poolSize server connections.
 func StartBouncer(ctx context.Context, pgPort, maxClients, poolSize int) (*Bouncer, error) {
-	bin, err := lookBin("pgbouncer", "pgbouncer")
-	if err != nil {
-		return nil, err
-	}
-	port, dir, err := freeDir("pgbouncer")
-	if err != nil {
-		return nil, err
-	}
-	ini := fmt.Sprintf(`[databases]
+	b := &Bouncer{}
+	var err error
+	b.Proc, err = start(ctx, "pgbouncer", "pgbouncer", "pgbouncer", true, func(ctx context.Context, addr string) error {
+		c, err := new(net.Dialer).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}, func(port int, dir string) (string, []string) {
+		b.Port = port
+		ini := fmt.Sprintf(`[databases]
 * = host=127.0.0.1 port=%d
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -35,35 +36,23 @@ listen_port = %d
 listen_backlog = 4096
 unix_socket_dir =
 auth_type = trust
-auth_file = %s
+auth_file = %[3]s/userlist.txt
 pool_mode = transaction
-default_pool_size = %d
-max_client_conn = %d
-max_db_connections = %d
+default_pool_size = %[4]d
+max_client_conn = %[5]d
+max_db_connections = %[4]d
 ignore_startup_parameters = extra_float_digits
 server_reset_query =
-logfile = %s
+logfile = %[3]s/pgbouncer-file.log
 log_connections = 0
 log_disconnections = 0
-`, pgPort, port, filepath.Join(dir, "userlist.txt"), poolSize, maxClients, poolSize, filepath.Join(dir, "pgbouncer-file.log"))
-	if err := os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "userlist.txt"), []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	p, err := startProc(ctx, "pgbouncer", bin, dir, addr, true, func(ctx context.Context) error {
-		c, err := new(net.Dialer).DialContext(ctx, "tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}, filepath.Join(dir, "pgbouncer.ini"))
-	if err != nil {
-		return nil, err
-	}
-	return &Bouncer{p, port}, nil
+`, pgPort, port, dir, poolSize, maxClients)
+		// Written before the process starts (and its directory is chowned); an error shows as its failure to start.
+		_ = os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "userlist.txt"), []byte(`"postgres" ""`+"\n"), 0o644)
+		return fmt.Sprintf("127.0.0.1:%d", port), []string{filepath.Join(dir, "pgbouncer.ini")}
+	})
+	return b, err
 }
 
 // URL is a connection string through the bouncer. pgx's statement cache
@@ -72,6 +61,3 @@ log_disconnections = 0
 func (b *Bouncer) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&default_query_exec_mode=exec", b.Port)
 }
-
-// CPUSeconds is the CPU time pgbouncer has used so far.
-func (b *Bouncer) CPUSeconds() float64 { return ProcCPU(b.PID()) }

@@ -32,9 +32,8 @@ type Counters struct {
 }
 
 // ReadCounters reads Counters. It runs no write and assigns no xid.
-func ReadCounters(ctx context.Context, q Querier) (Counters, error) {
-	var c Counters
-	err := q.QueryRow(ctx, `
+func ReadCounters(ctx context.Context, q Querier) (c Counters, err error) {
+	err = q.QueryRow(ctx, `
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
        (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
        wal_records, wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&c.NextXid, &c.WALLSN, &c.XactCommit, &c.WALRecords, &c.WALSync, &c.WALSyncMs)
@@ -52,6 +51,33 @@ func (c Counters) Sub(o Counters) Counters {
 func FlushStats(ctx context.Context, q Querier) error {
 	_, err := q.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
 	return err
+}
+
+// StatStatements reads statements' server execution times from
+// pg_stat_statements, when the server has it loaded (shared_preload_libraries).
+type StatStatements struct {
+	q  Querier
+	ok bool
+}
+
+// NewStatStatements creates the extension if need be and resets its
+// counters; without pg_stat_statements, every read reports nothing.
+func NewStatStatements(ctx context.Context, q Querier) *StatStatements {
+	_, err := q.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	if err == nil {
+		_, err = q.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	}
+	return &StatStatements{q, err == nil}
+}
+
+// ExecMicros is the mean execution time, in µs, since the reset, of the
+// most called statement whose text contains substr (the executor's time
+// only: not parsing, planning, the commit or the round trip).
+func (s *StatStatements) ExecMicros(substr string) (us float64, ok bool) {
+	ok = s.ok && s.q.QueryRow(context.Background(), `SELECT mean_exec_time * 1000 FROM pg_stat_statements
+WHERE strpos(query, $1) > 0 OR (query IN ('SELECT 1', 'SELECT $1') AND $1 = 'SELECT 1')
+ORDER BY calls DESC LIMIT 1`, substr).Scan(&us) == nil
+	return us, ok
 }
 
 // ServerCPU measures the CPU time used by a PostgreSQL server on this
@@ -112,19 +138,29 @@ func (s *ServerCPU) Seconds() float64 {
 	return total
 }
 
+// MachineCPU is the CPU time all cores have spent busy so far, in seconds
+// (/proc/stat: all but idle and iowait; guest time is already in user).
+func MachineCPU() (busy float64) {
+	b, _ := os.ReadFile("/proc/stat")
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+	for i := 1; i < min(9, len(f)); i++ {
+		if n, _ := strconv.ParseFloat(f[i], 64); i != 4 && i != 5 {
+			busy += n / 100
+		}
+	}
+	return busy
+}
+
 // Settings reads the server settings that matter for the figures.
-func Settings(ctx context.Context, q Querier) ([][2]string, error) {
-	var out [][2]string
+func Settings(ctx context.Context, q Querier) (out [][2]string, err error) {
 	for _, n := range []string{"server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
 		"wal_level", "shared_buffers", "max_connections", "autovacuum", "autovacuum_naptime",
 		"autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold", "default_transaction_isolation"} {
 		var v string
-		if err := q.QueryRow(ctx, `SELECT current_setting($1)`, n).Scan(&v); err != nil {
-			return nil, err
-		}
+		err = q.QueryRow(ctx, `SELECT current_setting($1)`, n).Scan(&v)
 		out = append(out, [2]string{n, v})
 	}
-	return out, nil
+	return out, err
 }
 
 // MachineInfo describes this machine: CPU model, core count, memory, kernel.
@@ -139,29 +175,9 @@ func MachineInfo() [][2]string {
 		return ""
 	}
 	kb, _ := strconv.ParseFloat(field(meminfo, `MemTotal:\s*(\d+)`), 64)
-	return [][2]string{
-		{"CPU", strings.TrimSpace(field(cpu, `model name\s*:(.*)`))},
+	return [][2]string{{"CPU", strings.TrimSpace(field(cpu, `model name\s*:(.*)`))},
 		{"cores", strconv.Itoa(len(regexp.MustCompile(`(?m)^processor`).FindAll(cpu, -1)))},
-		{"memory", fmt.Sprintf("%.1f GiB", kb/(1<<20))},
-		{"kernel", strings.TrimSpace(string(kernel))},
-	}
-}
-
-// MachineCPU is the CPU time all cores have spent busy so far, in seconds
-// (/proc/stat: all but idle and iowait; guest time is already in user).
-func MachineCPU() float64 {
-	b, _ := os.ReadFile("/proc/stat")
-	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
-	}
-	var busy int64
-	for i, v := range f[1:9] {
-		if n, _ := strconv.ParseInt(v, 10, 64); i != 3 && i != 4 {
-			busy += n
-		}
-	}
-	return float64(busy) / 100
+		{"memory", fmt.Sprintf("%.1f GiB", kb/(1<<20))}, {"kernel", strings.TrimSpace(string(kernel))}}
 }
 
 // Durable returns the server settings of a durable PostgreSQL, as users run

@@ -2,9 +2,11 @@ package benchenv
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,16 +29,17 @@ const (
 
 // Classify names the kind of a pglease statement.
 func Classify(sql string) string {
+	has := func(s string) bool { return strings.Contains(sql, s) }
 	switch {
-	case strings.Contains(sql, "CREATE "):
+	case has("CREATE "):
 		return KindOther
-	case strings.Contains(sql, `_claim"(`):
+	case has(`_claim"(`):
 		return KindClaim
-	case strings.Contains(sql, "SET released_at"):
+	case has("SET released_at"):
 		return KindRelease
-	case strings.Contains(sql, `_renew"(`) || strings.Contains(sql, "SET expires_at") && strings.Contains(sql, "unnest"):
+	case has(`_renew"(`) || has("SET expires_at") && has("unnest"):
 		return KindRenew
-	case strings.Contains(sql, "pg_notify") && !strings.Contains(sql, "UPDATE"):
+	case has("pg_notify") && !has("UPDATE"):
 		return KindProbe
 	}
 	return KindOther
@@ -47,9 +50,8 @@ func Classify(sql string) string {
 // until the result is read). Hook, when set, runs before each statement is
 // sent; OnEnd after each.
 type Tracer struct {
-	Hook  func(sql string)
-	OnEnd func(Traced)
-
+	Hook     func(sql string)
+	OnEnd    func(Traced)
 	mu       sync.Mutex
 	stmts    []Traced
 	inFlight int
@@ -68,8 +70,8 @@ type traceKey struct{}
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if h := t.Hook; h != nil {
-		h(d.SQL)
+	if t.Hook != nil {
+		t.Hook(d.SQL)
 	}
 	t.mu.Lock()
 	t.inFlight++
@@ -88,8 +90,8 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQuer
 	t.inFlight--
 	t.stmts = append(t.stmts, s)
 	t.mu.Unlock()
-	if f := t.OnEnd; f != nil {
-		f(s)
+	if t.OnEnd != nil {
+		t.OnEnd(s)
 	}
 }
 
@@ -140,4 +142,21 @@ func Pct(sorted []int64, p float64) time.Duration {
 		return 0
 	}
 	return time.Duration(sorted[int(float64(len(sorted)-1)*p/100)])
+}
+
+// Losses is a slog.Handler for pglease's logger that counts its WARN
+// records (a failed renew, retried at the next beat) and its ERROR records
+// (a lease lost), and prints nothing.
+type Losses struct{ Warns, Errs atomic.Int64 }
+
+func (c *Losses) Enabled(context.Context, slog.Level) bool { return true }
+func (c *Losses) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *Losses) WithGroup(string) slog.Handler            { return c }
+func (c *Losses) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		c.Errs.Add(1)
+	} else if r.Level >= slog.LevelWarn {
+		c.Warns.Add(1)
+	}
+	return nil
 }

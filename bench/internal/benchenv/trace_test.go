@@ -3,7 +3,6 @@ package benchenv
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -28,15 +27,13 @@ func TestClassifyTheLibrarysStatements(t *testing.T) {
 	defer cl.Stop()
 	tr := &Tracer{}
 	cfg, err := pgxpool.ParseConfig(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	cfg.ConnConfig.Tracer = tr
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	must(t, err)
 	defer p.Close()
 	must(t, pglease.Migrate(ctx, p))
-	quiet := pglease.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	quiet := pglease.WithLogger(slog.New(&Losses{}))
 	l, err := pglease.New(p, pglease.WithLeaseDuration(time.Second), pglease.WithHeartbeat(100*time.Millisecond), quiet)
 	must(t, err)
 	defer l.Close()
@@ -48,9 +45,8 @@ func TestClassifyTheLibrarysStatements(t *testing.T) {
 	if _, err := other.Lock(ctx, "kinds-a"); !errors.Is(err, pglease.ErrAlreadyLocked) {
 		t.Fatalf("Lock on a held key: %v", err)
 	}
-	// A waiter starts the other Locker's listener, which probes itself.
 	done := make(chan error, 1)
-	go func() {
+	go func() { // a waiter starts the other Locker's listener, which probes itself
 		le2, err := other.Acquire(ctx, "kinds-a")
 		if err == nil {
 			err = le2.Unlock(ctx)
@@ -58,12 +54,8 @@ func TestClassifyTheLibrarysStatements(t *testing.T) {
 		done <- err
 	}()
 	var seen []Traced
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		seen = append(seen, tr.Take()...)
-		if st := Kinds(seen); st.N[KindRenew] >= 1 && st.N[KindProbe] >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
+	for deadline := time.Now().Add(30 * time.Second); Kinds(seen).N[KindRenew] < 1 || Kinds(seen).N[KindProbe] < 1; time.Sleep(20 * time.Millisecond) {
+		if seen = append(seen, tr.Take()...); time.Now().After(deadline) {
 			t.Fatalf("no renew or no probe seen in 30s: %v", Kinds(seen).N)
 		}
 	}
@@ -76,17 +68,8 @@ func TestClassifyTheLibrarysStatements(t *testing.T) {
 	if len(st.Durs[KindRenew]) != int(st.N[KindRenew]-st.Errs[KindRenew]) {
 		t.Errorf("renew durations: %d for %d renews", len(st.Durs[KindRenew]), st.N[KindRenew])
 	}
-}
-
-func TestPct(t *testing.T) {
-	v := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	for p, want := range map[float64]time.Duration{0: 1, 50: 5, 90: 9, 100: 10} {
-		if got := Pct(v, p); got != want {
-			t.Errorf("Pct(%v) = %v, want %v", p, got, want)
-		}
-	}
-	if Pct(nil, 50) != 0 {
-		t.Error("Pct of nothing is not 0")
+	if Pct([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 90) != 9 || Pct(nil, 50) != 0 {
+		t.Error("Pct is off")
 	}
 }
 
