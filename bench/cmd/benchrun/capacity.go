@@ -243,7 +243,7 @@ func (e *env) measureShape(b *benchenv.Bouncer, f *fleet, prefix string, r, j in
 	}
 	time.Sleep(window - window/2)
 	res.Waits = <-waits
-	if stmtsErr == nil { // the renew statements' server-side execution time (their normalised text sets expires_at from a jsonb list)
+	if stmtsErr == nil { // the renew calls' server-side execution time (the function's UPDATE included)
 		var meanMs, maxMs float64
 		if e.admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time) / nullif(sum(calls), 0), 0), coalesce(max(max_exec_time), 0)
 FROM pg_stat_statements WHERE query LIKE '%\_renew"(%'`).Scan(&res.RenewServerCalls, &meanMs, &maxMs) == nil {
