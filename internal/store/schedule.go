@@ -48,10 +48,19 @@ FROM (SELECT 1) AS one LEFT JOIN old ON true`
 const overdueSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts)
 SELECT s.key, s.next_due
-FROM "pglease_leases_schedules" AS s CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = s.key
-WHERE s.next_due + s.grace_us * interval '1 microsecond' < now.ts
-  AND (l.last_tick IS NULL OR l.last_tick < s.next_due)
+FROM "pglease_leases_schedules" AS s LEFT JOIN "pglease_leases" AS l ON l.key = s.key
+WHERE ` + OverdueCondition + `
 ORDER BY s.key`
+
+// OverdueCondition is the one definition of an overdue scheduled key, as
+// an SQL condition on the row s of <table>_schedules and the row l of the
+// lease table joined on its key (NULL columns for a key never claimed), in
+// a statement whose `now` CTE holds the server's clock (column ts, read
+// once: a scalar subquery of it is an InitPlan): its next tick came due
+// more than its grace ago and no run claimed it (the lease row has no tick
+// that late). The status page (`pglease serve`) counts overdue keys with it.
+const OverdueCondition = `s.next_due + s.grace_us * interval '1 microsecond' < (SELECT ts FROM now)
+  AND (l.last_tick IS NULL OR l.last_tick < s.next_due)`
 
 // Registered is a scheduled key as it was before RegisterSchedule.
 type Registered struct {

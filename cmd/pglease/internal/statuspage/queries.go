@@ -54,11 +54,9 @@ const filterFrag = `starts_with(l.key, $1) AND ($2::text IS NULL OR l.holder = $
 	AND ($3::text[] IS NULL OR l.state = ANY ($3::text[]))`
 
 // overdueFrag is whether the scheduled key of row s (of {S}, NULL if the
-// key is not scheduled) is overdue on the server clock: its next tick came
-// due more than its grace ago and no run claimed it (its lease row l has no
-// tick that late). It is pglease's overdueSQL condition.
-const overdueFrag = `coalesce(s.next_due + s.grace_us * interval '1 microsecond' < ` + nowRef + `
-	AND (l.last_tick IS NULL OR l.last_tick < s.next_due), false)`
+// key is not scheduled) is overdue on the server clock: pglease's own
+// condition (store.OverdueCondition), false for a key not scheduled.
+const overdueFrag = `coalesce(` + store.OverdueCondition + `, false)`
 
 // noSchedules stands for {S} on a table older than schema version 8: no
 // scheduled key.
