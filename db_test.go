@@ -31,17 +31,17 @@ func TestDrivers(t *testing.T) {
 	if err := Migrate(c, pool, WithTable(f.table)); err != nil {
 		t.Fatalf("Migrate over pgxpool: %v", err)
 	}
-	lpq, err := New(pq, WithTable(f.table), WithLeaseDuration(500*time.Millisecond))
+	lpq, err := New(pq, WithTable(f.table), WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lpq.Close()
-	lpgx, err := New(pool, WithTable(f.table), WithLeaseDuration(500*time.Millisecond))
+	lpgx, err := New(pool, WithTable(f.table), WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lpgx.Close()
-	lstd := f.replica(2, WithLeaseDuration(500*time.Millisecond))
+	lstd := f.replica(2, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	var fence int64
 	for _, l := range []*Locker{lpq, lpgx, lstd} {
 		le, err := l.Lock(c, "drv")

@@ -116,7 +116,9 @@ func TestJournalEvents(t *testing.T) {
 func TestJournalQuietPaths(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a := f.replica(2, WithLeaseDuration(300*time.Millisecond), WithHeartbeat(50*time.Millisecond))
+	// Beats of 250 ms: a 300 ms lease failed its claim on a loaded
+	// machine (the claim's reply came past the local safety deadline).
+	a := f.replica(2, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	b := f.replica(2)
 	c := ctx(t)
 	le, err := a.Lock(c, "k")
