@@ -1,6 +1,7 @@
 package pglease
 
 import (
+	"context"
 	"database/sql"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,6 +25,17 @@ import (
 //
 // pglease borrows a connection for each statement and returns it at once; it
 // never holds one between calls, so a pool of one connection is enough.
+//
+// With a pool of two connections or more, a Locker keeps one for its
+// renewer: it runs at most the pool's maximum less one claims and releases
+// at a time (Lock, Acquire's claims, Unlock); more wait for their turn,
+// bounded by their context and the local deadline, without a connection.
+// However many claims an application starts through a Locker, and however
+// slowly the server answers them, the renewer never queues for a connection
+// behind them. The maximum is read at New: (*pgxpool.Pool).Config().MaxConns,
+// or (*sql.DB).Stats().MaxOpenConnections (0, unlimited: no limit; set it
+// before New). The pool's other users — the application's own statements —
+// are not counted: they can still take every connection.
 type DB interface {
 	*sql.DB | *pgxpool.Pool
 }
@@ -44,6 +56,45 @@ func newBackend[D DB](db D) (store.Backend, error) {
 		return nil, nilDBError{"*sql.DB"}
 	}
 	return store.FromSQLDB(d), nil
+}
+
+// maxConns is db's maximum number of open connections (0: unlimited); db is
+// not nil (newBackend checked).
+func maxConns[D DB](db D) int {
+	if p, ok := any(db).(*pgxpool.Pool); ok {
+		return int(p.Config().MaxConns)
+	}
+	return any(db).(*sql.DB).Stats().MaxOpenConnections
+}
+
+// claimSlots is the semaphore of a Locker's claims and releases over a pool
+// of maxConns connections: maxConns-1 slots, so that one connection is left
+// for the renewer; nil (no limit) when the pool is unlimited or has one
+// connection (the renewer then shares it).
+func claimSlots(maxConns int) chan struct{} {
+	if maxConns < 2 {
+		return nil
+	}
+	return make(chan struct{}, maxConns-1)
+}
+
+// takeSlot waits for a claim slot (see DB); release gives it back. It fails
+// only with ctx's error, before anything was sent.
+func (l *Locker) takeSlot(ctx context.Context) (release func(), err error) {
+	if l.slots == nil {
+		return func() {}, nil
+	}
+	select {
+	case l.slots <- struct{}{}:
+		return func() { <-l.slots }, nil
+	default:
+	}
+	select {
+	case l.slots <- struct{}{}:
+		return func() { <-l.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // nilDBError is the error for a nil *sql.DB or *pgxpool.Pool. It says so
