@@ -28,7 +28,8 @@ import (
 //
 // With a pool of two connections or more, a Locker keeps one for its
 // renewer: it runs at most the pool's maximum less one claims and releases
-// at a time (Lock, Acquire's claims, Unlock); more wait for their turn,
+// at a time (Lock, Acquire's claims, Unlock, and the background undo of a
+// claim whose reply was lost); more wait for their turn,
 // bounded by their context and the local deadline, without a connection.
 // However many claims an application starts through a Locker, and however
 // slowly the server answers them, the renewer never queues for a connection
