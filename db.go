@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -33,7 +34,10 @@ import (
 // bounded by their context and the local deadline, without a connection.
 // However many claims an application starts through a Locker, and however
 // slowly the server answers them, the renewer never queues for a connection
-// behind them. The maximum is read at New: (*pgxpool.Pool).Config().MaxConns,
+// behind them. And while its renews are slow — the last one failed or took
+// more than a quarter of the heartbeat — the Locker backs its claims off to
+// one at a time, until a renew is quick again: an overloaded server gets
+// fewer of its claims and answers its renews sooner. The maximum is read at New: (*pgxpool.Pool).Config().MaxConns,
 // or (*sql.DB).Stats().MaxOpenConnections (0, unlimited: no limit; set it
 // before New). The pool's other users — the application's own statements —
 // are not counted: they can still take every connection.
@@ -79,12 +83,39 @@ func claimSlots(maxConns int) chan struct{} {
 	return make(chan struct{}, maxConns-1)
 }
 
-// takeSlot waits for a claim slot (see DB); release gives it back. It fails
-// only with ctx's error, before anything was sent.
+// takeSlot waits for a claim slot (see DB); release gives it back. While
+// the renewer finds the server slow (squeezed), claims and releases run one
+// at a time. It fails only with ctx's error, before anything was sent.
 func (l *Locker) takeSlot(ctx context.Context) (release func(), err error) {
 	if l.slots == nil {
 		return func() {}, nil
 	}
+	if l.squeezed.Load() {
+		select {
+		case l.narrow <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		free, err := l.takeWideSlot(ctx)
+		if err != nil {
+			<-l.narrow
+			return nil, err
+		}
+		return func() { free(); <-l.narrow }, nil
+	}
+	return l.takeWideSlot(ctx)
+}
+
+// squeezeAfterRenew narrows the claims to one at a time when a renew failed
+// or took more than a quarter of the heartbeat, and widens them again at
+// the first renew that did not (see DB).
+func (l *Locker) squeezeAfterRenew(took time.Duration, err error) {
+	if l.slots != nil {
+		l.squeezed.Store(err != nil || took > l.cfg.heartbeat/4)
+	}
+}
+
+func (l *Locker) takeWideSlot(ctx context.Context) (release func(), err error) {
 	select {
 	case l.slots <- struct{}{}:
 		return func() { <-l.slots }, nil
