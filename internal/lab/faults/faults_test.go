@@ -245,7 +245,7 @@ func scenarios() []scenario {
 			server: "patroni-sync", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; one replica Locks and retries, two wait in the default mode (ListenWhenWaiting: the probe must fail, they poll), one waits with WithListen(ListenNever)",
 			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
-		{name: "overload", what: fmt.Sprintf("%d leases held and renewed by %d replicas (lease %v, the default heartbeat, a third) while claims through the same Lockers drive their own PostgreSQL at 1×, 2× and 3× the knee measured first (open loop, each claim with a %v deadline), then at 1× with %d sessions holding claim-key rows locked in pg_sleep; spurious losses (holder alive, server answering a probe within the heartbeat before the loss) must be 0 but at 3×; long profile",
+		{name: "overload", what: fmt.Sprintf("%d leases held and renewed by %d replicas (lease %v, the default heartbeat, a third) while claims through the same Lockers drive their own PostgreSQL at 1×, 2× and 3× the knee measured first (closed loop: m × the knee's concurrency of claimers, each claim with a %v deadline), then at 1× with %d sessions holding claim-key rows locked in pg_sleep; spurious losses (holder alive, server answering a probe within the heartbeat before the loss) must be 0 but at 3×; long profile",
 			ovlReplicas*ovlPerReplica, ovlReplicas, ovlLease, ovlClaimWait, ovlStallers),
 			server: "own-overload", overload: true, longOnly: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
@@ -329,7 +329,7 @@ func TestFaults(t *testing.T) {
 					}
 					stepDur = d
 				}
-				o := runOverload(t, stepDur)
+				o := runOverload(t, stepDur, os.Getenv("FAULTS_OVERLOAD_OPEN") == "1")
 				rw.runs, rw.elapsed, rw.ovl = 1, o.elapsed, o
 				for _, s := range o.steps {
 					if s.spurious > 0 && !strings.HasPrefix(s.name, "3×") {

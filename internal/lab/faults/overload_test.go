@@ -72,6 +72,7 @@ type overloadResult struct {
 	loadTo   string
 	// otherLosses: losses during the setup and the ramp
 	otherLosses int
+	open        bool // open-loop steps
 }
 
 // latTracer records the duration of every renew span of the Lockers.
@@ -135,9 +136,15 @@ type ovlLoss struct {
 }
 
 // runOverload runs the overload kind once.
-func runOverload(t *testing.T, stepDur time.Duration) *overloadResult {
+//
+// Closed loop (the default): each step runs m × the knee's concurrency of
+// claimers, each claiming again as soon as its claim ended. Open loop
+// (open): claims arrive at m × the knee's rate whatever the ones in flight,
+// each bounded by its deadline only; past capacity, the goroutines waiting
+// pile up in the test process itself (with -race, its CPU starves first).
+func runOverload(t *testing.T, stepDur time.Duration, open bool) *overloadResult {
 	start := time.Now()
-	res := &overloadResult{loadFrom: loadAvg()}
+	res := &overloadResult{loadFrom: loadAvg(), open: open}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"max_connections": strconv.Itoa(ovlReplicas*ovlPool + 50)}})
@@ -429,7 +436,12 @@ func runOverload(t *testing.T, stepDur time.Duration) *overloadResult {
 		x     float64
 		stall bool
 	}{{"1×", 1, false}, {"2×", 2, false}, {"3×", 3, false}, {"1×, stalled backends", 1, true}} {
-		s := &ovlStep{name: m.name, offered: m.x * res.knee}
+		s := &ovlStep{name: m.name}
+		if open {
+			s.offered = m.x * res.knee
+		} else {
+			s.conc = int(m.x) * res.kneeConc
+		}
 		begin(s)
 		t0 := time.Now()
 		sctx, scancel := context.WithTimeout(ctx, stepDur)
@@ -439,15 +451,27 @@ func runOverload(t *testing.T, stepDur time.Duration) *overloadResult {
 			go func() { defer sw.Done(); stall(sctx) }()
 		}
 		var cw sync.WaitGroup
-		arng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 31))
-		next := time.Now()
-		for sctx.Err() == nil {
-			next = next.Add(time.Duration(arng.ExpFloat64() / s.offered * float64(time.Second)))
-			if d := time.Until(next); d > 0 {
-				time.Sleep(d)
+		if open {
+			arng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 31))
+			next := time.Now()
+			for sctx.Err() == nil {
+				next = next.Add(time.Duration(arng.ExpFloat64() / s.offered * float64(time.Second)))
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				}
+				cw.Add(1)
+				go func() { defer cw.Done(); claimOnce(s, ovlClaimWait) }()
 			}
-			cw.Add(1)
-			go func() { defer cw.Done(); claimOnce(s, ovlClaimWait) }()
+		} else {
+			for range s.conc {
+				cw.Add(1)
+				go func() {
+					defer cw.Done()
+					for sctx.Err() == nil {
+						claimOnce(s, ovlClaimWait)
+					}
+				}()
+			}
 		}
 		cw.Wait()
 		scancel()
@@ -458,8 +482,8 @@ func runOverload(t *testing.T, stepDur time.Duration) *overloadResult {
 		begin(rest)
 		end(s, t0)
 		res.steps = append(res.steps, s)
-		t.Logf("overload: step %s (%.0f claims/s offered): %.0f/s ended, errors %d, claim p99 %v, renew p99 %v max %v, renew WARN %d, min slack %v (load %s)",
-			s.name, s.offered, float64(s.claims)/s.dur.Seconds(), s.errs, pct(s.claimLat, 99), pct(s.renewLat, 99), pct(s.renewLat, 100),
+		t.Logf("overload: step %s (%.0f claims/s offered, %d claimers): %.0f/s ended, errors %d, claim p99 %v, renew p99 %v max %v, renew WARN %d, min slack %v (load %s)",
+			s.name, s.offered, s.conc, float64(s.claims)/s.dur.Seconds(), s.errs, pct(s.claimLat, 99), pct(s.renewLat, 99), pct(s.renewLat, 100),
 			s.renewFail, s.minSlack.Round(time.Millisecond), s.load)
 		time.Sleep(ovlLease)
 		lossMu.Lock()
@@ -531,11 +555,20 @@ func renderOverload(b *strings.Builder, o *overloadResult) {
 	}
 	fmt.Fprintf(b, "). Setup %v, %v in all; losses during the setup and the ramp: %d; load average %s at the start, %s at the end.\n\n",
 		o.setup.Round(time.Second), o.elapsed.Round(time.Second), o.otherLosses, o.loadFrom, o.loadTo)
-	b.WriteString("| step | offered claims/s | ended claims/s (acquired / held / errors) | claim latency p50 / p99 / max | renew latency p50 / p99 / max | renew failures (WARN) | least time left before a local deadline | losses (spurious) | load average |\n")
+	if o.open {
+		b.WriteString("Steps in open loop (FAULTS_OVERLOAD_OPEN=1): claims arrive at m × the knee's rate.\n\n")
+	} else {
+		b.WriteString("Steps in closed loop: m × the knee's concurrency of claimers, each claiming again as soon as its claim ended.\n\n")
+	}
+	b.WriteString("| step | offered claims/s (claimers) | ended claims/s (acquired / held / errors) | claim latency p50 / p99 / max | renew latency p50 / p99 / max | renew failures (WARN) | least time left before a local deadline | losses (spurious) | load average |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range o.steps {
-		fmt.Fprintf(b, "| %s, %v | %.0f | %.0f (%d / %d / %d) | %v / %v / %v | %v / %v / %v | %d | %v of %v | %d (%d) | %s |\n",
-			s.name, s.dur.Round(time.Second), s.offered, float64(s.claims)/s.dur.Seconds(), s.acquired, s.held, s.errs,
+		offered := fmt.Sprintf("— (%d)", s.conc)
+		if o.open {
+			offered = fmt.Sprintf("%.0f", s.offered)
+		}
+		fmt.Fprintf(b, "| %s, %v | %s | %.0f (%d / %d / %d) | %v / %v / %v | %v / %v / %v | %d | %v of %v | %d (%d) | %s |\n",
+			s.name, s.dur.Round(time.Second), offered, float64(s.claims)/s.dur.Seconds(), s.acquired, s.held, s.errs,
 			pct(s.claimLat, 50), pct(s.claimLat, 99), pct(s.claimLat, 100), pct(s.renewLat, 50), pct(s.renewLat, 99), pct(s.renewLat, 100),
 			s.renewFail, s.minSlack.Round(time.Millisecond), ovlLease-ovlLease/100-50*time.Millisecond, s.losses, s.spurious, s.load)
 	}
