@@ -75,9 +75,17 @@ func (l *Locker) retryInBackground(what, key string, giveUp time.Duration, fn fu
 	})
 }
 
+// withReleaseTimeout runs fn bounded by the release timeout, in a claim slot
+// (see DB): under load, claims cut short by their context leave undos
+// behind, which must not take the renewer's connection either.
 func (l *Locker) withReleaseTimeout(fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
 	defer cancel()
+	free, err := l.takeSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer free()
 	return fn(ctx)
 }
 

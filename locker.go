@@ -41,6 +41,13 @@ type Locker struct {
 	wg      sync.WaitGroup // the renewer and background clean-ups
 
 	prune pruner // the journal's retention (journal.go)
+
+	// slots bounds the claims and releases in flight so that one of the
+	// pool's connections is left for the renewer (nil: no bound; see DB).
+	slots chan struct{}
+	// narrow and squeezed: one claim at a time while renews are slow.
+	narrow   chan struct{}
+	squeezed atomic.Bool
 }
 
 // New returns a Locker over db (a *sql.DB or a *pgxpool.Pool). It validates
@@ -66,6 +73,8 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		leases: make(map[*Lease]struct{}),
 		byKey:  make(map[string]*Lease),
 		obs:    newObserver(cfg),
+		slots:  claimSlots(maxConns(db)),
+		narrow: make(chan struct{}, 1),
 	}
 	l.claimant = store.NewClaimant(l.holder, cfg.duration, cfg.failoverDelay)
 	l.prune.every, l.prune.last = pruneEvery, time.Now()

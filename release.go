@@ -57,7 +57,12 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
-	released, err := l.store.Release(ctx, l.releaseArgs(le, o))
+	var released bool
+	free, err := l.takeSlot(ctx)
+	if err == nil {
+		released, err = l.store.Release(ctx, l.releaseArgs(le, o))
+		free()
+	}
 	end(rowsErr(released, err))
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(1)

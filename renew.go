@@ -146,6 +146,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 	got, err := l.store.Renew(ctx, l.holder, l.cfg.duration, leaseRefs(batch))
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
+	l.squeezeAfterRenew(time.Since(sentAt), err)
 	if entry.SQLState(err) == "25006" { // read_only_sql_transaction
 		// A standby answered: after a failover, the old primary rejoins as
 		// one, and a pool still connected to it can never renew there.

@@ -117,6 +117,9 @@ type scenario struct {
 	// minFaults: the fault phase goes on past its end until a run has
 	// injected this many faults.
 	minFaults int
+	// overload: the kind is the overload run (overload_test.go), not
+	// replicas under faults.
+	overload bool
 }
 
 // handle is one replica, goroutine or process.

@@ -245,6 +245,9 @@ func scenarios() []scenario {
 			server: "patroni-sync", replicas: 4, keys: 2, inject: patroniFault, longOnly: true, lease: 4 * time.Second, minFaults: 3},
 		{name: "pgbouncer", what: "every replica through PgBouncer (transaction pooling), with partitions and latency spikes in front of it; one replica Locks and retries, two wait in the default mode (ListenWhenWaiting: the probe must fail, they poll), one waits with WithListen(ListenNever)",
 			server: "bouncer", proxies: true, replicas: 4, keys: 2, inject: bouncerFaults, listenNever: true},
+		{name: "overload", what: fmt.Sprintf("%d leases held and renewed by %d replicas (lease %v, the default heartbeat, a third) while claims through the same Lockers drive their own PostgreSQL at 1×, 2× and 3× the knee measured first (closed loop: m × the knee's concurrency of claimers, each claim with a %v deadline), then at 1× with %d sessions holding claim-key rows locked in pg_sleep; spurious losses (holder alive, server answering a probe within the heartbeat before the loss) must be 0 but at 3×; long profile",
+			ovlReplicas*ovlPerReplica, ovlReplicas, ovlLease, ovlClaimWait, ovlStallers),
+			server: "own-overload", overload: true, longOnly: true},
 		{name: "BROKEN-unfenced", what: "broken replicas: ignore Done, write without any fence; partitions",
 			server: "shared", proxies: true, replicas: 3, keys: 2, variant: BrokenUnfenced, inject: partition, expect: 1},
 		{name: "BROKEN-no-deadline", what: "broken replicas: no local deadline (learn of a loss only from the server); partitions",
@@ -253,6 +256,7 @@ func scenarios() []scenario {
 }
 
 type row struct {
+	ovl     *overloadResult // the overload kind
 	sc      scenario
 	runs    int
 	st      Stats
@@ -316,6 +320,24 @@ func TestFaults(t *testing.T) {
 		rw := &row{sc: sc}
 		rows = append(rows, rw)
 		t.Run(sc.name, func(t *testing.T) {
+			if sc.overload {
+				stepDur := time.Minute
+				if v := os.Getenv("FAULTS_OVERLOAD_STEP"); v != "" {
+					d, err := time.ParseDuration(v)
+					if err != nil {
+						t.Fatalf("FAULTS_OVERLOAD_STEP: %v", err)
+					}
+					stepDur = d
+				}
+				o := runOverload(t, stepDur, os.Getenv("FAULTS_OVERLOAD_OPEN") == "1")
+				rw.runs, rw.elapsed, rw.ovl = 1, o.elapsed, o
+				for _, s := range o.steps {
+					if s.spurious > 0 && !strings.HasPrefix(s.name, "3×") {
+						t.Errorf("overload step %s: %d spurious losses (of %d): %v", s.name, s.spurious, s.losses, s.lossDetail)
+					}
+				}
+				return
+			}
 			var ownC *pgcluster.Cluster
 			var bAddr string
 			var pat *patEnv
@@ -467,6 +489,9 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelayS
 	fmt.Fprintf(&b, "| fault | runs | faults | grants (to waiters) | handoffs | after a loss | losses signalled | renew failures (other WARN; listener WARN) | writes accepted | writes rejected | slowest re-acquire | Done late, in a stuck Unlock | failovers: lost grants / lost writes / overlaps / keys delayed (claims refused) | ticks run (catch-ups; repeated by an async failover) | violations (by invariant 1–%d) |\n", len(Stats{}.ViolationsByInvariant)-1)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
+		if r.sc.overload {
+			continue // its own section
+		}
 		v := r.st.ViolationsByInvariant
 		viol := "0"
 		if r.st.Total() > 0 {
@@ -489,6 +514,11 @@ func renderReport(prof profile, rows []*row, elapsed time.Duration, delay DelayS
 			r.st.TickGrants, r.st.CatchUps, r.st.AsyncTickRepeats, viol)
 	}
 	writeFailoverTimes(&b, rows)
+	for _, r := range rows {
+		if r.ovl != nil {
+			renderOverload(&b, r.ovl)
+		}
+	}
 	b.WriteString("\nFaults:\n\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "- **%s**: %s\n", r.sc.name, r.sc.what)
