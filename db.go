@@ -49,7 +49,7 @@ type DB interface {
 var errNoRows = store.ErrNoRows
 
 // maxConns is db's maximum number of open connections (0: unlimited); db is
-// not nil (newBackend checked).
+// not nil (entry.Backend checked it).
 func maxConns[D DB](db D) int {
 	if p, ok := any(db).(*pgxpool.Pool); ok {
 		return int(p.Config().MaxConns)
