@@ -773,8 +773,10 @@ func TestLossErrorCarriesTraceIDs(t *testing.T) {
 	}
 	// Found by a beat.
 	logs1 := &logs{}
+	// Beats of 250 ms: with 50 ms, renews that timed out one after the
+	// other on a loaded machine lost the lease at its deadline instead.
 	a := f.replica(2, WithTracerProvider(tp), WithLogger(slog.New(logs1)),
-		WithLeaseDuration(time.Second), WithHeartbeat(50*time.Millisecond))
+		WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	le, err := a.Lock(c, "renew")
 	if err != nil {
 		t.Fatal(err)
