@@ -113,14 +113,3 @@ func (l *Locker) takeWideSlot(ctx context.Context) (release func(), err error) {
 		return nil, ctx.Err()
 	}
 }
-
-// nilDBError is the error for a nil *sql.DB or *pgxpool.Pool. It says so
-// rather than calling the database an option, and is ErrInvalidOption for
-// errors.Is: bad input, nothing was done.
-type nilDBError struct{ typ string }
-
-func (e nilDBError) Error() string {
-	return "pglease: nil database (a nil " + e.typ + "): give an open *sql.DB or *pgxpool.Pool"
-}
-
-func (e nilDBError) Is(target error) bool { return target == ErrInvalidOption }

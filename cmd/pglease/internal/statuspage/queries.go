@@ -30,14 +30,13 @@ import (
 
 // The state of a row and its time left come from {V}, which reads the
 // server's clock once per statement. What else a statement compares with
-// the clock (a scheduled key's due tick) reads it once more, in its `now`
-// CTE, as nowRef: a scalar subquery that PostgreSQL evaluates once per
-// statement (an InitPlan), where a join with `now` would cost a
-// nested-loop step per row. The view pays that step (it joins its clock
-// reading, so that a row's state and time left agree): measured on
-// 100,000 rows, the summary's count by state took about 31 ms from the
-// view against 25 ms from the table with nowRef.
-const nowRef = `(SELECT ts FROM now)`
+// the clock (a scheduled key's due tick: store.OverdueCondition) reads it
+// once more, from the statement's `now` CTE, as a scalar subquery that
+// PostgreSQL evaluates once per statement (an InitPlan), where a join with
+// `now` would cost a nested-loop step per row. The view pays that step (it
+// joins its clock reading, so that a row's state and time left agree):
+// measured on 100,000 rows, the summary's count by state took about 31 ms
+// from the view against 25 ms from the table with the scalar subquery.
 
 // naturalFrag is the natural order of keys, in three index-friendly parts:
 // the key without its trailing digits (bytewise), the number of trailing
