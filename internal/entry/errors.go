@@ -3,6 +3,8 @@ package entry
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // The sentinels both packages wrap; pglease documents and exports them
@@ -18,10 +20,4 @@ var (
 func NilOption() error { return fmt.Errorf("%w: nil Option", ErrInvalidOption) }
 
 // SQLState extracts the SQLSTATE from pgx and lib/pq errors alike.
-func SQLState(err error) string {
-	var s interface{ SQLState() string }
-	if errors.As(err, &s) {
-		return s.SQLState()
-	}
-	return ""
-}
+func SQLState(err error) string { return store.SQLState(err) }

@@ -123,9 +123,16 @@ func quoteElem(b []byte, s string) []byte {
 
 // isUndefinedFunction reports whether err is the server's undefined_function
 // (SQLSTATE 42883), from either driver.
-func isUndefinedFunction(err error) bool {
+func isUndefinedFunction(err error) bool { return SQLState(err) == "42883" }
+
+// SQLState extracts the SQLSTATE from pgx and lib/pq errors alike ("" for
+// an error the server did not send).
+func SQLState(err error) string {
 	var s interface{ SQLState() string }
-	return errors.As(err, &s) && s.SQLState() == "42883"
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	return ""
 }
 
 // TimelineBase reads the fence base of the server's current timeline: a
