@@ -95,6 +95,16 @@ func (l *Locker) renewRetryDelay(failures int, left time.Duration) time.Duration
 	return d/2 + rand.N(d/2+1)
 }
 
+// renewTimeout bounds one renew, left being the time until the earliest
+// local deadline of its leases: half of that, and at least one beat. A
+// renew that a loaded server answers late but within the lease still
+// saves it (cut off at one beat, every try of a renew slower than a beat
+// would fail, and each cut-off breaks its connection); one that hangs (a
+// dead connection) leaves time for a try on another connection.
+func (l *Locker) renewTimeout(left time.Duration) time.Duration {
+	return max(l.cfg.heartbeat, left/2)
+}
+
 func earliestDeadline(batch []*Lease) time.Time {
 	var first time.Time
 	for i, le := range batch {
@@ -137,9 +147,8 @@ func leaseRefs(leases []*Lease) []store.LeaseRef {
 // is lost for the reason given. It reports whether the statement ran; a
 // failure is logged (WARN) if warn is set.
 func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
-	// A renew must not outlast its beat (a hung connection would delay the
-	// next one); Close cancels it too.
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.heartbeat)
+	// Close cancels a renew; so does its timeout (renewTimeout).
+	ctx, cancel := context.WithTimeout(l.ctx, l.renewTimeout(time.Until(earliestDeadline(batch))))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()

@@ -779,3 +779,44 @@ func renewedFor(t *testing.T, le *Lease, d time.Duration) {
 		t.Fatalf("the lease was lost instead of renewed: %v", err)
 	}
 }
+
+// A renew that the server answers later than a beat, but well within the
+// lease, still saves it: it is not cut off at the beat (every try of a
+// renew slower than a beat would fail, and the lease would be lost with
+// the server up). Another session keeps the lease's row locked and lets a
+// renew through only once it has waited a beat and a half on the server.
+func TestRenewSlowerThanABeatSavesTheLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, 250 * time.Millisecond
+	l := f.replica(3, WithLeaseDuration(lease), WithHeartbeat(beat))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockRow := func() *sql.Tx {
+		tx, err := f.admin.BeginTx(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	slowRenew := fmt.Sprintf(`now() - query_start > interval '%d ms' AND query LIKE '%%_renew%%'`, (3*beat/2).Milliseconds())
+	for round := 0; round < 3; round++ {
+		tx := lockRow()
+		before := le.ExpiresAt()
+		waitFor(t, 2*lease, func() bool { return countWaiters(t, f, slowRenew) > 0 || le.Err() != nil })
+		_ = tx.Rollback()
+		waitFor(t, 2*lease, func() bool { return le.ExpiresAt().After(before) || le.Err() != nil })
+		if err := le.Err(); err != nil {
+			t.Fatalf("round %d: a renew slower than a beat did not save the lease: %v", round, err)
+		}
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
