@@ -54,8 +54,7 @@ func TestDrivers(t *testing.T) {
 		fence = le.Fence()
 		// Let it renew a few times through this driver.
 		for i := 0; i < 3; i++ {
-			before := le.ExpiresAt()
-			waitFor(t, 5*time.Second, func() bool { return le.ExpiresAt().After(before) })
+			waitRenewed(t, le)
 		}
 		for _, o := range []*Locker{lpq, lpgx, lstd} {
 			if o != l {

@@ -198,8 +198,7 @@ func TestTakeoverWaitsForFencedTransaction(t *testing.T) {
 	}
 	// The holder's renewer is not blocked by its own fenced transaction.
 	for i := 0; i < 3; i++ {
-		before := la.ExpiresAt()
-		waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+		waitRenewed(t, la)
 	}
 	if la.Err() != nil {
 		t.Fatal(la.Err())

@@ -281,6 +281,17 @@ func noBackendWaits(t *testing.T, f *fixture) bool {
 	return n == 0
 }
 
+// waitRenewed waits for le's next successful renew, failing the test with
+// the loss if the lease ends first (or after a generous bound).
+func waitRenewed(t *testing.T, le *Lease) {
+	t.Helper()
+	before := le.ExpiresAt()
+	waitFor(t, 30*time.Second, func() bool { return le.ExpiresAt().After(before) || le.Err() != nil })
+	if err := le.Err(); err != nil {
+		t.Fatalf("lost before a renew: %v", err)
+	}
+}
+
 // waitFor polls cond until it holds, failing after a generous bound.
 func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 	t.Helper()

@@ -228,15 +228,14 @@ func TestStuckUnlockStillSignalsAtTheDeadline(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dbA := pgleasetest.DB(t, 1)
-	a := f.locker(dbA, WithLeaseDuration(time.Second), WithHeartbeat(100*time.Millisecond))
+	a := f.locker(dbA, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond))
 	b := f.replica(2, WithLeaseDuration(time.Second))
 	c := ctx(t)
 	la, err := a.Lock(c, "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := la.ExpiresAt()
-	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+	waitRenewed(t, la)
 	conn, err := dbA.Conn(c) // the pool's only connection: renew and release now wait
 	if err != nil {
 		t.Fatal(err)

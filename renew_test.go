@@ -220,9 +220,11 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 	defer proxy.Close()
 	dbA := proxy.DB(t, 2)
 	logs := &logs{}
-	const dur = 800 * time.Millisecond
-	// A margin that a late timer on a loaded machine cannot eat up.
-	a := f.locker(dbA, WithLeaseDuration(dur), WithHeartbeat(100*time.Millisecond), WithSafetyMargin(200*time.Millisecond),
+	// A lease that renews through a loaded machine's proxy (a beat of 250
+	// ms: at 100 ms with a 800 ms lease, a machine under load lost it
+	// before its first renew), and a margin that a late timer cannot eat up.
+	const dur = 3 * time.Second
+	a := f.locker(dbA, WithLeaseDuration(dur), WithHeartbeat(250*time.Millisecond), WithSafetyMargin(500*time.Millisecond),
 		WithLogger(slogLogger(logs)))
 	b := f.replica(2, WithLeaseDuration(dur))
 	c := ctx(t)
@@ -231,8 +233,7 @@ func TestLocalDeadlineBeatsTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A renews through the proxy for a while...
-	before := la.ExpiresAt()
-	waitFor(t, 10*time.Second, func() bool { return la.ExpiresAt().After(before) })
+	waitRenewed(t, la)
 	// ...then the network between A and the database goes dark.
 	proxy.Stall()
 
@@ -548,8 +549,7 @@ func TestFailedRenewIsRetriedBeforeTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A renew succeeds: the next beat is a whole beat away.
-	before := le.ExpiresAt()
-	waitFor(t, 20*time.Second, func() bool { return le.ExpiresAt().After(before) })
+	waitRenewed(t, le)
 	proxy.Cut()
 	deadline := le.Deadline()
 	_, start := renews.since(0)
