@@ -1,7 +1,9 @@
 package pglease
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -119,11 +121,15 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 			// left — no connection could be had or made — needs no undo.
 			l.undoClaim(key, token)
 		}
-		if parent.Err() == nil && ctx.Err() != nil {
+		if !ended(parent) && ended(ctx) {
 			return nil, res, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
 				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)
 		}
-		return nil, res, l.table.WrapDB(fmt.Sprintf("lock %q", key), err)
+		err = l.table.WrapDB(fmt.Sprintf("lock %q", key), err)
+		if ended(parent) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w (%w)", err, cmp.Or(parent.Err(), context.DeadlineExceeded))
+		}
+		return nil, res, err
 	case res.Outcome != store.Acquired:
 		if res.Outcome == store.FailoverDelay {
 			l.delayMet(key, &res)
@@ -152,4 +158,16 @@ func (l *Locker) isClosed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.closed
+}
+
+// ended reports whether ctx has ended or its deadline has passed. Just
+// after a deadline, a dial cut off by it fails with os.ErrDeadlineExceeded
+// ("i/o timeout", not context.DeadlineExceeded) and may return before
+// ctx's own timer has set its Err: the error must still say the deadline.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }

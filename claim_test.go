@@ -636,3 +636,34 @@ func TestClaimThatNeverLeftIsNotUndone(t *testing.T) {
 		})
 	}
 }
+
+// deadlineOnly is a context whose deadline has passed but whose Err is
+// still nil: the state a claim can see on a loaded machine when its dial,
+// cut off at the deadline ("i/o timeout", os.ErrDeadlineExceeded), returns
+// before the context's own timer has fired.
+type deadlineOnly struct{ context.Context }
+
+func (deadlineOnly) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A claim's context counts as ended once its deadline has passed, whether
+// or not its timer has fired: the claim's error then says
+// context.DeadlineExceeded (TestStressReplicas took a claim whose dial was
+// cut off at the local deadline for an unexpected error).
+func TestEndedAtTheDeadlineBeforeTheTimer(t *testing.T) {
+	t.Parallel()
+	if !ended(deadlineOnly{context.Background()}) {
+		t.Fatal("a context past its deadline, timer not fired: not ended")
+	}
+	if ended(context.Background()) {
+		t.Fatal("a context without deadline: ended")
+	}
+	c, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	if ended(c) {
+		t.Fatal("a context an hour before its deadline: ended")
+	}
+	cancel()
+	if !ended(c) {
+		t.Fatal("a cancelled context: not ended")
+	}
+}

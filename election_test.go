@@ -13,7 +13,9 @@ func TestCampaignElectsOneLeaderAndHandsOver(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
-	opts := []Option{WithLeaseDuration(time.Second), WithHeartbeat(50 * time.Millisecond)}
+	// 3 s: the leader must keep its lease through the checks on a loaded
+	// machine (at 1 s, renews slowed by load lost it before its Unlock).
+	opts := []Option{WithLeaseDuration(3 * time.Second), WithHeartbeat(250 * time.Millisecond)}
 	lockers := []*Locker{f.replica(2, opts...), f.replica(2, opts...), f.replica(2, opts...)}
 	type win struct {
 		i  int

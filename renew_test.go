@@ -805,7 +805,7 @@ func TestRenewSlowerThanABeatSavesTheLease(t *testing.T) {
 		}
 		return tx
 	}
-	slowRenew := fmt.Sprintf(`now() - query_start > interval '%d ms' AND query LIKE '%%_renew%%'`, (3*beat/2).Milliseconds())
+	slowRenew := fmt.Sprintf(`now() - query_start > interval '%d ms' AND query LIKE '%%_renew%%'`, (3 * beat / 2).Milliseconds())
 	for round := 0; round < 3; round++ {
 		tx := lockRow()
 		before := le.ExpiresAt()
