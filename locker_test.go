@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -266,5 +267,56 @@ func TestStressReplicas(t *testing.T) {
 	}
 	if total < keys {
 		t.Fatalf("only %d grants: the test exercised nothing", total)
+	}
+}
+
+// slowLossLog holds the first "lease lost" record for a while, as a slow
+// log sink would, after saying that it has it.
+type slowLossLog struct {
+	logs
+	once    sync.Once
+	holding chan struct{}
+}
+
+func (h *slowLossLog) Handle(c context.Context, r slog.Record) error {
+	if r.Message == "pglease: lease lost" {
+		h.once.Do(func() {
+			close(h.holding)
+			time.Sleep(300 * time.Millisecond)
+		})
+	}
+	return h.logs.Handle(c, r)
+}
+
+// A Locker that claims a key again while its renewer is still ending the
+// evicted lease (logging its loss) hands out the new lease only once the
+// old one's Done is closed: two leases of one key are never open at once
+// in a Locker.
+func TestReclaimWaitsForTheEvictedLeaseToEnd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := &slowLossLog{holding: make(chan struct{})}
+	l := f.replica(2, WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond), WithLogger(slog.New(h)),
+		WithListen(ListenNever))
+	c := ctx(t)
+	old, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	<-h.holding // a renew found the lease gone and is logging its loss
+	live, err := l.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-old.Done():
+	default:
+		t.Fatal("the evicted lease is still open after the Locker claimed the key again")
+	}
+	if err := live.Unlock(c); err != nil {
+		t.Fatal(err)
 	}
 }

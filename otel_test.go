@@ -641,7 +641,7 @@ func TestRenewWarnCarriesTraceIDs(t *testing.T) {
 	defer proxy.Close()
 	logs := &logs{}
 	a := f.locker(proxy.DB(t, 2), WithTracerProvider(tp), WithLogger(slog.New(logs)),
-		WithLeaseDuration(800*time.Millisecond), WithHeartbeat(100*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
+		WithLeaseDuration(3*time.Second), WithHeartbeat(250*time.Millisecond), WithReleaseTimeout(200*time.Millisecond))
 	le, err := a.Lock(ctx(t), "job")
 	if err != nil {
 		t.Fatal(err)

@@ -195,7 +195,9 @@ func TestLockAndUnlockAreBoundedWhenTheNetworkHangs(t *testing.T) {
 	}
 	defer proxy.Close()
 	db := proxy.DB(t, 2)
-	l := f.locker(db, WithLeaseDuration(500*time.Millisecond), WithReleaseTimeout(300*time.Millisecond))
+	// 2 s: the first Lock, before the stall, must get its reply within the
+	// local deadline on a loaded machine (at 500 ms it did not).
+	l := f.locker(db, WithLeaseDuration(2*time.Second), WithReleaseTimeout(300*time.Millisecond))
 	le, err := l.Lock(context.Background(), "held")
 	if err != nil {
 		t.Fatal(err)
