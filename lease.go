@@ -183,8 +183,16 @@ func (le *Lease) deadlinePassed() {
 // cause report it, an ERROR is logged. A lease being unlocked is left to
 // Unlock, which learns the outcome from its own statement. ctx is the
 // context of the statement that found the loss (its span's ids are logged).
+// It returns once Done is closed, also when another goroutine (a renew that
+// found the lease gone, its deadline) is ending it and has not closed Done
+// yet (it logs first): a Locker that claims the key again hands out the new
+// lease only after the old one's Done.
 func (le *Lease) lose(ctx context.Context, reason string, why lossReason) {
-	le.finishLost(ctx, stateHeld, reason, why)
+	if le.finishLost(ctx, stateHeld, reason, why) == nil {
+		if st, _ := le.snapshotState(); st == stateLost {
+			<-le.Done()
+		}
+	}
 }
 
 func (le *Lease) finishLost(ctx context.Context, from leaseState, reason string, why lossReason) *LeaseLostError {

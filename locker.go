@@ -126,12 +126,6 @@ func (l *Locker) add(le *Lease) bool {
 	}
 	if old != nil && old.fence < le.fence {
 		old.lose(context.Background(), fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
-		if st, _ := old.snapshotState(); st == stateLost {
-			// Another goroutine (a renew that found it gone) may be ending
-			// it: its Done closes right after the loss is logged. The new
-			// lease is handed out only once the old one's Done is closed.
-			<-old.Done()
-		}
 	}
 	return true
 }
