@@ -33,7 +33,8 @@ type shapeResult struct {
 	R, J, Leases, Held                          int
 	Via                                         string // "direct" or "PgBouncer (N server connections)"
 	ClaimTook, Window                           time.Duration
-	ServerCPU, BouncerCPU, ClientCPU            float64
+	ServerCPU, BouncerCPU, ClientCPU            float64 // ServerCPU: the benchmark's own sessions left out
+	ServerRoles                                 map[string]float64
 	PerKind                                     map[string]float64
 	RenewP50, RenewP99, RenewMax                time.Duration
 	ClientConns, ServerConns, Lost              int64
@@ -76,6 +77,7 @@ type capacityReport struct {
 	Shapes               []shapeResult
 	Sched                *schedResult
 	Sat                  []satStep
+	Floor                *floorResult // the last shape's renew floor (through PgBouncer only)
 	Peers                []peerShape
 	PeersWhy, BouncerVer string
 	Lease, Beat, SatStep time.Duration // SatStep: duration of each saturation step
@@ -129,6 +131,7 @@ type sample struct {
 	at                          time.Time
 	server, bouncer, c, machine float64
 	ctr                         benchenv.Counters
+	roles                       map[string]float64 // the server's CPU by process role
 }
 
 func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
@@ -137,7 +140,13 @@ func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
 	}
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	s := sample{at: time.Now(), server: e.cpu.Seconds(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU()}
+	roles := e.cpu.ByRole(e.adminPIDs...)
+	s := sample{at: time.Now(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU(), roles: roles}
+	for r, secs := range roles {
+		if r != benchenv.BenchSessions { // the admin pool: counters, pg_stat_activity samples
+			s.server += secs
+		}
+	}
 	if b != nil {
 		s.bouncer = benchenv.ProcCPU(b.PID())
 	}
@@ -150,8 +159,12 @@ func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
 // seconds between them and the counters' change.
 func (s sample) rate(end sample) (r sample, secs float64, d benchenv.Counters) {
 	secs = end.at.Sub(s.at).Seconds()
-	return sample{end.at, (end.server - s.server) / secs, (end.bouncer - s.bouncer) / secs, (end.c - s.c) / secs, (end.machine - s.machine) / secs, benchenv.Counters{}},
-		secs, end.ctr.Sub(s.ctr)
+	r = sample{at: end.at, server: (end.server - s.server) / secs, bouncer: (end.bouncer - s.bouncer) / secs, c: (end.c - s.c) / secs,
+		machine: (end.machine - s.machine) / secs, roles: map[string]float64{}}
+	for role, v := range end.roles {
+		r.roles[role] = (v - s.roles[role]) / secs
+	}
+	return r, secs, end.ctr.Sub(s.ctr)
 }
 
 // capacity runs the whole Capacity section: each fleet shape in steady
@@ -164,6 +177,9 @@ func (e *env) capacity() (out *capacityReport, err error) {
 		err = pglease.Migrate(e.ctx, e.admin)
 	}
 	if err != nil {
+		return nil, err
+	}
+	if e.adminPIDs, err = e.poolPIDs(); err != nil {
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond)
@@ -206,6 +222,14 @@ func (e *env) capacity() (out *capacityReport, err error) {
 			return nil, err
 		}
 	}
+	if n := len(shapes); n > 0 && bouncer != nil && shapes[n-1][0]*capPool > capDirect {
+		last := shapes[n-1]
+		fl, err := e.renewFloor(bouncer, last[0], last[1])
+		if err != nil {
+			return nil, fmt.Errorf("renew floor: %w", err)
+		}
+		out.Floor = &fl
+	}
 	if steps := ints(e.c.satSteps); len(steps) > 0 {
 		if out.Sat, err = e.saturation(steps); err != nil {
 			return nil, fmt.Errorf("saturation: %w", err)
@@ -215,6 +239,21 @@ func (e *env) capacity() (out *capacityReport, err error) {
 		out.Peers, out.PeersWhy = e.peerFleets(shapes[len(shapes)-1])
 	}
 	return out, nil
+}
+
+// poolPIDs opens every connection of the admin pool at once and returns
+// their backends' pids.
+func (e *env) poolPIDs() ([]int, error) {
+	var pids []int
+	for range e.admin.Config().MaxConns {
+		c, err := e.admin.Acquire(e.ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Release()
+		pids = append(pids, int(c.Conn().PgConn().PID()))
+	}
+	return pids, nil
 }
 
 func (e *env) measureShape(b *benchenv.Bouncer, f *fleet, prefix string, r, j int) (shapeResult, error) {
@@ -257,7 +296,7 @@ FROM pg_stat_statements WHERE query LIKE '%\_renew"(%'`).Scan(&res.RenewServerCa
 	st := benchenv.Kinds(f.tr.Take())
 	p, secs, d := s0.rate(s1)
 	res.Window = s1.at.Sub(s0.at)
-	res.ServerCPU, res.BouncerCPU, res.ClientCPU = p.server, p.bouncer, p.c
+	res.ServerCPU, res.BouncerCPU, res.ClientCPU, res.ServerRoles = p.server, p.bouncer, p.c, p.roles
 	res.XidsPerSec, res.WALPerSec, res.FsyncPerSec = float64(d.NextXid)/secs, float64(d.WALLSN)/secs, float64(d.WALSync)/secs
 	if d.WALSync > 0 {
 		res.FsyncMs = d.WALSyncMs / float64(d.WALSync)
@@ -272,7 +311,7 @@ FROM pg_stat_statements WHERE query LIKE '%\_renew"(%'`).Scan(&res.RenewServerCa
 		res.Held += r.NumHeld()
 	}
 	res.Lost = f.logs.Errs.Load() - lost0 + int64(max(0, res.Leases-res.Held)) // counted even if nothing was logged
-	logf("capacity: %d leases: server %.1f%% of a core, renew p99 %v, lost %d", res.Leases, res.ServerCPU*100, res.RenewP99, res.Lost)
+	logf("capacity: %d leases: server %.1f%% of a core (%v), renew p99 %v, lost %d", res.Leases, res.ServerCPU*100, p.roles, res.RenewP99, res.Lost)
 	return res, nil
 }
 

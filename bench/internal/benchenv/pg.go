@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -136,6 +137,50 @@ func (s *ServerCPU) Seconds() float64 {
 		}
 	}
 	return total
+}
+
+// BenchSessions is the role ByRole gives a benchmark's own sessions.
+const BenchSessions = "benchmark sessions"
+
+// ByRole is the server's CPU time so far, in seconds, by the role of each
+// process (the title PostgreSQL gives it: "client backend", "walwriter",
+// "autovacuum worker", …); "exited" is what the postmaster reaped from
+// children that have exited (short-lived autovacuum workers, above all).
+// A client backend whose pid is in mine (a benchmark's own sessions) counts
+// as BenchSessions. The roles sum to Seconds.
+func (s *ServerCPU) ByRole(mine ...int) map[string]float64 {
+	out := map[string]float64{}
+	if s == nil {
+		return out
+	}
+	_, own, children, _ := procStat(strconv.Itoa(s.pid))
+	out["postmaster"], out["exited"] = float64(own)/100, float64(children)/100
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		ppid, own, _, ok := procStat(e.Name())
+		if !ok || ppid != s.pid {
+			continue
+		}
+		out[role(e.Name(), mine)] += float64(own) / 100
+	}
+	return out
+}
+
+// role is a server process's role, from its title ("postgres: walwriter ",
+// "postgres: user db 127.0.0.1(5432) idle").
+func role(pid string, mine []int) string {
+	b, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+	title := strings.TrimSpace(strings.TrimPrefix(strings.TrimRight(string(b), "\x00"), "postgres: "))
+	for _, r := range []string{"autovacuum launcher", "autovacuum worker", "walwriter", "checkpointer",
+		"background writer", "logical replication launcher", "stats collector", "archiver", "walsender", "walreceiver"} {
+		if strings.HasPrefix(title, r) {
+			return r
+		}
+	}
+	if n, err := strconv.Atoi(pid); err == nil && slices.Contains(mine, n) {
+		return BenchSessions
+	}
+	return "client backend"
 }
 
 // MachineCPU is the CPU time all cores have spent busy so far, in seconds
