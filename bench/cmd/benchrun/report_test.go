@@ -71,7 +71,9 @@ func TestReportRenders(t *testing.T) {
 		"This run was not quiet", "| skip path: part |", "| Lock+Unlock: part |", "## Lock operations, side by side", "## Handoff", "## Capacity", "### Saturation", "## Machine")
 	last := &r.Capacity.Shapes[len(r.Capacity.Shapes)-1]
 	last.R, last.J = 1000, 100
-	if md := render(t, r, fmt.Sprintf("| 100,000 leases held by 1,000 replicas, default beat, journal on: < 10 %% of one server core (renewals only: they write no journal row) | %.1f %% of one core", last.ServerCPU*100)); strings.Contains(md, "which this run did not include") {
+	r.Capacity.Floor = &floorResult{R: 1000, J: 100, Statements: 2000, ServerCPU: last.ServerCPU * 2, Window: 40 * time.Second}
+	if md := render(t, r, fmt.Sprintf("| 100,000 leases held by 1,000 replicas through PgBouncer, default beat, journal on: ≤ 5 %% of one server core (issue 29; renewals only: they write no journal row) | %.1f %% of one core", last.ServerCPU*100),
+		fmt.Sprintf("the renew floor below: %.1f %%", last.ServerCPU*200), "### The renew floor", "pglease's renewals cost 0.50× the floor"); strings.Contains(md, "which this run did not include") {
 		t.Errorf("report says the fleet target's shape did not run")
 	}
 	r.Handoff, r.Capacity = nil, nil
