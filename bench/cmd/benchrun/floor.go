@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
 
@@ -28,18 +29,17 @@ type floorResult struct {
 const floorSQL = `UPDATE bench_renew_floor AS l SET expires_at = clock_timestamp() + interval '1 minute'
 FROM unnest($1::text[]) AS k(key) WHERE l.key = k.key RETURNING l.key`
 
-// renewFloor runs the floor of the fleet shape r×j through b: a table of
-// the lease table's columns and fillfactor, r×j rows in random order, r
+// renewFloor runs the floor of the fleet shape r×j through b: a copy of
+// the lease table (columns, indexes, fillfactor), r×j rows in random order, r
 // pools of capPool connections, each updating its j rows once per beat
 // (the first at a random point of the first beat); one beat of warm-up,
 // then the window.
 func (e *env) renewFloor(b *benchenv.Bouncer, r, j int) (res floorResult, err error) {
 	res.R, res.J = r, j
 	if err = e.exec(`DROP TABLE IF EXISTS bench_renew_floor`,
-		`CREATE TABLE bench_renew_floor (key text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL, fence bigint NOT NULL,
-acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL, released_at timestamptz, hold_until timestamptz,
-last_tick timestamptz) WITH (fillfactor = 50)`,
-		fmt.Sprintf(`INSERT INTO bench_renew_floor SELECT format('floor-%%s-%%s', n %% %[1]d, n / %[1]d), format('replica-%%s', n %% %[1]d),
+		`CREATE TABLE bench_renew_floor (LIKE `+pglease.DefaultTable+` INCLUDING ALL)`,
+		`ALTER TABLE bench_renew_floor SET (fillfactor = 50)`, // LIKE copies no storage parameter: the lease table's (schema.txt)
+		fmt.Sprintf(`INSERT INTO bench_renew_floor (key, holder, token, fence, acquired_at, expires_at) SELECT format('floor-%%s-%%s', n %% %[1]d, n / %[1]d), format('replica-%%s', n %% %[1]d),
 n, 1, now(), now() + interval '1 minute' FROM generate_series(0, %[2]d) AS n ORDER BY random()`, r, r*j-1),
 		`VACUUM ANALYZE bench_renew_floor`); err != nil {
 		return res, err
@@ -107,7 +107,7 @@ n, 1, now(), now() + interval '1 minute' FROM generate_series(0, %[2]d) AS n ORD
 	win := slices.Clone(lat[n0:])
 	mu.Unlock()
 	res.Window, res.Statements = s1.at.Sub(s0.at), len(win)
-	res.ServerCPU, res.BouncerCPU, res.Roles = p.server, p.bouncer, p.roles
+	res.ServerCPU, res.BouncerCPU = p.server, p.bouncer
 	slices.Sort(win)
 	res.P50, res.P99 = benchenv.Pct(win, 50), benchenv.Pct(win, 99)
 	logf("capacity: renew floor %d×%d: server %.1f%% of a core, p99 %v", r, j, res.ServerCPU*100, res.P99)

@@ -123,18 +123,12 @@ func ProcCPU(pid int) float64 {
 	return float64(own+children) / 100 // USER_HZ
 }
 
-// Seconds is the server's CPU time so far, in seconds (10 ms resolution).
-// A nil ServerCPU reads 0.
-func (s *ServerCPU) Seconds() float64 {
-	if s == nil {
-		return 0
-	}
-	total := ProcCPU(s.pid)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if ppid, own, _, ok := procStat(e.Name()); ok && ppid == s.pid {
-			total += float64(own) / 100 // backends do not fork: no grandchildren
-		}
+// Seconds is the server's CPU time so far, in seconds (10 ms resolution):
+// the postmaster's, its children's and what it reaped from exited ones. A
+// nil ServerCPU reads 0.
+func (s *ServerCPU) Seconds() (total float64) {
+	for _, secs := range s.ByRole() {
+		total += secs
 	}
 	return total
 }
@@ -147,7 +141,7 @@ const BenchSessions = "benchmark sessions"
 // "autovacuum worker", …); "exited" is what the postmaster reaped from
 // children that have exited (short-lived autovacuum workers, above all).
 // A client backend whose pid is in mine (a benchmark's own sessions) counts
-// as BenchSessions. The roles sum to Seconds.
+// as BenchSessions. Backends do not fork: there are no grandchildren.
 func (s *ServerCPU) ByRole(mine ...int) map[string]float64 {
 	out := map[string]float64{}
 	if s == nil {
