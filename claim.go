@@ -100,19 +100,19 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	parent := ctx
 	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
 	defer cancel()
-	free, err := l.takeSlot(ctx)
-	if err != nil {
-		// Nothing was sent: the claims in flight held every connection but
-		// the renewer's until ctx or the local deadline ended.
-		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: waiting for a connection (this Locker's claims in flight "+
-			"leave one of the pool's connections to its renewer): %w", key, err)
-	}
 	ctx, end := l.obs.span(ctx, "claim", key)
-	res, err := l.store.Claim(ctx, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
+	res, sent, err := l.sendClaim(ctx, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
 		Tick: lc.tick, HasTick: lc.hasTick, NextTick: lc.nextTick, CatchUp: lc.catchUp})
-	free()
 	end(err)
 	switch {
+	case errors.Is(err, ErrClosed) && !sent:
+		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: %w", key, err)
+	case err != nil && !sent:
+		// Nothing was sent: the claims in flight held every connection but
+		// the renewer's until ctx or the local deadline ended, or the
+		// Locker closed.
+		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: waiting for a connection (this Locker's claims in flight "+
+			"leave one of the pool's connections to its renewer): %w", key, err)
 	case err != nil:
 		if entry.SQLState(err) == "" && !store.NeverSent(err) {
 			// No server verdict (context ended, connection lost) for a claim

@@ -32,6 +32,10 @@ import (
 // at a time (Lock, Acquire's claims, Unlock, and the background undo of a
 // claim whose reply was lost); more wait for their turn,
 // bounded by their context and the local deadline, without a connection.
+// The claims waiting go together: when a turn comes, every claim then
+// waiting is sent in one statement, so a replica whose scheduler fires many
+// jobs at one instant sends a few claims, not one per job. A claim that
+// finds a turn free goes alone at once.
 // However many claims an application starts through a Locker, and however
 // slowly the server answers them, the renewer never queues for a connection
 // behind them. And while its renews are slow — the last one failed or took
@@ -97,6 +101,33 @@ func (l *Locker) takeSlot(ctx context.Context) (release func(), err error) {
 func (l *Locker) squeezeAfterRenew(took time.Duration, err error) {
 	if l.slots != nil {
 		l.squeezed.Store(err != nil || took > l.cfg.heartbeat/4)
+	}
+}
+
+// trySlot takes a claim slot if one is free now, as takeSlot would.
+func (l *Locker) trySlot() (release func(), ok bool) {
+	if l.slots == nil {
+		return func() {}, true
+	}
+	if l.squeezed.Load() {
+		select {
+		case l.narrow <- struct{}{}:
+		default:
+			return nil, false
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return func() { <-l.slots; <-l.narrow }, true
+		default:
+			<-l.narrow
+			return nil, false
+		}
+	}
+	select {
+	case l.slots <- struct{}{}:
+		return func() { <-l.slots }, true
+	default:
+		return nil, false
 	}
 }
 

@@ -48,6 +48,8 @@ type Locker struct {
 	// narrow and squeezed: one claim at a time while renews are slow.
 	narrow   chan struct{}
 	squeezed atomic.Bool
+	// queue holds the claims waiting for a slot, to be sent together.
+	queue claimQueue
 }
 
 // New returns a Locker over db (a *sql.DB or a *pgxpool.Pool). It validates

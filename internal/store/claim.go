@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -27,6 +29,22 @@ import (
 const (
 	claimSQL          = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, false, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
 	claimJournaledSQL = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, true, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
+)
+
+// claimManySQL and claimManyJournaledSQL run several claims of one holder
+// in one statement: the claim function once per key, in the order given,
+// in one transaction (one commit, durable if any claim wrote). A claim sees
+// the claims before it in the statement: of two claims of one key, the
+// second finds it held by the first. Each row carries its claim's position
+// (1-based); a busy claim has no row, as in claimSQL.
+//
+//	$1 keys, $2 claim tokens, $3 ticks (NULL: none), $4 next ticks due
+//	(NULL: not scheduled), $5 catch-up flags (array literals, cast by the
+//	statement), $6 holder, $7 lease duration in microseconds, $8 failover
+//	delay in microseconds
+const (
+	claimManySQL          = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, false, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
+	claimManyJournaledSQL = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, true, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
 )
 
 // ClaimOutcome is what a claim did.
@@ -109,6 +127,55 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	if errors.Is(err, ErrNoRows) {
 		return ClaimResult{Outcome: Busy}, nil
 	}
+	return c.result(), err
+}
+
+// result is the ClaimResult of c's reply.
+func (c *claimCall) result() ClaimResult {
 	return ClaimResult{Outcome: ClaimOutcome(c.outcome), Fence: c.fence, ExpiresAt: c.expiresAt, Holder: c.holder,
-		LastTick: c.lastTick, FreeIn: time.Duration(c.freeInUS) * time.Microsecond, Journaled: c.journaled}, err
+		LastTick: c.lastTick, FreeIn: time.Duration(c.freeInUS) * time.Microsecond, Journaled: c.journaled}
+}
+
+// ClaimMany runs the claims of one Claimant in one statement and returns
+// their results in the same order (Busy for a claim that met a concurrent
+// one in flight). It costs the server one statement, one transaction and
+// at most one durable commit, whatever the number of claims: what a
+// Locker's queued claims share (see the package documentation). An error
+// is every claim's: with a server verdict, none of them took effect;
+// without one, any of them may have.
+func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) ([]ClaimResult, error) {
+	args := []any{
+		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return quoteElem(b, a.Key) }),
+		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return strconv.AppendInt(b, a.Token, 10) }),
+		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return appendTime(b, a.Tick, a.HasTick) }),
+		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return appendTime(b, a.NextTick, !a.NextTick.IsZero()) }),
+		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return strconv.AppendBool(b, a.CatchUp) }),
+		c.holder, c.leaseUS, c.delayUS,
+	}
+	out := make([]ClaimResult, len(claims))
+	for i := range out {
+		out[i].Outcome = Busy
+	}
+	err := s.DB.Query(ctx, s.sql.ClaimMany, args, func(scan func(...any) error) error {
+		c := &claimCall{}
+		var i int64
+		if err := scan(&i, &c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled); err != nil {
+			return err
+		}
+		if i < 1 || int(i) > len(out) {
+			return fmt.Errorf("pglease: claim of several keys: row for claim %d of %d", i, len(out))
+		}
+		out[i-1] = c.result()
+		return nil
+	})
+	return out, err
+}
+
+// appendTime appends t as an array element, exact to the microsecond (the
+// server's precision), or NULL if !ok.
+func appendTime(b []byte, t time.Time, ok bool) []byte {
+	if !ok {
+		return append(b, "NULL"...)
+	}
+	return t.UTC().AppendFormat(append(b, '"'), "2006-01-02 15:04:05.999999-07\"")
 }

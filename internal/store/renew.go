@@ -93,9 +93,9 @@ func (s *Store) renew(ctx context.Context, sql string, args []any) (map[string]R
 	return got, err
 }
 
-// arrayOf writes one field of each lease as a PostgreSQL array literal
+// arrayOf writes one field of each element as a PostgreSQL array literal
 // ({a,b,…}): text that every driver passes as it is, cast by the statement.
-func arrayOf(leases []LeaseRef, elem func([]byte, LeaseRef) []byte) string {
+func arrayOf[T any](leases []T, elem func([]byte, T) []byte) string {
 	b := make([]byte, 0, 2+len(leases)*24)
 	b = append(b, '{')
 	for i, l := range leases {

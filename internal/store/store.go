@@ -28,14 +28,14 @@ func (s *Store) SQL() *Statements { return s.sql }
 
 // Statements are the SQL texts bound to one table.
 type Statements struct {
-	Claim, AbandonLock, Abandon, Renew, RenewInline, TimelineBase    string
-	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout     string
-	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe     string
-	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows string
-	RegisterSchedule, Overdue, AuditScan, JournalKeysRows            string
-	JournalLastRuns                                                  string
-	VersionTable, CurrentVersion, RecordVersion, TimelineCreated     string
-	TableExists, MigrateLock, Drop                                   string
+	Claim, ClaimMany, AbandonLock, Abandon, Renew, RenewInline, TimelineBase string
+	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout             string
+	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe             string
+	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows         string
+	RegisterSchedule, Overdue, AuditScan, JournalKeysRows                    string
+	JournalLastRuns                                                          string
+	VersionTable, CurrentVersion, RecordVersion, TimelineCreated             string
+	TableExists, MigrateLock, Drop                                           string
 }
 
 // bind binds every statement for the table named by n, the writing ones
@@ -49,6 +49,7 @@ func bind(n Names, journal bool) *Statements {
 	}
 	return &Statements{
 		Claim:            pick(claimJournaledSQL, claimSQL),
+		ClaimMany:        pick(claimManyJournaledSQL, claimManySQL),
 		AbandonLock:      n.Bind(abandonLockSQL),
 		Abandon:          pick(abandonJournaledSQL, abandonSQL),
 		Renew:            n.Bind(renewSQL),

@@ -1,0 +1,270 @@
+package pglease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/pgleasetest"
+)
+
+// claimStatements counts a Locker's claim statements: single claims and
+// claims of several keys, with the number of keys in each.
+type claimStatements struct {
+	backend
+	one, many string
+	mu        sync.Mutex
+	singles   int
+	batches   []int
+}
+
+func countClaims(l *Locker) *claimStatements {
+	c := &claimStatements{backend: l.store.DB, one: l.store.SQL().Claim, many: l.store.SQL().ClaimMany}
+	l.store.DB = c
+	return c
+}
+
+func (c *claimStatements) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	if q == c.one {
+		c.mu.Lock()
+		c.singles++
+		c.mu.Unlock()
+	}
+	return c.backend.QueryRow(ctx, q, args, dest...)
+}
+
+func (c *claimStatements) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	if q == c.many {
+		c.mu.Lock()
+		c.batches = append(c.batches, strings.Count(args[1].(string), ",")+1)
+		c.mu.Unlock()
+	}
+	return c.backend.Query(ctx, q, args, each)
+}
+
+func (c *claimStatements) counts() (singles int, batches []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.singles, append([]int(nil), c.batches...)
+}
+
+// waitQueued waits until n claims wait in l's claim queue.
+func waitQueued(t *testing.T, l *Locker, n int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, func() bool {
+		l.queue.mu.Lock()
+		defer l.queue.mu.Unlock()
+		return len(l.queue.waiting) == n
+	})
+}
+
+// TestQueuedClaimsGoInOneStatement: with its only claim slot taken, a
+// Locker's concurrent claims queue; when the slot frees they reach the
+// server in one statement, and each gets the answer it would have got
+// alone: free keys (one with a tick, one whose name needs quoting in an
+// array) acquired and journaled, a key held by
+// another Locker skipped with its holder, a tick already run refused,
+// and of two claims of one key, one acquired and the other skipped with
+// this Locker as the holder. Both pool types.
+func TestQueuedClaimsGoInOneStatement(t *testing.T) {
+	for _, kind := range []string{"sql.DB", "pgxpool"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var l *Locker
+			if kind == "pgxpool" {
+				var err error
+				if l, err = New(pgleasetest.Pool(t, 2), WithTable(f.table)); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = l.Close() })
+			} else {
+				l = f.locker(pgleasetest.DB(t, 2))
+			}
+			other := f.replica(2)
+			c := ctx(t)
+			tick := time.Date(2026, 12, 5, 0, 0, 0, 123456000, time.UTC)
+			held, err := other.Lock(c, "held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran, err := other.Lock(c, "ran", Tick(tick))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ran.Unlock(c); err != nil {
+				t.Fatal(err)
+			}
+
+			count := countClaims(l)
+			free, err := l.takeSlot(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type claim struct {
+				key  string
+				opts []LockOption
+			}
+			weird := `we"ird\,{key} NULL`
+			claims := []claim{{"free", nil}, {weird, nil}, {"tick", []LockOption{Tick(tick)}},
+				{"held", nil}, {"ran", []LockOption{Tick(tick)}}, {"dup", nil}, {"dup", nil}}
+			type result struct {
+				le  *Lease
+				err error
+			}
+			results := make([]result, len(claims))
+			var wg sync.WaitGroup
+			for i, cl := range claims {
+				wg.Go(func() {
+					le, err := l.Lock(c, cl.key, cl.opts...)
+					results[i] = result{le, err}
+				})
+			}
+			waitQueued(t, l, len(claims))
+			free()
+			wg.Wait()
+
+			if singles, batches := count.counts(); singles != 0 || len(batches) != 1 || batches[0] != len(claims) {
+				t.Fatalf("claim statements: %d single, batches of %v; want one batch of %d", singles, batches, len(claims))
+			}
+			acquired := func(i int) {
+				t.Helper()
+				r := results[i]
+				if r.err != nil {
+					t.Fatalf("Lock(%q): %v", claims[i].key, r.err)
+				}
+				if got, ok := f.row(claims[i].key); !ok || got.Fence != r.le.Fence() || got.Holder != l.Holder() || !got.Live {
+					t.Errorf("%q: row %+v (found %v), want held by %s under fence %d", claims[i].key, got, ok, l.Holder(), r.le.Fence())
+				}
+			}
+			acquired(0)
+			acquired(1)
+			acquired(2)
+			var lastTick time.Time
+			if err := f.admin.QueryRowContext(c, `SELECT last_tick FROM "`+f.table+`" WHERE key = 'tick'`).Scan(&lastTick); err != nil || !lastTick.Equal(tick) {
+				t.Errorf("tick's last tick: %v (%v), want %v", lastTick, err, tick)
+			}
+			var locked *AlreadyLockedError
+			if err := results[3].err; !errors.As(err, &locked) || locked.Holder != other.Holder() || locked.Fence != held.Fence() {
+				t.Errorf("Lock(held): %v, want held by %s under fence %d", err, other.Holder(), held.Fence())
+			}
+			var already *AlreadyRunError
+			if err := results[4].err; !errors.As(err, &already) || !already.LastTick.Equal(tick) {
+				t.Errorf("Lock(ran, Tick): %v, want ErrAlreadyRun for %v", err, tick)
+			}
+			won, lost := results[5], results[6]
+			if won.err != nil {
+				won, lost = lost, won
+			}
+			if won.err != nil || !errors.As(lost.err, &locked) || locked.Holder != l.Holder() || locked.Fence != won.le.Fence() {
+				t.Errorf("two claims of dup: %v and %v, want one lease and one skip naming it", won.err, lost.err)
+			}
+			var granted int
+			if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM "`+f.table+`_journal" WHERE event = 'granted' AND holder = $1`, l.Holder()).Scan(&granted); err != nil || granted != 4 {
+				t.Errorf("granted journal rows of the batch: %d (%v), want 4", granted, err)
+			}
+			for _, r := range results {
+				if r.le != nil {
+					if err := r.le.Unlock(c); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			if err := held.Unlock(c); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// TestQueuedClaimLeaves: a queued claim whose context ends leaves the
+// queue unsent (the error says it waited for a connection; nothing reached
+// the server), and one still queued when the Locker closes returns
+// ErrClosed; Close does not wait for the slot.
+func TestQueuedClaimLeaves(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2)
+	count := countClaims(l)
+	c := ctx(t)
+	free, err := l.takeSlot(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer free()
+
+	cc, cancel := context.WithCancel(c)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(cc, "job")
+		done <- err
+	}()
+	waitQueued(t, l, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "waiting for a connection") {
+		t.Errorf("Lock cancelled in the queue: %v, want context.Canceled while waiting for a connection", err)
+	}
+	waitQueued(t, l, 0)
+
+	go func() {
+		_, err := l.Lock(c, "job")
+		done <- err
+	}()
+	waitQueued(t, l, 1)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Errorf("Lock queued at Close: %v, want ErrClosed", err)
+	}
+	if singles, batches := count.counts(); singles != 0 || len(batches) != 0 {
+		t.Errorf("claim statements sent: %d single, batches %v; want none", singles, batches)
+	}
+	if _, ok := f.row("job"); ok {
+		t.Error("a claim that never left the queue wrote the key's row")
+	}
+}
+
+// TestClaimManyOnHeldKeysWritesNothing: the statement of several claims
+// that all find their keys held assigns no transaction id, as a single
+// claim on a held key does.
+func TestClaimManyOnHeldKeysWritesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	holder := f.replica(2)
+	c := ctx(t)
+	var args []store.ClaimArgs
+	k := f.replica(2)
+	for _, key := range []string{"a", "b", "c"} {
+		le, err := holder.Lock(c, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer le.Unlock(c)
+		args = append(args, store.ClaimArgs{Key: key, Token: 1, Tick: time.Now(), HasTick: true})
+	}
+	tx, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	k.store.DB = store.FromSQLTx(tx)
+	res, err := k.store.ClaimMany(c, k.claimant, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Outcome != store.Held || r.Holder != holder.Holder() {
+			t.Errorf("claim %d: %+v, want held by %s", i, r, holder.Holder())
+		}
+	}
+	var xid sql.NullInt64
+	if err := tx.QueryRowContext(c, `SELECT txid_current_if_assigned()`).Scan(&xid); err != nil || xid.Valid {
+		t.Errorf("transaction id assigned by claims of held keys: %v (%v), want none", xid, err)
+	}
+}
