@@ -35,7 +35,8 @@ import (
 // The claims waiting go together: when a turn comes, every claim then
 // waiting is sent in one statement, so a replica whose scheduler fires many
 // jobs at one instant sends a few claims, not one per job. A claim that
-// finds a turn free goes alone at once.
+// finds a turn free goes alone at once. (Over a pool without a maximum,
+// claims never wait, so they never go together.)
 // However many claims an application starts through a Locker, and however
 // slowly the server answers them, the renewer never queues for a connection
 // behind them. And while its renews are slow — the last one failed or took

@@ -57,6 +57,7 @@ type schedResult struct {
 	R, J, Ticks                                 int
 	Every                                       time.Duration
 	Calls, Skips, Wins, Ran, Errs, Xids, Renews int64
+	ClaimStmts                                  int64 // claim statements sent: queued claims share one
 	ServerCPU, BaseCPU                          float64
 	BurstP50, BurstMax, SkipP50, SkipP99        time.Duration
 }
@@ -342,10 +343,11 @@ WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend
 	return out
 }
 
-// scheduled fires, at each tick, every job from every replica of f: Lock
-// with Tick(the tick's time); the winner holds it 100 ms and Unlocks, the
-// others skip (held, or already run for this tick). baseCPU is the held
-// fleet's server CPU (cores) in steady state.
+// scheduled fires, at each tick, every job from every replica of f, each
+// job in a goroutine of its own: Lock with Tick(the tick's time); the
+// winner holds it 100 ms and Unlocks, the others skip (held, or already
+// run for this tick). baseCPU is the held fleet's server CPU (cores) in
+// steady state.
 func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 	ctx, ticks := e.ctx, e.c.schedTicks
 	logf("capacity: scheduled fleet: %d replicas fire %d jobs every %v, %d ticks", len(f.replicas), schedJobs, schedEvery, ticks)
@@ -364,31 +366,38 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 		tick := time.Now().Truncate(time.Millisecond)
 		cpu0 := e.cpu.Seconds()
 		_ = parallel(len(f.replicas), len(f.replicas), func(i int) error {
+			// A scheduler runs each job in a goroutine of its own, as the
+			// adapters' schedulers do: a replica's claims of one tick are
+			// concurrent.
+			var jobs sync.WaitGroup
 			for k := range schedJobs {
-				t1 := time.Now()
-				le, err := f.replicas[i].Lock(ctx, fmt.Sprintf("sched-job-%02d", k), pglease.Tick(tick))
-				d := time.Since(t1)
-				calls.Add(1)
-				switch {
-				case err == nil:
-					wins.Add(1)
-					unlocks.Go(func() {
-						time.Sleep(100 * time.Millisecond)
-						_ = le.Unlock(ctx)
-					})
-					continue
-				case errors.Is(err, pglease.ErrAlreadyLocked):
-					skips.Add(1)
-				case errors.Is(err, pglease.ErrAlreadyRun):
-					ran.Add(1)
-				default:
-					errs.Add(1)
-					continue
-				}
-				mu.Lock()
-				skipDurs = append(skipDurs, int64(d))
-				mu.Unlock()
+				jobs.Go(func() {
+					t1 := time.Now()
+					le, err := f.replicas[i].Lock(ctx, fmt.Sprintf("sched-job-%02d", k), pglease.Tick(tick))
+					d := time.Since(t1)
+					calls.Add(1)
+					switch {
+					case err == nil:
+						wins.Add(1)
+						unlocks.Go(func() {
+							time.Sleep(100 * time.Millisecond)
+							_ = le.Unlock(ctx)
+						})
+						return
+					case errors.Is(err, pglease.ErrAlreadyLocked):
+						skips.Add(1)
+					case errors.Is(err, pglease.ErrAlreadyRun):
+						ran.Add(1)
+					default:
+						errs.Add(1)
+						return
+					}
+					mu.Lock()
+					skipDurs = append(skipDurs, int64(d))
+					mu.Unlock()
+				})
 			}
+			jobs.Wait()
 			return nil
 		})
 		b := time.Since(tick)
@@ -406,7 +415,8 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 	}
 	res.Calls, res.Skips, res.Wins, res.Ran, res.Errs = calls.Load(), skips.Load(), wins.Load(), ran.Load(), errs.Load()
 	// The held fleet renews meanwhile: one xid per renew statement.
-	res.Renews = benchenv.Kinds(f.tr.Take()).N[benchenv.KindRenew]
+	kinds := benchenv.Kinds(f.tr.Take())
+	res.Renews, res.ClaimStmts = kinds.N[benchenv.KindRenew], kinds.N[benchenv.KindClaim]
 	res.Xids, res.BaseCPU = c1.Sub(c0).NextXid, baseCPU*burstSecs
 	slices.Sort(skipDurs)
 	slices.Sort(bursts)
