@@ -25,9 +25,12 @@ import (
 // Every call is a new claim, in one statement: of two calls on the same key,
 // from one Locker or two, one wins. ctx bounds the claim only. Lock takes
 // at most the local deadline (lease duration minus safety margin), then
-// fails with context.DeadlineExceeded; a claim whose reply is lost is
-// undone in the background (see the package documentation, "Racing claims,
-// lost replies").
+// fails with context.DeadlineExceeded. If ctx ends while the server runs
+// the claim, Lock returns at once and the claim is finished without it, on
+// its connection, for at most the release timeout more: a key it takes is
+// released at once. A claim whose reply is lost is undone in the
+// background (see the package documentation, "Racing claims, lost
+// replies").
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	lc, err := l.prepareClaim(ctx, key, opts)
 	if err != nil {
@@ -97,11 +100,11 @@ func claimErr(r store.ClaimResult, key string, lc lockConfig) error {
 func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, store.ClaimResult, error) {
 	token := rand.Int64()
 	sentAt := time.Now()
-	parent := ctx
-	ctx, cancel := context.WithDeadline(ctx, sentAt.Add(l.cfg.duration-l.cfg.margin))
+	parent, deadline := ctx, sentAt.Add(l.cfg.duration-l.cfg.margin)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	res, sent, err := l.sendClaim(ctx, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
+	res, sent, err := l.sendClaim(ctx, deadline, parent.Done() != nil, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
 		Tick: lc.tick, HasTick: lc.hasTick, NextTick: lc.nextTick, CatchUp: lc.catchUp})
 	end(err)
 	switch {
@@ -114,13 +117,9 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: waiting for a connection (this Locker's claims in flight "+
 			"leave one of the pool's connections to its renewer): %w", key, err)
 	case err != nil:
-		if entry.SQLState(err) == "" && !store.NeverSent(err) {
-			// No server verdict (context ended, connection lost) for a claim
-			// that may have been sent: it may commit after the reply was
-			// lost. Undo it once its outcome is known. A claim that never
-			// left — no connection could be had or made — needs no undo.
-			l.undoClaim(key, token)
-		}
+		// A claim the server may have run without a verdict reaching us
+		// (ctx ended while it ran, connection lost) is undone by its sender
+		// once its outcome is known.
 		if !ended(parent) && ended(ctx) {
 			return nil, res, fmt.Errorf("pglease: lock %q: no reply within the local safety deadline (%v): the server is slow or unreachable, "+
 				"or the previous holder has a fenced transaction open: %w", key, l.cfg.duration-l.cfg.margin, context.DeadlineExceeded)

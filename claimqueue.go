@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -23,25 +24,42 @@ import (
 // server — for a fenced transaction on the key it takes over — holds the
 // others' replies back with it, as it held their turn before. An error is
 // every claim's.
+//
+// A claim whose caller stops waiting (its context ends) while the server
+// runs it is finished, not cut off: cutting a statement off costs its
+// connection (the driver closes it, and the pool dials another), while the
+// server goes on running the statement anyway. The statement keeps its
+// connection and claim slot until the server answers, for at most the
+// release timeout after the last of its callers left (and never past the
+// local deadline, nor past Close); then its outcome is known, and a key it
+// took for a caller that left is released at once. Under overload, claims
+// given up by their callers thus cost the server what they would have cost
+// anyway, and no connection churn on top.
 
-// queuedClaim is a claim waiting in the queue.
+// Claim states: a claim's caller and its sender race to settle it.
+const (
+	claimPending  int32 = iota
+	claimAnswered       // the sender gave the caller its result
+	claimLeft           // the caller stopped waiting first
+)
+
+// queuedClaim is one claim on its way to the server.
 type queuedClaim struct {
-	ctx  context.Context
-	args store.ClaimArgs
-	res  store.ClaimResult
-	err  error
-	sent bool          // it was sent (else err says why not)
-	done chan struct{} // closed once res, err and sent are set
-}
-
-func (c *queuedClaim) finish(res store.ClaimResult, err error) {
-	c.res, c.err, c.sent = res, err, true
-	close(c.done)
+	ctx      context.Context // the caller's wait, bounded by the local deadline
+	deadline time.Time       // the local deadline: the statement's bound
+	mayLeave bool            // the caller's context can end before the deadline
+	args     store.ClaimArgs
+	res      store.ClaimResult
+	err      error
+	sent     bool          // it was sent (else err says why not)
+	state    atomic.Int32  // claimPending, claimAnswered or claimLeft
+	done     chan struct{} // closed once res, err and sent are set
 }
 
 // unsent tells c it will not be sent, for err.
 func (c *queuedClaim) unsent(err error) {
 	c.err = err
+	c.state.CompareAndSwap(claimPending, claimAnswered)
 	close(c.done)
 }
 
@@ -53,20 +71,22 @@ type claimQueue struct {
 }
 
 // sendClaim runs one claim: at once if a claim slot is free, else in the
-// next statement of the queue. sent is false if the claim never reached
-// the server (its context ended while it waited, or the Locker closed).
-func (l *Locker) sendClaim(ctx context.Context, a store.ClaimArgs) (res store.ClaimResult, sent bool, err error) {
+// next statement of the queue. ctx is the caller's, bounded by deadline,
+// the claim's local deadline; mayLeave says whether it can end before
+// that deadline. sent is false if the claim never reached the
+// server (its context ended while it waited, or the Locker closed). A
+// claim the server may have run without a verdict reaching its caller is
+// undone by its sender.
+func (l *Locker) sendClaim(ctx context.Context, deadline time.Time, mayLeave bool, a store.ClaimArgs) (res store.ClaimResult, sent bool, err error) {
+	c := &queuedClaim{ctx: ctx, deadline: deadline, mayLeave: mayLeave, args: a, done: make(chan struct{})}
 	q := &l.queue
 	q.mu.Lock()
 	if !q.sender {
 		if free, ok := l.trySlot(); ok {
 			q.mu.Unlock()
-			defer free()
-			res, err = l.store.Claim(ctx, a)
-			return res, true, err
+			return l.sendAlone(c, free)
 		}
 	}
-	c := &queuedClaim{ctx: ctx, args: a, done: make(chan struct{})}
 	q.waiting = append(q.waiting, c)
 	start := !q.sender
 	q.sender = true
@@ -74,16 +94,44 @@ func (l *Locker) sendClaim(ctx context.Context, a store.ClaimArgs) (res store.Cl
 	if start && !l.spawn(l.sendQueued) {
 		l.failQueued(ErrClosed)
 	}
+	return l.await(c)
+}
+
+// sendAlone sends c in the claim slot that free gives back. A caller that
+// can stop waiting before the local deadline waits for a goroutine that
+// sends it; one that cannot sends it itself.
+func (l *Locker) sendAlone(c *queuedClaim, free func()) (store.ClaimResult, bool, error) {
+	if !c.mayLeave {
+		res, err := l.store.Claim(c.ctx, c.args)
+		free()
+		c.res, c.err, c.sent = res, err, true
+		l.settle(c)
+		return res, true, err
+	}
+	if !l.spawn(func() { l.sendBatch([]*queuedClaim{c}, free) }) {
+		free()
+		return store.ClaimResult{}, false, ErrClosed
+	}
+	return l.await(c)
+}
+
+// await waits for c's result, or until its caller's context ends: then c
+// is taken out of the queue if it is still there (not sent), or left to
+// its sender.
+func (l *Locker) await(c *queuedClaim) (store.ClaimResult, bool, error) {
 	select {
 	case <-c.done:
-		return c.res, c.sent, c.err
-	case <-ctx.Done():
-		if q.remove(c) {
-			return store.ClaimResult{}, false, ctx.Err()
+	case <-c.ctx.Done():
+		if l.queue.remove(c) {
+			return store.ClaimResult{}, false, c.ctx.Err()
 		}
-		// Taken for a statement: it may commit; the caller undoes it.
-		return store.ClaimResult{}, true, ctx.Err()
+		if c.state.CompareAndSwap(claimPending, claimLeft) {
+			// Sent or about to be: its sender settles it.
+			return store.ClaimResult{}, true, c.ctx.Err()
+		}
+		<-c.done
 	}
+	return c.res, c.sent, c.err
 }
 
 // sendQueued sends the waiting claims, one statement per claim slot it
@@ -100,59 +148,85 @@ func (l *Locker) sendQueued() {
 			free()
 			return
 		}
-		l.sendBatch(batch)
-		free()
+		l.sendBatch(batch, free)
 	}
 }
 
-// sendBatch sends batch in one statement and gives each claim its result.
-func (l *Locker) sendBatch(batch []*queuedClaim) {
+// sendBatch sends batch in one statement, gives its claim slot back with
+// free, and settles each claim.
+func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
+	ctx, cancel := l.claimContext(batch)
 	if len(batch) == 1 {
 		c := batch[0]
-		res, err := l.store.Claim(c.ctx, c.args)
-		c.finish(res, err)
-		return
+		c.res, c.err = l.store.Claim(ctx, c.args)
+		c.sent = true
+	} else {
+		args := make([]store.ClaimArgs, len(batch))
+		for i, c := range batch {
+			args[i] = c.args
+		}
+		res, err := l.store.ClaimMany(ctx, l.claimant, args)
+		for i, c := range batch {
+			c.res, c.err, c.sent = res[i], err, true
+		}
 	}
-	ctx, cancel := batchContext(l.ctx, batch)
-	defer cancel()
-	args := make([]store.ClaimArgs, len(batch))
-	for i, c := range batch {
-		args[i] = c.args
-	}
-	res, err := l.store.ClaimMany(ctx, l.claimant, args)
-	for i, c := range batch {
-		c.finish(res[i], err)
+	cancel()
+	free()
+	for _, c := range batch {
+		l.settle(c)
 	}
 }
 
-// batchContext is the context of a statement of the claims of batch: it
-// ends at the earliest of their deadlines (each claim's local deadline or
-// earlier), when every one of their contexts has ended, or when parent
-// (the Locker's) ends.
-func batchContext(parent context.Context, batch []*queuedClaim) (context.Context, context.CancelFunc) {
-	var first time.Time
-	for _, c := range batch {
-		if dl, ok := c.ctx.Deadline(); ok && (first.IsZero() || dl.Before(first)) {
-			first = dl
+// settle hands a sent claim's result to its caller, or, if the caller left,
+// releases the key the claim took for it; either way it undoes a claim the
+// server may have run without giving a verdict. Its claim slot must be
+// free: an undo needs one.
+func (l *Locker) settle(c *queuedClaim) {
+	undo := c.err != nil && entry.SQLState(c.err) == "" && !store.NeverSent(c.err)
+	if !c.state.CompareAndSwap(claimPending, claimAnswered) && c.err == nil && c.res.Outcome == store.Acquired {
+		l.obs.journaled(c.res.Journaled)
+		undo = true
+	}
+	close(c.done)
+	if undo {
+		l.undoClaim(c.args.Key, c.args.Token)
+	}
+}
+
+// claimContext is the context of the statement that sends batch. It keeps
+// the values (the span) of a claim sent alone, and ends at the earliest of
+// the claims' local deadlines, when the Locker closes, or a release
+// timeout after the last of their callers stopped waiting.
+func (l *Locker) claimContext(batch []*queuedClaim) (context.Context, context.CancelFunc) {
+	first := batch[0].deadline
+	for _, c := range batch[1:] {
+		if c.deadline.Before(first) {
+			first = c.deadline
 		}
 	}
-	ctx, cancel := context.WithCancel(parent)
-	if !first.IsZero() {
-		ctx, cancel = context.WithDeadline(parent, first)
+	base := context.Background()
+	if len(batch) == 1 {
+		base = context.WithoutCancel(batch[0].ctx)
 	}
+	ctx, cancel := context.WithDeadline(base, first)
+	stops := make([]func() bool, 0, len(batch)+1)
+	stops = append(stops, context.AfterFunc(l.ctx, cancel))
 	var left atomic.Int64
+	var grace atomic.Pointer[time.Timer]
 	left.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
-	for i, c := range batch {
-		stops[i] = context.AfterFunc(c.ctx, func() {
+	for _, c := range batch {
+		stops = append(stops, context.AfterFunc(c.ctx, func() {
 			if left.Add(-1) == 0 {
-				cancel()
+				grace.Store(time.AfterFunc(l.cfg.releaseTimeout, cancel))
 			}
-		})
+		}))
 	}
 	return ctx, func() {
 		for _, stop := range stops {
 			stop()
+		}
+		if t := grace.Load(); t != nil {
+			t.Stop()
 		}
 		cancel()
 	}

@@ -268,3 +268,115 @@ func TestClaimManyOnHeldKeysWritesNothing(t *testing.T) {
 		t.Errorf("transaction id assigned by claims of held keys: %v (%v), want none", xid, err)
 	}
 }
+
+// heldBehindFencedTx makes a claim of key wait in the server: a holds key
+// with a fenced transaction open, and its lease has expired, so the next
+// claim takes the key over and waits for that transaction. It returns the
+// transaction: ending it lets the claim go on.
+func heldBehindFencedTx(t *testing.T, f *fixture, key string) *sql.Tx {
+	t.Helper()
+	c := ctx(t)
+	dbA := pgleasetest.DB(t, 3)
+	a := f.locker(dbA, WithLeaseDuration(time.Minute))
+	la, err := a.Lock(c, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := dbA.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	if err := la.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	f.expire(key)
+	return tx
+}
+
+// A claim whose caller stops waiting while the server runs it is finished
+// on its connection, not cut off (which would cost the connection, while
+// the server runs the statement anyway), and the key it then takes is
+// released at once, journaled abandoned.
+func TestClaimLeftInFlightIsFinished(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	tx := heldBehindFencedTx(t, f, "job")
+	pool := pgleasetest.Pool(t, 2)
+	b, err := New(pool, WithTable(f.table), WithLeaseDuration(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	short, cancel := context.WithCancel(c)
+	lockErr := make(chan error, 1)
+	go func() { _, err := b.Lock(short, "job"); lockErr <- err }()
+	waitForLockWaiter(t, f.admin, f.table)
+	dialled := pool.Stat().NewConnsCount()
+	cancel()
+	if err := <-lockErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock whose context ended in flight: %v, want context.Canceled", err)
+	}
+	if err := tx.Commit(); err != nil { // the claim goes on and takes the key
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		r, _ := f.row("job")
+		return r.Holder == b.Holder() && r.Released
+	})
+	js := f.journal("job")
+	if last := js[len(js)-1]; last.Event != "abandoned" || last.Holder != b.Holder() {
+		t.Fatalf("journal after the claim left by its caller: %v, want it to end with B's abandoned row", js)
+	}
+	if n := pool.Stat().NewConnsCount(); n != dialled {
+		t.Fatalf("the pool dialled %d connections after the claim was left (it had %d): the claim's connection was closed", n-dialled, dialled)
+	}
+}
+
+// A claim left by its caller keeps its claim slot for at most the release
+// timeout: then it is cut off (and undone once its outcome is known), and
+// the Locker's other claims get the slot.
+func TestClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	tx := heldBehindFencedTx(t, f, "job")
+	b := f.replica(2, WithLeaseDuration(time.Minute), WithReleaseTimeout(300*time.Millisecond)) // one claim slot
+	short, cancel := context.WithCancel(c)
+	lockErr := make(chan error, 1)
+	go func() { _, err := b.Lock(short, "job"); lockErr <- err }()
+	waitForLockWaiter(t, f.admin, f.table)
+	cancel()
+	if err := <-lockErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock whose context ended in flight: %v, want context.Canceled", err)
+	}
+	other, cancelOther := context.WithTimeout(c, 20*time.Second) // far below the claim's local deadline
+	defer cancelOther()
+	le, err := b.Lock(other, "other")
+	if err != nil {
+		t.Fatalf("Lock of another key while the left claim waits in the server: %v", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The claim's backend goes on (it never learnt its client was gone):
+	// wait until it has finished, then for the undo.
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity
+			WHERE state = 'active' AND query LIKE '%' || $1 || '_claim"(%' AND pid <> pg_backend_pid()`, f.table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if err := b.Close(); err != nil { // waits for the undo
+		t.Fatal(err)
+	}
+	if r, ok := f.row("job"); ok && r.Live && r.Holder == b.Holder() {
+		t.Fatalf("ghost lease left by the claim cut off: %+v", r)
+	}
+}
