@@ -55,6 +55,7 @@ type ovlStep struct {
 	renewLat   []time.Duration
 	renewFail  int64 // renew WARN lines
 	minSlack   time.Duration
+	dialled    int64 // connections the replicas' pools opened during the step
 	losses     int
 	spurious   int
 	lossDetail []string
@@ -328,6 +329,14 @@ func runOverload(t *testing.T, stepDur time.Duration, open bool) *overloadResult
 		}
 	}()
 
+	// dials counts the connections the replicas' pools have opened: a
+	// statement cut off in flight costs its connection.
+	dials := func() (n int64) {
+		for _, r := range reps {
+			n += r.pool.Stat().NewConnsCount()
+		}
+		return n
+	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 30))
 	var rngMu sync.Mutex
 	pick := func() (*replica, string) {
@@ -443,7 +452,7 @@ func runOverload(t *testing.T, stepDur time.Duration, open bool) *overloadResult
 			s.conc = int(m.x) * res.kneeConc
 		}
 		begin(s)
-		t0 := time.Now()
+		t0, dials0 := time.Now(), dials()
 		sctx, scancel := context.WithTimeout(ctx, stepDur)
 		var sw sync.WaitGroup
 		if m.stall {
@@ -476,15 +485,16 @@ func runOverload(t *testing.T, stepDur time.Duration, open bool) *overloadResult
 		cw.Wait()
 		scancel()
 		sw.Wait()
+		s.dialled = dials() - dials0
 		// A pause of a lease between steps, so that a step's losses are its
 		// own; from here on the renewers record into it, not into s.
 		rest := &ovlStep{name: "rest after " + s.name}
 		begin(rest)
 		end(s, t0)
 		res.steps = append(res.steps, s)
-		t.Logf("overload: step %s (%.0f claims/s offered, %d claimers): %.0f/s ended, errors %d, claim p99 %v, renew p99 %v max %v, renew WARN %d, min slack %v (load %s)",
+		t.Logf("overload: step %s (%.0f claims/s offered, %d claimers): %.0f/s ended, errors %d, claim p99 %v, renew p99 %v max %v, renew WARN %d, min slack %v, %d connections dialled (load %s)",
 			s.name, s.offered, s.conc, float64(s.claims)/s.dur.Seconds(), s.errs, pct(s.claimLat, 99), pct(s.renewLat, 99), pct(s.renewLat, 100),
-			s.renewFail, s.minSlack.Round(time.Millisecond), s.load)
+			s.renewFail, s.minSlack.Round(time.Millisecond), s.dialled, s.load)
 		time.Sleep(ovlLease)
 		lossMu.Lock()
 		if n := len(lossStep[rest]); n > 0 {
@@ -560,17 +570,17 @@ func renderOverload(b *strings.Builder, o *overloadResult) {
 	} else {
 		b.WriteString("Steps in closed loop: m × the knee's concurrency of claimers, each claiming again as soon as its claim ended.\n\n")
 	}
-	b.WriteString("| step | offered claims/s (claimers) | ended claims/s (acquired / held / errors) | claim latency p50 / p99 / max | renew latency p50 / p99 / max | renew failures (WARN) | least time left before a local deadline | losses (spurious) | load average |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| step | offered claims/s (claimers) | ended claims/s (acquired / held / errors) | claim latency p50 / p99 / max | renew latency p50 / p99 / max | renew failures (WARN) | least time left before a local deadline | connections dialled | losses (spurious) | load average |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range o.steps {
 		offered := fmt.Sprintf("— (%d)", s.conc)
 		if o.open {
 			offered = fmt.Sprintf("%.0f", s.offered)
 		}
-		fmt.Fprintf(b, "| %s, %v | %s | %.0f (%d / %d / %d) | %v / %v / %v | %v / %v / %v | %d | %v of %v | %d (%d) | %s |\n",
+		fmt.Fprintf(b, "| %s, %v | %s | %.0f (%d / %d / %d) | %v / %v / %v | %v / %v / %v | %d | %v of %v | %d | %d (%d) | %s |\n",
 			s.name, s.dur.Round(time.Second), offered, float64(s.claims)/s.dur.Seconds(), s.acquired, s.held, s.errs,
 			pct(s.claimLat, 50), pct(s.claimLat, 99), pct(s.claimLat, 100), pct(s.renewLat, 50), pct(s.renewLat, 99), pct(s.renewLat, 100),
-			s.renewFail, s.minSlack.Round(time.Millisecond), ovlLease-ovlLease/100-50*time.Millisecond, s.losses, s.spurious, s.load)
+			s.renewFail, s.minSlack.Round(time.Millisecond), ovlLease-ovlLease/100-50*time.Millisecond, s.dialled, s.losses, s.spurious, s.load)
 	}
 	for _, s := range o.steps {
 		for _, d := range s.lossDetail {
