@@ -427,16 +427,17 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 
 // saturation ramps up concurrent Lock+Unlock claimers on fresh keys (one
 // Locker, one direct pool of as many connections) while a background fleet
-// (100 replicas × 10 leases, lease 3 s, beat 1 s) renews, and reports per step the claims
+// (100 replicas × 100 leases, lease 3 s, beat 1 s) renews, and reports per step the claims
 // per second, claim latency, server CPU, WAL fsyncs and the background's
 // renew p99 and losses.
 func (e *env) saturation(steps []int) ([]satStep, error) {
+	const satBgLeases = 100 // per replica: 10,000 in all, issue 30's overload shape
 	bg, err := e.newFleet(e.url, 100, 1, pglease.WithLeaseDuration(3*time.Second))
 	if err != nil {
 		return nil, err
 	}
 	defer bg.close()
-	if err := e.claim(bg, "satbg", 10, 16); err != nil {
+	if err := e.claim(bg, "satbg", satBgLeases, 16); err != nil {
 		return nil, err
 	}
 	var out []satStep
@@ -515,9 +516,15 @@ func (e *env) satRun(bg *fleet, w int) (satStep, error) {
 // knee is the step of the highest throughput of the ramp s: past it, more
 // claimers add no claims per second, only latency. Found is false when
 // the last step is the highest (the ramp did not reach the knee).
+// Past are the steps at twice the knee's claimers or more (the overload of
+// issue 30), with the background leases they lost and their worst renew
+// p99.
 func knee(s []satStep) (k struct {
 	Found           bool
 	At, Last, First satStep
+	Past            []satStep
+	PastLost        int64
+	PastRenewP99    time.Duration
 }) {
 	best := 0
 	for i := range s {
@@ -526,5 +533,12 @@ func knee(s []satStep) (k struct {
 		}
 	}
 	k.Found, k.At, k.Last, k.First = best < len(s)-1, s[best], s[len(s)-1], s[0]
+	for _, st := range s[best+1:] {
+		if st.Workers >= 2*k.At.Workers {
+			k.Past = append(k.Past, st)
+			k.PastLost += st.BgLost
+			k.PastRenewP99 = max(k.PastRenewP99, st.RenewP99)
+		}
+	}
 	return k
 }
