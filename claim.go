@@ -25,11 +25,10 @@ import (
 // Every call is a new claim, in one statement: of two calls on the same key,
 // from one Locker or two, one wins. ctx bounds the claim only. Lock takes
 // at most the local deadline (lease duration minus safety margin), then
-// fails with context.DeadlineExceeded. If ctx ends while the server runs
-// the claim, Lock returns at once and the claim is finished without it, on
-// its connection, for at most the release timeout more: a key it takes is
-// released at once. A claim whose reply is lost is undone in the
-// background (see the package documentation, "Racing claims, lost
+// fails with context.DeadlineExceeded. A claim whose reply is lost (ctx
+// ended while the server ran it, connection dropped) is undone in the
+// background; one that waited for a claim slot (see DB) is finished on its
+// connection instead (see the package documentation, "Racing claims, lost
 // replies").
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	lc, err := l.prepareClaim(ctx, key, opts)
@@ -104,7 +103,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	res, sent, err := l.sendClaim(ctx, deadline, parent.Done() != nil, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
+	res, sent, err := l.sendClaim(ctx, deadline, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
 		Tick: lc.tick, HasTick: lc.hasTick, NextTick: lc.nextTick, CatchUp: lc.catchUp})
 	end(err)
 	switch {

@@ -294,38 +294,60 @@ func heldBehindFencedTx(t *testing.T, f *fixture, key string) *sql.Tx {
 	return tx
 }
 
-// A claim whose caller stops waiting while the server runs it is finished
-// on its connection, not cut off (which would cost the connection, while
-// the server runs the statement anyway), and the key it then takes is
-// released at once, journaled abandoned.
-func TestClaimLeftInFlightIsFinished(t *testing.T) {
+// queuedInFlight sends b's claim of "second" from its claim queue and
+// leaves it waiting in the server, behind a fenced transaction: b's only
+// claim slot is taken by a claim of "first" (waiting behind a fenced
+// transaction too) while the claim of "second" queues, then "first"'s
+// transaction ends. It returns the claim's cancel func, its result, and
+// the transaction that holds it in the server.
+func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, chan error, *sql.Tx) {
+	t.Helper()
+	c := ctx(t)
+	tx1, tx2 := heldBehindFencedTx(t, f, "first"), heldBehindFencedTx(t, f, "second")
+	first := make(chan error, 1)
+	go func() { _, err := b.Lock(c, "first"); first <- err }() // held until Close
+	waitForLockWaiter(t, f.admin, f.table) // "first" holds the slot
+	short, cancel := context.WithCancel(c)
+	second := make(chan error, 1)
+	go func() { _, err := b.Lock(short, "second"); second <- err }()
+	waitQueued(t, b, 1)
+	if err := tx1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("claim of first: %v", err)
+	}
+	waitForLockWaiter(t, f.admin, f.table) // "second" is in the server
+	return cancel, second, tx2
+}
+
+// A queued claim whose caller stops waiting once it is sent is finished on
+// its connection, not cut off (which would cost the connection, while the
+// server runs the statement anyway), and the key it then takes is released
+// at once, journaled abandoned.
+func TestQueuedClaimLeftInFlightIsFinished(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	c := ctx(t)
-	tx := heldBehindFencedTx(t, f, "job")
-	pool := pgleasetest.Pool(t, 2)
+	pool := pgleasetest.Pool(t, 2) // one claim slot
 	b, err := New(pool, WithTable(f.table), WithLeaseDuration(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	short, cancel := context.WithCancel(c)
-	lockErr := make(chan error, 1)
-	go func() { _, err := b.Lock(short, "job"); lockErr <- err }()
-	waitForLockWaiter(t, f.admin, f.table)
+	cancel, second, tx := queuedInFlight(t, f, b)
 	dialled := pool.Stat().NewConnsCount()
 	cancel()
-	if err := <-lockErr; !errors.Is(err, context.Canceled) {
+	if err := <-second; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock whose context ended in flight: %v, want context.Canceled", err)
 	}
 	if err := tx.Commit(); err != nil { // the claim goes on and takes the key
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, func() bool {
-		r, _ := f.row("job")
+		r, _ := f.row("second")
 		return r.Holder == b.Holder() && r.Released
 	})
-	js := f.journal("job")
+	js := f.journal("second")
 	if last := js[len(js)-1]; last.Event != "abandoned" || last.Holder != b.Holder() {
 		t.Fatalf("journal after the claim left by its caller: %v, want it to end with B's abandoned row", js)
 	}
@@ -334,21 +356,17 @@ func TestClaimLeftInFlightIsFinished(t *testing.T) {
 	}
 }
 
-// A claim left by its caller keeps its claim slot for at most the release
-// timeout: then it is cut off (and undone once its outcome is known), and
-// the Locker's other claims get the slot.
-func TestClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
+// A queued claim left by its caller keeps its claim slot for at most the
+// release timeout: then it is cut off (and undone once its outcome is
+// known), and the Locker's other claims get the slot.
+func TestQueuedClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
-	tx := heldBehindFencedTx(t, f, "job")
 	b := f.replica(2, WithLeaseDuration(time.Minute), WithReleaseTimeout(300*time.Millisecond)) // one claim slot
-	short, cancel := context.WithCancel(c)
-	lockErr := make(chan error, 1)
-	go func() { _, err := b.Lock(short, "job"); lockErr <- err }()
-	waitForLockWaiter(t, f.admin, f.table)
+	cancel, second, tx := queuedInFlight(t, f, b)
 	cancel()
-	if err := <-lockErr; !errors.Is(err, context.Canceled) {
+	if err := <-second; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lock whose context ended in flight: %v, want context.Canceled", err)
 	}
 	other, cancelOther := context.WithTimeout(c, 20*time.Second) // far below the claim's local deadline
@@ -376,7 +394,7 @@ func TestClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
 	if err := b.Close(); err != nil { // waits for the undo
 		t.Fatal(err)
 	}
-	if r, ok := f.row("job"); ok && r.Live && r.Holder == b.Holder() {
+	if r, ok := f.row("second"); ok && r.Live && r.Holder == b.Holder() {
 		t.Fatalf("ghost lease left by the claim cut off: %+v", r)
 	}
 }
