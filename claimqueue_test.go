@@ -304,8 +304,8 @@ func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, ch
 	t.Helper()
 	c := ctx(t)
 	tx1, tx2 := heldBehindFencedTx(t, f, "first"), heldBehindFencedTx(t, f, "second")
-	first := make(chan error, 1)
-	go func() { _, err := b.Lock(c, "first"); first <- err }() // held until Close
+	first := make(chan error, 1) // "first" is held until Close
+	go func() { _, err := b.Lock(c, "first"); first <- err }()
 	waitForLockWaiter(t, f.admin, f.table) // "first" holds the slot
 	short, cancel := context.WithCancel(c)
 	second := make(chan error, 1)
