@@ -25,20 +25,25 @@ import (
 // others' replies back with it, as it held their turn before. An error is
 // every claim's.
 //
-// A queued claim whose caller stops waiting (its context ends) once the
-// statement is sent is finished, not cut off: cutting a statement off
-// costs its connection (the driver closes it, and the pool dials another),
-// while the server goes on running the statement anyway. The statement
-// keeps its connection and claim slot until the server answers, for at
-// most the release timeout after the last of its callers left (and never
-// past the local deadline, nor past Close); then its outcome is known, and
-// a key it took for a caller that left is released at once. Under
-// overload, where claims queue, claims given up by their callers thus cost
-// the server what they would have cost anyway, and no connection churn on
-// top. A claim sent alone runs in its caller's goroutine under its
-// caller's context, as a database/sql query does: handing it to another
-// goroutine so that the caller could leave it behind cost a skip 25–35 µs
-// (measured), more than a third of its time.
+// A claim sent from the queue, or on a busy Locker, whose caller stops
+// waiting (its context ends) once the statement is sent is finished, not
+// cut off: cutting a statement off costs its connection (the driver closes
+// it, and the pool dials another), while the server goes on running the
+// statement anyway. The statement keeps its connection and claim slot
+// until the server answers, for at most the release timeout after the last
+// of its callers left (and never past the local deadline, nor past Close);
+// then its outcome is known, and a key it took for a caller that left is
+// released at once. Under overload claims given up by their callers thus
+// cost the server what they would have cost anyway, and no connection
+// churn on top: in the fault suite's open-loop overload, cutting them off
+// re-dialled a thousand connections a minute and cost leases.
+//
+// The Locker is busy when another of its claims or releases is in flight,
+// or its renews are slow (see DB). A claim on a Locker that is not runs in
+// its caller's goroutine, under its caller's context, as a database/sql
+// query does: handing every claim to another goroutine, so that its caller
+// could leave it behind, cost a skip 25–35 µs (measured), more than a
+// third of its time.
 
 // Claim states: a claim's caller and its sender race to settle it.
 const (
@@ -99,14 +104,28 @@ func (l *Locker) sendClaim(ctx context.Context, deadline time.Time, a store.Clai
 	return l.await(c)
 }
 
-// sendAlone sends c, under its caller's context, in the claim slot that
-// free gives back.
+// sendAlone sends c in the claim slot that free gives back: on a busy
+// Locker from a goroutine of its own, which the caller can leave behind;
+// otherwise in the caller's goroutine, under its context.
 func (l *Locker) sendAlone(c *queuedClaim, free func()) (store.ClaimResult, bool, error) {
-	res, err := l.store.Claim(c.ctx, c.args)
-	free()
-	c.res, c.err, c.sent = res, err, true
-	l.settle(c)
-	return res, true, err
+	if !l.busy() {
+		res, err := l.store.Claim(c.ctx, c.args)
+		free()
+		c.res, c.err, c.sent = res, err, true
+		l.settle(c)
+		return res, true, err
+	}
+	if !l.spawn(func() { l.sendBatch([]*queuedClaim{c}, free) }) {
+		free()
+		return store.ClaimResult{}, false, ErrClosed
+	}
+	return l.await(c)
+}
+
+// busy reports whether another claim or release of the Locker is in flight
+// (besides the caller's, whose slot is taken) or its renews are slow.
+func (l *Locker) busy() bool {
+	return l.slots != nil && (len(l.slots) > 1 || l.squeezed.Load())
 }
 
 // await waits for c's result, or until its caller's context ends: then c

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -294,12 +295,12 @@ func heldBehindFencedTx(t *testing.T, f *fixture, key string) *sql.Tx {
 	return tx
 }
 
-// queuedInFlight sends b's claim of "second" from its claim queue and
-// leaves it waiting in the server, behind a fenced transaction: b's only
-// claim slot is taken by a claim of "first" (waiting behind a fenced
-// transaction too) while the claim of "second" queues, then "first"'s
-// transaction ends. It returns the claim's cancel func, its result, and
-// the transaction that holds it in the server.
+// queuedInFlight sends b's claim of "second" while its claim of "first"
+// waits in the server, behind a fenced transaction, and leaves "second"
+// waiting in the server too. Over a pool of 2 (one claim slot), "second"
+// queues and goes from the queue once "first"'s transaction ends; over a
+// larger pool, it goes at once, on a busy Locker. It returns the claim's
+// cancel func, its result, and the transaction that holds it in the server.
 func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, chan error, *sql.Tx) {
 	t.Helper()
 	c := ctx(t)
@@ -310,7 +311,11 @@ func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, ch
 	short, cancel := context.WithCancel(c)
 	second := make(chan error, 1)
 	go func() { _, err := b.Lock(short, "second"); second <- err }()
-	waitQueued(t, b, 1)
+	if cap(b.slots) == 1 {
+		waitQueued(t, b, 1)
+	} else {
+		waitForLockWaiters(t, f, 2)
+	}
 	if err := tx1.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -321,14 +326,37 @@ func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, ch
 	return cancel, second, tx2
 }
 
-// A queued claim whose caller stops waiting once it is sent is finished on
-// its connection, not cut off (which would cost the connection, while the
-// server runs the statement anyway), and the key it then takes is released
-// at once, journaled abandoned.
+// waitForLockWaiters waits until n claims of f's table wait for a lock.
+func waitForLockWaiters(t *testing.T, f *fixture, n int) {
+	t.Helper()
+	waitFor(t, 20*time.Second, func() bool {
+		var got int
+		if err := f.admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '_claim"(%'`, f.table).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		return got >= n
+	})
+}
+
+// A claim whose caller stops waiting once it is sent — from the queue, or
+// at once on a busy Locker — is finished on its connection, not cut off
+// (which would cost the connection, while the server runs the statement
+// anyway), and the key it then takes is released at once, journaled
+// abandoned.
 func TestQueuedClaimLeftInFlightIsFinished(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int32{2, 3} { // the claim queued; sent at once on a busy Locker
+		t.Run(fmt.Sprintf("pool=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			testClaimLeftInFlightIsFinished(t, conns)
+		})
+	}
+}
+
+func testClaimLeftInFlightIsFinished(t *testing.T, conns int32) {
 	f := newFixture(t)
-	pool := pgleasetest.Pool(t, 2) // one claim slot
+	pool := pgleasetest.Pool(t, int(conns))
 	b, err := New(pool, WithTable(f.table), WithLeaseDuration(time.Minute))
 	if err != nil {
 		t.Fatal(err)
