@@ -27,7 +27,8 @@ import (
 // at most the local deadline (lease duration minus safety margin), then
 // fails with context.DeadlineExceeded. A claim whose reply is lost (ctx
 // ended while the server ran it, connection dropped) is undone in the
-// background; one that waited for a claim slot (see DB) is finished on its
+// background; one that waited for a claim slot (see DB), or was sent while
+// another claim or release of the Locker was in flight, is finished on its
 // connection instead (see the package documentation, "Racing claims, lost
 // replies").
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {

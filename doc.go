@@ -87,15 +87,17 @@
 // claim whose reply is lost (its context ended while the server ran it,
 // connection dropped) is undone in the background by a transaction that
 // first waits for that advisory lock, so it runs after the claim's commit
-// or rollback, never before. A claim that waited for a claim slot (see DB)
-// and was sent with others is not cut off when its caller stops waiting:
+// or rollback, never before. A claim that waited for a claim slot (see DB),
+// or was sent while another claim or release of its Locker was in flight,
+// is not cut off when its caller stops waiting:
 // the caller gets its context's error at once, the statement goes on, on
 // its connection, for at most the release timeout (WithReleaseTimeout)
 // more, and a key it then takes is released at once (journaled
 // abandoned). Cutting the statement off would cost the connection (the
-// driver closes it) while the server ran it anyway: under overload, where
-// claims queue, claims given up by their callers would add connection
-// churn to the load.
+// driver closes it) while the server ran it anyway: under overload, claims
+// given up by their callers would add connection churn to the load. A
+// claim on an otherwise idle Locker runs under its caller's context, as a
+// database/sql query does.
 //
 // A claim waits in one case only: the key's lease has expired while its
 // holder has a fenced transaction open (Lease.Guard), which locks the row;
