@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,6 +180,13 @@ func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
 			args[i] = c.args
 		}
 		res, err := l.store.ClaimMany(ctx, l.claimant, args)
+		if err != nil && pastDeadline(ctx) {
+			// Cut off at the earliest local deadline of its claims: for
+			// every claim, that is a deadline, whatever the error (a dial
+			// cut off by it fails with "i/o timeout").
+			err = fmt.Errorf("%w (the statement's, the earliest local deadline of the %d claims sent together): %w",
+				context.DeadlineExceeded, len(batch), err)
+		}
 		for i, c := range batch {
 			c.res, c.err, c.sent = res[i], err, true
 		}
@@ -188,6 +196,12 @@ func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
 	for _, c := range batch {
 		l.settle(c)
 	}
+}
+
+// pastDeadline reports whether ctx's deadline has passed.
+func pastDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // settle hands a sent claim's result to its caller, or, if the caller left,
