@@ -132,20 +132,27 @@ func TestNoGhostClaimAfterLostReply(t *testing.T) {
 	}
 	// B's claim goes on (its backend never learnt its client was gone):
 	// wait until it has finished, then for the undo.
-	waitFor(t, 20*time.Second, func() bool {
-		var n int
-		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity
-			WHERE state = 'active' AND query LIKE '%' || $1 || '_claim"(%' AND pid <> pg_backend_pid()`, f.table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
+	waitClaimsDone(t, f)
 	if err := b.Close(); err != nil { // waits for the undo
 		t.Fatal(err)
 	}
 	if r, ok := f.row("job"); ok && r.Live && r.Holder == b.Holder() {
 		t.Fatalf("ghost lease left by B's claim whose reply was lost: %+v", r)
 	}
+}
+
+// waitClaimsDone waits until no claim statement of f's table runs in the
+// server: a claim whose client is gone goes on until it finishes.
+func waitClaimsDone(t *testing.T, f *fixture) {
+	t.Helper()
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		if err := f.admin.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity
+			WHERE state = 'active' AND query LIKE '%' || $1 || '_claim"(%' AND pid <> pg_backend_pid()`, f.table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 }
 
 // Racing claims on a free key: the one in flight holds the key's advisory

@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,15 +85,15 @@ type claimQueue struct {
 // claim the server may have run without a verdict reaching its caller is
 // undone by its sender.
 func (l *Locker) sendClaim(ctx context.Context, deadline time.Time, a store.ClaimArgs) (res store.ClaimResult, sent bool, err error) {
-	c := &queuedClaim{ctx: ctx, deadline: deadline, args: a, done: make(chan struct{})}
 	q := &l.queue
 	q.mu.Lock()
 	if !q.sender {
 		if free, ok := l.trySlot(); ok {
 			q.mu.Unlock()
-			return l.sendAlone(c, free)
+			return l.sendAlone(ctx, deadline, a, free)
 		}
 	}
+	c := &queuedClaim{ctx: ctx, deadline: deadline, args: a, done: make(chan struct{})}
 	q.waiting = append(q.waiting, c)
 	start := !q.sender
 	q.sender = true
@@ -105,17 +104,19 @@ func (l *Locker) sendClaim(ctx context.Context, deadline time.Time, a store.Clai
 	return l.await(c)
 }
 
-// sendAlone sends c in the claim slot that free gives back: on a busy
-// Locker from a goroutine of its own, which the caller can leave behind;
-// otherwise in the caller's goroutine, under its context.
-func (l *Locker) sendAlone(c *queuedClaim, free func()) (store.ClaimResult, bool, error) {
+// sendAlone sends a claim in the claim slot that free gives back: on a
+// busy Locker from a goroutine of its own, which the caller can leave
+// behind; otherwise in the caller's goroutine, under its context.
+func (l *Locker) sendAlone(ctx context.Context, deadline time.Time, a store.ClaimArgs, free func()) (store.ClaimResult, bool, error) {
 	if !l.busy() {
-		res, err := l.store.Claim(c.ctx, c.args)
+		res, err := l.store.Claim(ctx, a)
 		free()
-		c.res, c.err, c.sent = res, err, true
-		l.settle(c)
+		if noVerdict(err) {
+			l.undoClaim(a.Key, a.Token)
+		}
 		return res, true, err
 	}
+	c := &queuedClaim{ctx: ctx, deadline: deadline, args: a, done: make(chan struct{})}
 	if !l.spawn(func() { l.sendBatch([]*queuedClaim{c}, free) }) {
 		free()
 		return store.ClaimResult{}, false, ErrClosed
@@ -180,13 +181,6 @@ func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
 			args[i] = c.args
 		}
 		res, err := l.store.ClaimMany(ctx, l.claimant, args)
-		if err != nil && pastDeadline(ctx) {
-			// Cut off at the earliest local deadline of its claims: for
-			// every claim, that is a deadline, whatever the error (a dial
-			// cut off by it fails with "i/o timeout").
-			err = fmt.Errorf("%w (the statement's, the earliest local deadline of the %d claims sent together): %w",
-				context.DeadlineExceeded, len(batch), err)
-		}
 		for i, c := range batch {
 			c.res, c.err, c.sent = res[i], err, true
 		}
@@ -198,10 +192,12 @@ func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
 	}
 }
 
-// pastDeadline reports whether ctx's deadline has passed.
-func pastDeadline(ctx context.Context) bool {
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
+// noVerdict reports whether err leaves a sent claim's fate unknown: no
+// server verdict (context ended, connection lost), though it may have
+// reached the server. A claim that never left — no connection could be had
+// or made — needs no undo.
+func noVerdict(err error) bool {
+	return err != nil && entry.SQLState(err) == "" && !store.NeverSent(err)
 }
 
 // settle hands a sent claim's result to its caller, or, if the caller left,
@@ -209,7 +205,7 @@ func pastDeadline(ctx context.Context) bool {
 // server may have run without giving a verdict. Its claim slot must be
 // free: an undo needs one.
 func (l *Locker) settle(c *queuedClaim) {
-	undo := c.err != nil && entry.SQLState(c.err) == "" && !store.NeverSent(c.err)
+	undo := noVerdict(c.err)
 	if !c.state.CompareAndSwap(claimPending, claimAnswered) && c.err == nil && c.res.Outcome == store.Acquired {
 		l.obs.journaled(c.res.Journaled)
 		undo = true
@@ -221,21 +217,23 @@ func (l *Locker) settle(c *queuedClaim) {
 }
 
 // claimContext is the context of the statement that sends batch. It keeps
-// the values (the span) of a batch of one claim, and ends at the earliest of
+// the values (the span) of a batch of one claim, and ends at the latest of
 // the claims' local deadlines, when the Locker closes, or a release
-// timeout after the last of their callers stopped waiting.
+// timeout after the last of their callers stopped waiting. (A claim whose
+// local deadline passes first has its caller leave then, as any caller
+// that stops waiting: the statement is finished for it.)
 func (l *Locker) claimContext(batch []*queuedClaim) (context.Context, context.CancelFunc) {
-	first := batch[0].deadline
+	last := batch[0].deadline
 	for _, c := range batch[1:] {
-		if c.deadline.Before(first) {
-			first = c.deadline
+		if c.deadline.After(last) {
+			last = c.deadline
 		}
 	}
 	base := context.Background()
 	if len(batch) == 1 {
 		base = context.WithoutCancel(batch[0].ctx)
 	}
-	ctx, cancel := context.WithDeadline(base, first)
+	ctx, cancel := context.WithDeadline(base, last)
 	stops := make([]func() bool, 0, len(batch)+1)
 	stops = append(stops, context.AfterFunc(l.ctx, cancel))
 	var left atomic.Int64

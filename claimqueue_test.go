@@ -424,14 +424,7 @@ func TestQueuedClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
 	}
 	// The claim's backend goes on (it never learnt its client was gone):
 	// wait until it has finished, then for the undo.
-	waitFor(t, 20*time.Second, func() bool {
-		var n int
-		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity
-			WHERE state = 'active' AND query LIKE '%' || $1 || '_claim"(%' AND pid <> pg_backend_pid()`, f.table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
+	waitClaimsDone(t, f)
 	if err := b.Close(); err != nil { // waits for the undo
 		t.Fatal(err)
 	}
