@@ -52,14 +52,18 @@ type waitShare struct {
 }
 
 // schedResult is the scheduled fleet. ServerCPU is seconds over the bursts
-// (tick → last reply), BaseCPU what the held fleet uses over their time.
+// (tick → last reply), BaseCPU what the held fleet uses over their time;
+// BouncerCPU, ClientCPU (this process: the fleet) and MachineCPU (all
+// cores busy) are seconds over the bursts too. Bursts are in tick order.
 type schedResult struct {
 	R, J, Ticks                                 int
 	Every                                       time.Duration
 	Calls, Skips, Wins, Ran, Errs, Xids, Renews int64
 	ClaimStmts                                  int64 // claim statements sent: queued claims share one
 	ServerCPU, BaseCPU                          float64
+	BouncerCPU, ClientCPU, MachineCPU           float64
 	BurstP50, BurstMax, SkipP50, SkipP99        time.Duration
+	Bursts                                      []time.Duration
 }
 
 // satStep is one step of the saturation ramp: CPU in cores (MachineCPU:
@@ -139,17 +143,12 @@ func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
 	if err := benchenv.FlushStats(e.ctx, e.admin); err != nil {
 		return sample{}, err
 	}
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	roles := e.cpu.ByRole(e.adminPIDs...)
-	s := sample{at: time.Now(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU(), roles: roles}
+	roles, other := e.cpu.ByRole(e.adminPIDs...), e.otherCPU(b)
+	s := sample{at: time.Now(), bouncer: other[0], c: other[1], machine: other[2], roles: roles}
 	for r, secs := range roles {
 		if r != benchenv.BenchSessions { // the admin pool: counters, pg_stat_activity samples
 			s.server += secs
 		}
-	}
-	if b != nil {
-		s.bouncer = benchenv.ProcCPU(b.PID())
 	}
 	var err error
 	s.ctr, err = benchenv.ReadCounters(e.ctx, e.admin)
@@ -217,7 +216,7 @@ func (e *env) capacity() (out *capacityReport, err error) {
 		res, err := e.measureShape(bouncer, f, fmt.Sprintf("fleet%d", i), sh[0], sh[1])
 		res.Via = via
 		if out.Shapes = append(out.Shapes, res); err == nil && i == len(shapes)-1 && e.c.schedTicks > 0 {
-			out.Sched, err = e.scheduled(f, res.ServerCPU)
+			out.Sched, err = e.scheduled(bouncer, f, res.ServerCPU)
 		}
 		if f.close(); err != nil {
 			return nil, err
@@ -348,7 +347,7 @@ WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend
 // winner holds it 100 ms and Unlocks, the others skip (held, or already
 // run for this tick). baseCPU is the held fleet's server CPU (cores) in
 // steady state.
-func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
+func (e *env) scheduled(b *benchenv.Bouncer, f *fleet, baseCPU float64) (*schedResult, error) {
 	ctx, ticks := e.ctx, e.c.schedTicks
 	logf("capacity: scheduled fleet: %d replicas fire %d jobs every %v, %d ticks", len(f.replicas), schedJobs, schedEvery, ticks)
 	res := &schedResult{R: len(f.replicas), J: schedJobs, Ticks: ticks, Every: schedEvery}
@@ -364,7 +363,7 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 	}
 	for t := range ticks {
 		tick := time.Now().Truncate(time.Millisecond)
-		cpu0 := e.cpu.Seconds()
+		cpu0, other0 := e.cpu.Seconds(), e.otherCPU(b)
 		_ = parallel(len(f.replicas), len(f.replicas), func(i int) error {
 			// A scheduler runs each job in a goroutine of its own, as the
 			// adapters' schedulers do: a replica's claims of one tick are
@@ -400,10 +399,13 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 			jobs.Wait()
 			return nil
 		})
-		b := time.Since(tick)
+		burst := time.Since(tick)
 		res.ServerCPU += e.cpu.Seconds() - cpu0
-		burstSecs += b.Seconds()
-		bursts = append(bursts, int64(b))
+		other := e.otherCPU(b)
+		res.BouncerCPU, res.ClientCPU, res.MachineCPU = res.BouncerCPU+other[0]-other0[0], res.ClientCPU+other[1]-other0[1], res.MachineCPU+other[2]-other0[2]
+		burstSecs += burst.Seconds()
+		bursts = append(bursts, int64(burst))
+		res.Bursts = append(res.Bursts, burst)
 		if t < ticks-1 {
 			time.Sleep(time.Until(tick.Add(schedEvery)))
 		}
@@ -423,6 +425,18 @@ func (e *env) scheduled(f *fleet, baseCPU float64) (*schedResult, error) {
 	res.SkipP50, res.SkipP99 = benchenv.Pct(skipDurs, 50), benchenv.Pct(skipDurs, 99)
 	res.BurstP50, res.BurstMax = benchenv.Pct(bursts, 50), benchenv.Pct(bursts, 100)
 	return res, nil
+}
+
+// otherCPU is the CPU seconds so far of PgBouncer (b; 0 if nil), of this
+// process and of the whole machine (busy), read without a query.
+func (e *env) otherCPU(b *benchenv.Bouncer) (s [3]float64) {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if b != nil {
+		s[0] = benchenv.ProcCPU(b.PID())
+	}
+	s[1], s[2] = float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9, benchenv.MachineCPU()
+	return s
 }
 
 // saturation ramps up concurrent Lock+Unlock claimers on fresh keys (one

@@ -148,3 +148,17 @@ func TestKnee(t *testing.T) {
 		}
 	}
 }
+
+// The scheduled fleet's bursts say where their time went, and call them
+// CPU-bound only when the machine's cores were busy nearly all the time.
+func TestReportScheduledBursts(t *testing.T) {
+	r := sampleReport(t)
+	s := r.Capacity.Sched
+	s.Bursts = []time.Duration{600 * time.Millisecond, 400 * time.Millisecond}
+	s.BouncerCPU, s.ClientCPU, s.MachineCPU = 0.3, 0.9, 1.9
+	render(t, r, "Bursts in tick order: 600.00 ms, 400.00 ms.", "busy 1.90 s of the 2.00 s they had", "PgBouncer 0.30 s", "**CPU-bound on this machine**")
+	s.MachineCPU = 1.0
+	if md := render(t, r, "The cores were not saturated"); strings.Contains(md, "CPU-bound on this machine") {
+		t.Error("bursts on half-idle cores called CPU-bound")
+	}
+}
