@@ -432,3 +432,61 @@ func TestQueuedClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
 		t.Fatalf("ghost lease left by the claim cut off: %+v", r)
 	}
 }
+
+// TestClaimContextEndsAtTheLatestDeadline: the statement of a batch of
+// queued claims runs until the latest of their local deadlines (a claim
+// whose deadline passes first has its caller leave, and is finished for);
+// it ends when the Locker closes, and a release timeout after the last of
+// its callers left. A batch of one keeps its caller's values (its span).
+func TestClaimContextEndsAtTheLatestDeadline(t *testing.T) {
+	now := time.Now()
+	claims := func(ctxs ...context.Context) (batch []*queuedClaim) {
+		for i, ctx := range ctxs {
+			batch = append(batch, &queuedClaim{ctx: ctx, deadline: now.Add(time.Duration([]int{1, 3, 2}[i%3]) * time.Minute)})
+		}
+		return batch
+	}
+	locker := func(grace time.Duration) (*Locker, context.CancelFunc) {
+		l := &Locker{}
+		l.ctx, l.stop = context.WithCancel(context.Background())
+		l.cfg.releaseTimeout = grace
+		return l, l.stop
+	}
+	done := func(ctx context.Context, what string) {
+		t.Helper()
+		select {
+		case <-ctx.Done():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the statement's context did not end %s", what)
+		}
+	}
+
+	l, closeLocker := locker(time.Hour)
+	ctx, cancel := l.claimContext(claims(context.Background(), context.Background(), context.Background()))
+	if dl, ok := ctx.Deadline(); !ok || !dl.Equal(now.Add(3*time.Minute)) {
+		t.Fatalf("deadline %v (%v), want the latest of the claims' deadlines %v", dl, ok, now.Add(3*time.Minute))
+	}
+	closeLocker()
+	done(ctx, "when the Locker closed")
+	cancel()
+
+	l, closeLocker = locker(10 * time.Millisecond)
+	defer closeLocker()
+	a, leaveA := context.WithCancel(context.Background())
+	b, leaveB := context.WithCancel(context.Background())
+	ctx, cancel = l.claimContext(claims(a, b))
+	defer cancel()
+	leaveA()
+	leaveB()
+	done(ctx, "a release timeout after its last caller left")
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("ended with %v, want the grace's cancel", ctx.Err())
+	}
+
+	type key struct{}
+	one, cancelOne := l.claimContext(claims(context.WithValue(context.Background(), key{}, "span")))
+	defer cancelOne()
+	if one.Value(key{}) != "span" {
+		t.Fatal("a batch of one lost its caller's values")
+	}
+}
