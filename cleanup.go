@@ -13,16 +13,48 @@ import (
 // Locker's wait group, so Close waits for them.
 
 // undoClaim releases, in the background, whatever a claim with this token
-// took, once the claim's outcome is known (the undo queues behind the
-// claim's advisory lock).
+// took, once the claim's outcome is known: the undo queues behind the
+// claim's advisory lock. A claim whose statement had not yet begun on the
+// server when the undo ran (still on its way, or waiting for its backend
+// to be scheduled) takes no such lock in time, and may take the key after
+// the undo found nothing: the undo then looks once more, a release
+// timeout later, so that such a lease is released then rather than left to
+// expire, unrenewed, a lease duration later.
 func (l *Locker) undoClaim(key string, token int64) {
 	l.retryInBackground("undoing a claim whose reply was lost", key, 0, func(ctx context.Context) error {
-		n, err := l.store.Abandon(ctx, key, l.holder, token)
-		if err == nil && !l.cfg.journalOff {
-			l.obs.journaled(n)
+		n, err := l.abandon(ctx, key, token)
+		if err == nil && n == 0 {
+			l.lookAgain(key, token)
 		}
 		return err
 	})
+}
+
+// lookAgain undoes, a release timeout from now (or at Close), a claim with
+// this token that reached the server after its undo: one attempt, logged
+// if it released anything.
+func (l *Locker) lookAgain(key string, token int64) {
+	l.background(func() {
+		ctxsleep.For(l.ctx, l.cfg.releaseTimeout)
+		var n int64
+		err := l.withReleaseTimeout(func(ctx context.Context) (err error) {
+			n, err = l.abandon(ctx, key, token)
+			return err
+		})
+		if err == nil && n > 0 {
+			l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
+				"key", key, "holder", l.holder)
+		}
+	})
+}
+
+// abandon releases what the claim with this token took (0 rows: nothing).
+func (l *Locker) abandon(ctx context.Context, key string, token int64) (int64, error) {
+	n, err := l.store.Abandon(ctx, key, l.holder, token)
+	if err == nil && !l.cfg.journalOff {
+		l.obs.journaled(n)
+	}
+	return n, err
 }
 
 // releaseInBackground frees the row of a lease that was never handed out or

@@ -1,10 +1,13 @@
 package pglease
 
 import (
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -110,5 +113,88 @@ func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 	}
 	if r, _ := f.row("job"); !r.Released || r.Holder != l.Holder() {
 		t.Fatalf("after Close, the deadline-lost lease's row was not released: %+v", r)
+	}
+}
+
+// abandonGate counts the undo transactions of a Locker's store (those that
+// take the key's claim lock), and holds the second one back until its
+// channel closes.
+type abandonGate struct {
+	backend
+	lock   string
+	second chan struct{}
+	mu     sync.Mutex
+	begun  int
+	ended  int
+}
+
+func (g *abandonGate) InTx(ctx context.Context, fn func(backend) error) error {
+	tx := &gatedTx{Backend: nil, g: g}
+	err := g.backend.InTx(ctx, func(b backend) error { tx.Backend = b; return fn(tx) })
+	if tx.undo {
+		g.mu.Lock()
+		g.ended++
+		g.mu.Unlock()
+	}
+	return err
+}
+
+func (g *abandonGate) counts() (begun, ended int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.begun, g.ended
+}
+
+type gatedTx struct {
+	store.Backend
+	g    *abandonGate
+	undo bool
+}
+
+func (tx *gatedTx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if q == tx.g.lock {
+		tx.undo = true
+		tx.g.mu.Lock()
+		tx.g.begun++
+		n := tx.g.begun
+		tx.g.mu.Unlock()
+		if n == 2 {
+			<-tx.g.second
+		}
+	}
+	return tx.Backend.Exec(ctx, q, args...)
+}
+
+// TestUndoLooksAgainForALateClaim: a claim whose statement began on the
+// server only after its undo had run (and found nothing to release) takes
+// the key; the undo's second look, a release timeout later, releases it
+// (journaled abandoned) rather than leaving a lease that nobody renews
+// until it expires a lease duration later. The late claim is the Locker's
+// own claim statement, sent with the undone claim's token once the first
+// undo has committed; the second look is held back until then.
+func TestUndoLooksAgainForALateClaim(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2, WithReleaseTimeout(100*time.Millisecond))
+	gate := &abandonGate{backend: l.store.DB, lock: l.store.SQL().AbandonLock, second: make(chan struct{})}
+	l.store.DB = gate
+	const key, token = "late", 4242
+	l.undoClaim(key, token)
+	waitFor(t, 20*time.Second, func() bool { _, ended := gate.counts(); return ended == 1 })
+	if _, ok := f.row(key); ok {
+		t.Fatal("the first undo left a row")
+	}
+	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("late claim: %+v, %v", res, err)
+	}
+	close(gate.second)
+	waitFor(t, 20*time.Second, func() bool { r, _ := f.row(key); return r.Released })
+	var events string
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT string_agg(event, ',' ORDER BY occurred_at, event) FROM "`+f.table+`_journal" WHERE key = $1`, key).Scan(&events); err != nil {
+		t.Fatal(err)
+	}
+	if events != "granted,abandoned" {
+		t.Fatalf("journal of the late claim: %q, want granted,abandoned", events)
 	}
 }

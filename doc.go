@@ -87,7 +87,10 @@
 // claim whose reply is lost (its context ended while the server ran it,
 // connection dropped) is undone in the background by a transaction that
 // first waits for that advisory lock, so it runs after the claim's commit
-// or rollback, never before. A claim that waited for a claim slot (see DB),
+// or rollback. A claim whose statement had not yet begun on the server
+// when the undo ran (still on its way there) holds no such lock; if it then
+// takes the key, the undo's second look, a release timeout later, releases
+// it. A claim that waited for a claim slot (see DB),
 // or was sent while another claim or release of its Locker was in flight,
 // is not cut off when its caller stops waiting:
 // the caller gets its context's error at once, the statement goes on, on
