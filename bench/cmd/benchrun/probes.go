@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -107,8 +106,10 @@ type plannerResult struct {
 }
 
 // plannerCheck claims n leases on a fresh table whose statistics autovacuum
-// has not gathered yet (autovacuum off on it), captures the renew statement
-// the library sends, and times it before and after ANALYZE.
+// has not gathered yet (autovacuum off on it), waits for the library's
+// first renew of them all (counting those that failed), holds its renewer
+// back, and times the renew function's UPDATE on the table's leases before
+// and after ANALYZE.
 func (e *env) plannerCheck(n int) (plannerResult, error) {
 	ctx, admin, res := e.ctx, e.admin, plannerResult{N: n}
 	logf("renew planner check with %d leases", n)
@@ -132,44 +133,32 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	if err := parallel(n, 8, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("planner-%05d", i)); return err }); err != nil {
 		return res, err
 	}
-	// A renew that lists all n leases (it may fail: the library bounds it);
-	// its first argument is a JSON list or object of them, or an array of keys.
-	var stmt *benchenv.Traced
-	for deadline := time.Now().Add(30 * time.Second); stmt == nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return res, errors.New("no renew statement of all the leases seen in 30s")
-		}
-		for _, t := range tr.Take() {
-			if t.Kind != benchenv.KindRenew || len(t.Args) == 0 {
-				continue
-			}
-			if s, ok := t.Args[0].(string); ok && argLen(s) == n {
-				if t.Err != nil {
-					res.LibraryBeatsTimedOut++
-				}
-				stmt = &t
-			}
-		}
+	if res.LibraryBeatsTimedOut, err = fullBeats(tr, benchenv.Now()); err != nil {
+		return res, err
 	}
 	hold.Store(true) // hold the library's renewer back from now on
 	// The renew function's plan is not shown by EXPLAIN of its call: time
-	// and explain its UPDATE, the same statement with the same arguments.
-	stmt.SQL = store.New(nil, store.NewNames(table), false).SQL().RenewInline
-	if res.ColdPlan, err = e.joins(stmt); err != nil {
+	// and explain its UPDATE, the same statement, on every lease of the table.
+	q := store.New(nil, store.NewNames(table), false).SQL().RenewInline
+	args, err := e.renewArgs(table)
+	if err != nil {
 		return res, err
 	}
-	if res.Cold, res.ColdTimedOut, err = e.timeStmt(stmt, n); err != nil {
+	if res.ColdPlan, err = e.joins(q, args); err != nil {
+		return res, err
+	}
+	if res.Cold, res.ColdTimedOut, err = e.timeStmt(q, args, n); err != nil {
 		return res, err
 	}
 	if _, err := admin.Exec(ctx, `ANALYZE `+table); err != nil {
 		return res, err
 	}
-	if res.WarmPlan, err = e.joins(stmt); err != nil {
+	if res.WarmPlan, err = e.joins(q, args); err != nil {
 		return res, err
 	}
 	var warm []time.Duration
 	for range 5 {
-		d, _, err := e.timeStmt(stmt, n)
+		d, _, err := e.timeStmt(q, args, n)
 		if err != nil {
 			return res, err
 		}
@@ -180,32 +169,36 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	return res, nil
 }
 
-// argLen is the number of leases in a renew's first argument: a JSON list
-// or object (schema version 9), or an array literal of keys (version 10;
-// counted by its commas: the planner's keys have none).
-func argLen(s string) int {
-	var v any
-	if json.Unmarshal([]byte(s), &v) == nil {
-		return jsonLen(v)
-	}
-	if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") {
-		if s == "{}" {
-			return 0
+// fullBeats waits (30 s at most) for the library's renew statements sent
+// after `after` (each lists every lease claimed before it) and returns how
+// many of those seen failed, once one has been seen.
+func fullBeats(tr *benchenv.Tracer, after int64) (failed int, err error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for seen := false; !seen; {
+		if time.Now().After(deadline) {
+			return failed, errors.New("no renew statement of all the leases seen in 30s")
 		}
-		return strings.Count(s, ",") + 1
+		time.Sleep(50 * time.Millisecond)
+		for _, t := range tr.Take() {
+			if t.Kind == benchenv.KindRenew && t.Start > after {
+				if seen = true; t.Err != nil {
+					failed++
+				}
+			}
+		}
 	}
-	return -1
+	return failed, nil
 }
 
-// jsonLen is the length of a JSON list or the number of keys of a JSON object.
-func jsonLen(v any) int {
-	switch v := v.(type) {
-	case []any:
-		return len(v)
-	case map[string]any:
-		return len(v)
-	}
-	return -1
+// renewArgs are the renew statement's arguments for every lease of table,
+// read from it: keys, fences, claim tokens, holder (one), and a lease of
+// ten minutes (µs).
+func (e *env) renewArgs(table string) ([]any, error) {
+	var keys []string
+	var fences, tokens []int64
+	var holder string
+	err := e.admin.QueryRow(e.ctx, `SELECT array_agg(key), array_agg(fence), array_agg(token), max(holder) FROM `+table).Scan(&keys, &fences, &tokens, &holder)
+	return []any{keys, fences, tokens, holder, (10 * time.Minute).Microseconds()}, err
 }
 
 // freshTable (re)creates a lease table (Drop, then Migrate) and runs alter
@@ -221,9 +214,9 @@ func (e *env) freshTable(table, alter string) error {
 	return err
 }
 
-// timeStmt executes a captured statement (statement timeout 120 s) and
-// checks it returned n rows.
-func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut bool, err error) {
+// timeStmt executes q (statement timeout 120 s) and checks it returned n
+// rows.
+func (e *env) timeStmt(q string, args []any, n int) (took time.Duration, timedOut bool, err error) {
 	c, err := e.admin.Acquire(e.ctx)
 	if err != nil {
 		return 0, false, err
@@ -234,7 +227,7 @@ func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut 
 	}
 	defer c.Exec(e.ctx, `RESET statement_timeout`)
 	t0 := time.Now()
-	rows, err := c.Query(e.ctx, t.SQL, t.Args...)
+	rows, err := c.Query(e.ctx, q, args...)
 	if err != nil {
 		return 0, false, err
 	}
@@ -255,9 +248,9 @@ func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut 
 	return took, false, nil
 }
 
-// joins are the join nodes of a captured statement's plan.
-func (e *env) joins(t *benchenv.Traced) (string, error) {
-	rows, err := e.admin.Query(e.ctx, `EXPLAIN `+t.SQL, t.Args...)
+// joins are the join nodes of q's plan.
+func (e *env) joins(q string, args []any) (string, error) {
+	rows, err := e.admin.Query(e.ctx, `EXPLAIN `+q, args...)
 	if err != nil {
 		return "", err
 	}
