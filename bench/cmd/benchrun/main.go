@@ -52,7 +52,7 @@ func main() {
 	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios")
 	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
 	s(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants; empty: all)")
-	s(&c.sections, "sections", "all", "comma list of bench, counters, planner, health, handoff, capacity, audit; or all")
+	s(&c.sections, "sections", "all", "comma list of bench, planner, health, handoff, capacity, audit; or all")
 	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
 	s(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write")
 	s(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
@@ -189,7 +189,6 @@ func measure(ctx context.Context, c config, rep *report) error {
 		run  func() error
 	}{
 		{"bench", func() error { return benches(c, goEnv, rep) }},
-		{"counters", func() (err error) { rep.Counters, err = e.skipCounters(10000); return err }},
 		{"planner", func() error {
 			for _, n := range []int{1000, 3000, 10000} {
 				pc, err := e.plannerCheck(n)

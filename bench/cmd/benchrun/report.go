@@ -29,7 +29,6 @@ type report struct {
 	Peers             [][2]string
 	Skipped           []string
 	Results           map[string]*result
-	Counters          []counterPhase
 	Planner           []plannerResult
 	Health            []healthResult
 	SVGLink           string
