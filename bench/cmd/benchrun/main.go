@@ -35,10 +35,10 @@ import (
 )
 
 type config struct {
-	benchtime, variants, sections, merge, render string
+	benchtime, sections, merge, render           string
 	out, svg, handoffSVG, capacitySVG, raw, json string
 	shapes, satSteps, auditRuns                  string
-	count, rounds, roundN                        int // go test -count; rounds and iterations of the interleaved benchmarks
+	count, rounds, roundN                        int // go test -count; rounds and iterations of BenchmarkInterleaved
 	handoffN, vanishN, schedTicks, auditReps     int
 	health, window, satStep                      time.Duration
 	capPeers                                     bool
@@ -49,9 +49,8 @@ func main() {
 	s, i, d := flag.StringVar, flag.IntVar, flag.DurationVar
 	s(&c.benchtime, "benchtime", "1s", "go test -benchtime of the separate benchmarks")
 	i(&c.count, "count", 3, "go test -count: runs of each separate benchmark; the table shows the median")
-	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios")
-	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
-	s(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants; empty: all)")
+	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios")
+	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
 	s(&c.sections, "sections", "all", "comma list of bench, planner, health, handoff, capacity, audit; or all")
 	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
 	s(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write")
@@ -172,7 +171,7 @@ func measure(ctx context.Context, c config, rep *report) error {
 		return err
 	}
 	logf("starting the peers (redis-server twice, etcd)")
-	goEnv := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+e.url, "PGLEASE_BENCH_VARIANTS="+c.variants)
+	goEnv := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+e.url)
 	for _, p := range benchenv.Peers(ctx) {
 		if p.Proc != nil {
 			defer p.Proc.Stop()
@@ -234,11 +233,11 @@ func measure(ctx context.Context, c config, rep *report) error {
 }
 
 // benches runs the testing.B benchmarks in a child go test against the
-// servers in env: all but the interleaved ones, then those on their own in
+// servers in env: all but BenchmarkInterleaved, then it on its own in
 // rounds (-rounds of -round-n iterations), whose ratios are the median of
-// their rounds.
+// the rounds.
 func benches(c config, env []string, rep *report) error {
-	const rounds = "^(BenchmarkInterleaved|BenchmarkJournal)$"
+	const rounds = "^BenchmarkInterleaved$"
 	if err := os.MkdirAll(filepath.Dir(c.raw), 0o755); err != nil {
 		return err
 	}
