@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -139,10 +138,8 @@ func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
 	if err := benchenv.FlushStats(e.ctx, e.admin); err != nil {
 		return sample{}, err
 	}
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	roles := e.cpu.ByRole(e.adminPIDs...)
-	s := sample{at: time.Now(), c: float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, machine: benchenv.MachineCPU(), roles: roles}
+	s := sample{at: time.Now(), c: benchenv.OwnCPU(), machine: benchenv.MachineCPU(), roles: roles}
 	for r, secs := range roles {
 		if r != benchenv.BenchSessions { // the admin pool: counters, pg_stat_activity samples
 			s.server += secs

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -171,6 +172,13 @@ func role(pid string, mine []int) string {
 		return BenchSessions
 	}
 	return "client backend"
+}
+
+// OwnCPU is this process's CPU time (user + system), in seconds.
+func OwnCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // MachineCPU is the CPU time all cores have spent busy so far, in seconds
