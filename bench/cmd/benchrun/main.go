@@ -14,6 +14,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -98,7 +99,7 @@ func run(c config, args []string) error {
 	}
 	rep := &report{Args: args, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 	if c.render != "" || c.merge != "" {
-		old, err := readJSON(cmpOr(c.render, c.merge))
+		old, err := readJSON(cmp.Or(c.render, c.merge))
 		if err != nil {
 			return err
 		}
@@ -314,13 +315,6 @@ func readJSON(path string) (*report, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return rep, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func logf(format string, args ...any) {
