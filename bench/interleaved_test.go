@@ -85,33 +85,24 @@ func BenchmarkInterleaved(b *testing.B) {
 	drivers(b, func(b *testing.B, c conn) {
 		const held = "bench-interleaved-held"
 		holdKey(b, c, held)
-		c.exec(b, `INSERT INTO bench_floor (id, n) VALUES (7, 0) ON CONFLICT (id) DO NOTHING`)
 		var (
-			one, fence int64
-			holder     string
-			expires    time.Time
-			tick       *time.Time
+			fence   int64
+			holder  string
+			expires time.Time
+			tick    *time.Time
 		)
-		parts := append([]part{
-			{"select1", "", func() { c.scan(b, `SELECT 1`, nil, &one) }},
-			{"upsert", "", func() { c.exec(b, upsertSQL(4)) }},
-			{"read", "", func() {
-				c.scan(b, `SELECT holder, fence, expires_at, last_tick FROM `+pglease.DefaultTable+` WHERE key = $1`,
-					[]any{held}, &holder, &fence, &expires, &tick)
-			}},
-			{"update", "", func() { c.exec(b, updateSQL, 7) }},
-		}, lockerParts(b, c.locker(b), "", held)...)
+		parts := append(floorParts(b, c, 4, 7), part{"read", "", func() {
+			c.scan(b, `SELECT holder, fence, expires_at, last_tick FROM `+pglease.DefaultTable+` WHERE key = $1`,
+				[]any{held}, &holder, &fence, &expires, &tick)
+		}})
+		parts = append(parts, lockerParts(b, c.locker(b), "", held)...)
 		ratios := []string{"skip/select1", "skip", "select1", "lockunlock/upsert", "lockunlock", "upsert", "read/select1", "read", "select1",
 			"lockunlock/lockunlock-journal-off", "lockunlock", "lockunlock-journal-off", "skip/skip-journal-off", "skip", "skip-journal-off"}
 		for _, v := range lockerVariants {
 			parts = append(parts, lockerParts(b, c.locker(b, v.opts...), "-"+v.name, held)...)
 			ratios = append(ratios, "skip-"+v.name+"/skip", "skip-"+v.name, "skip", "lockunlock-"+v.name+"/lockunlock", "lockunlock-"+v.name, "lockunlock")
 		}
-		med := interleave(b, parts, nil, ratios...)
-		// The floor of a job run: one durable commit and one more round
-		// trip; with a release that writes its row, a non-durable UPDATE.
-		b.ReportMetric((med["upsert"]+med["select1"])/med["upsert"], "floor/upsert")
-		b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
+		reportFloors(b, interleave(b, parts, nil, ratios...))
 	})
 }
 
@@ -129,3 +120,26 @@ func lockerParts(b *testing.B, l *pglease.Locker, suffix, held string) []part {
 // release that writes its row costs).
 const updateSQL = `WITH c AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE bench_floor SET n = n + 1 FROM c WHERE id = $1`
+
+// floorParts are the floors' parts of an interleaved loop on c, each
+// found in pg_stat_statements by its text: select1, a round trip; upsert,
+// a one-row upsert of row upsertID of bench_floor (one durable commit);
+// update, updateSQL of row updateID, made here.
+func floorParts(b *testing.B, c conn, upsertID, updateID int) []part {
+	c.exec(b, `INSERT INTO bench_floor (id, n) VALUES ($1, 0) ON CONFLICT (id) DO NOTHING`, updateID)
+	var one int
+	return []part{
+		{"select1", "SELECT 1", func() { c.scan(b, `SELECT 1`, nil, &one) }},
+		{"upsert", "INSERT INTO bench_floor", func() { c.exec(b, upsertSQL(upsertID)) }},
+		{"update", "UPDATE bench_floor", func() { c.exec(b, updateSQL, updateID) }},
+	}
+}
+
+// reportFloors reports the floors of a job run from the medians of a loop
+// with floorParts, over the upsert: one durable commit and one more round
+// trip (floor/upsert); with a release that writes its row, one durable
+// commit and a non-durable UPDATE (rowfloor/upsert).
+func reportFloors(b *testing.B, med map[string]float64) {
+	b.ReportMetric((med["upsert"]+med["select1"])/med["upsert"], "floor/upsert")
+	b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
+}
