@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,66 +60,60 @@ func interleave(b *testing.B, parts []part, slots [][]int, ratios ...string) map
 	return med
 }
 
-// lockerVariants are the Locker configurations BenchmarkInterleaved
-// measures, the default first (the targets' source); the report shows each
-// next to it. aa-control is the default again: the resolution of such
-// comparisons. PGLEASE_BENCH_VARIANTS (benchrun's -variants) picks some.
+// lockerVariants are the Locker configurations BenchmarkInterleaved times
+// beside the default one, in the same loop. aa-control is the default
+// again: the resolution of such comparisons.
 var lockerVariants = []struct {
 	name string
 	opts []pglease.Option
 }{
-	{"default", nil},
 	{"aa-control", nil},
 	{"journal-off", []pglease.Option{pglease.WithJournal(false)}},
 	{"failover-delay-off", []pglease.Option{pglease.WithFailoverDelay(0)}},
 }
 
-// BenchmarkInterleaved is the source of the target ratios: a SELECT 1, a
-// Lock on a held key (the skip path), a one-row upsert (one durable
-// commit), a Lock+Unlock of a free key and the two floors of a lease (the
+// BenchmarkInterleaved is the source of the target ratios: per pool, one
+// loop of the floors (a SELECT 1; a one-row upsert, one durable commit; the
 // plain read of the held key's row; a one-row UPDATE whose commit is not
-// durable), interleaved on one pool. One run is one round (benchrun runs
-// -benchtime 400x -count 9). It runs once per Locker variant.
+// durable) and, for the default Locker and each of lockerVariants, a Lock
+// on the held key (the skip path) and a Lock+Unlock of its own free key.
+// Besides the default's ratios to the floors, it reports each variant's
+// time over the default's (skip-VARIANT/skip, lockunlock-VARIANT/lockunlock)
+// and the journal's cost (the default over journal-off). One run is one
+// round (benchrun runs -benchtime 400x -count 9).
 func BenchmarkInterleaved(b *testing.B) {
-	list := os.Getenv("PGLEASE_BENCH_VARIANTS")
-	for _, v := range lockerVariants {
-		switch {
-		case list != "" && !slices.Contains(strings.Split(list, ","), v.name):
-		case v.name == "default":
-			interleaved(b, v.opts)
-		default:
-			b.Run("variant="+v.name, func(b *testing.B) { interleaved(b, v.opts) })
+	drivers(b, func(b *testing.B, c conn) {
+		const held = "bench-interleaved-held"
+		holdKey(b, c, held)
+		var (
+			fence   int64
+			holder  string
+			expires time.Time
+			tick    *time.Time
+		)
+		parts := append(floorParts(b, c, 4, 7), part{"read", "", func() {
+			c.scan(b, `SELECT holder, fence, expires_at, last_tick FROM `+pglease.DefaultTable+` WHERE key = $1`,
+				[]any{held}, &holder, &fence, &expires, &tick)
+		}})
+		parts = append(parts, lockerParts(b, c.locker(b), "", held)...)
+		ratios := []string{"skip/select1", "skip", "select1", "lockunlock/upsert", "lockunlock", "upsert", "read/select1", "read", "select1",
+			"lockunlock/lockunlock-journal-off", "lockunlock", "lockunlock-journal-off", "skip/skip-journal-off", "skip", "skip-journal-off"}
+		for _, v := range lockerVariants {
+			parts = append(parts, lockerParts(b, c.locker(b, v.opts...), "-"+v.name, held)...)
+			ratios = append(ratios, "skip-"+v.name+"/skip", "skip-"+v.name, "skip", "lockunlock-"+v.name+"/lockunlock", "lockunlock-"+v.name, "lockunlock")
 		}
-	}
+		reportFloors(b, interleave(b, parts, nil, ratios...))
+	})
 }
 
-func interleaved(b *testing.B, opts []pglease.Option) {
-	drivers(b, func(b *testing.B, c conn) {
-		holdKey(b, c, "bench-interleaved-held")
-		l := c.locker(b, opts...)
-		c.exec(b, `INSERT INTO bench_floor (id, n) VALUES (7, 0) ON CONFLICT (id) DO NOTHING`)
-		var (
-			one, fence int64
-			holder     string
-			expires    time.Time
-			tick       *time.Time
-		)
-		med := interleave(b, []part{
-			{"select1", "", func() { c.scan(b, `SELECT 1`, nil, &one) }},
-			{"skip", "", func() { skipOnce(b, l, "bench-interleaved-held") }},
-			{"upsert", "", func() { c.exec(b, upsertSQL(4)) }},
-			{"lockunlock", "", func() { lockUnlock(b, l, "bench-interleaved-free") }},
-			{"read", "", func() {
-				c.scan(b, `SELECT holder, fence, expires_at, last_tick FROM `+pglease.DefaultTable+` WHERE key = $1`,
-					[]any{"bench-interleaved-held"}, &holder, &fence, &expires, &tick)
-			}},
-			{"update", "", func() { c.exec(b, updateSQL, 7) }},
-		}, nil, "skip/select1", "skip", "select1", "lockunlock/upsert", "lockunlock", "upsert", "read/select1", "read", "select1")
-		// The floor of a job run: one durable commit and one more round
-		// trip; with a release that writes its row, a non-durable UPDATE.
-		b.ReportMetric((med["upsert"]+med["select1"])/med["upsert"], "floor/upsert")
-		b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
-	})
+// lockerParts are one Locker's parts of BenchmarkInterleaved:
+// skipSUFFIX, a Lock on held; lockunlockSUFFIX, a Lock+Unlock of a free key
+// of its own.
+func lockerParts(b *testing.B, l *pglease.Locker, suffix, held string) []part {
+	return []part{
+		{"skip" + suffix, "", func() { skipOnce(b, l, held) }},
+		{"lockunlock" + suffix, "", func() { lockUnlock(b, l, "bench-interleaved-free"+suffix) }},
+	}
 }
 
 // updateSQL is a one-row UPDATE whose commit is not durable (what any
@@ -129,18 +121,25 @@ func interleaved(b *testing.B, opts []pglease.Option) {
 const updateSQL = `WITH c AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE bench_floor SET n = n + 1 FROM c WHERE id = $1`
 
-// BenchmarkJournal is the journal's cost: Lock+Unlock of a free key and
-// the skip path, by a Locker with the journal on and one with it off,
-// interleaved on one pool.
-func BenchmarkJournal(b *testing.B) {
-	drivers(b, func(b *testing.B, c conn) {
-		holdKey(b, c, "bench-journal-held")
-		on, off := c.locker(b), c.locker(b, pglease.WithJournal(false))
-		interleave(b, []part{
-			{"lockunlock-on", "", func() { lockUnlock(b, on, "bench-journal-on") }},
-			{"lockunlock-off", "", func() { lockUnlock(b, off, "bench-journal-off") }},
-			{"skip-on", "", func() { skipOnce(b, on, "bench-journal-held") }},
-			{"skip-off", "", func() { skipOnce(b, off, "bench-journal-held") }},
-		}, nil, "lockunlock-on/off", "lockunlock-on", "lockunlock-off", "skip-on/off", "skip-on", "skip-off")
-	})
+// floorParts are the floors' parts of an interleaved loop on c, each
+// found in pg_stat_statements by its text: select1, a round trip; upsert,
+// a one-row upsert of row upsertID of bench_floor (one durable commit);
+// update, updateSQL of row updateID, made here.
+func floorParts(b *testing.B, c conn, upsertID, updateID int) []part {
+	c.exec(b, `INSERT INTO bench_floor (id, n) VALUES ($1, 0) ON CONFLICT (id) DO NOTHING`, updateID)
+	var one int
+	return []part{
+		{"select1", "SELECT 1", func() { c.scan(b, `SELECT 1`, nil, &one) }},
+		{"upsert", "INSERT INTO bench_floor", func() { c.exec(b, upsertSQL(upsertID)) }},
+		{"update", "UPDATE bench_floor", func() { c.exec(b, updateSQL, updateID) }},
+	}
+}
+
+// reportFloors reports the floors of a job run from the medians of a loop
+// with floorParts, over the upsert: one durable commit and one more round
+// trip (floor/upsert); with a release that writes its row, one durable
+// commit and a non-durable UPDATE (rowfloor/upsert).
+func reportFloors(b *testing.B, med map[string]float64) {
+	b.ReportMetric((med["upsert"]+med["select1"])/med["upsert"], "floor/upsert")
+	b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -121,11 +120,11 @@ func measure(b *testing.B, loop func()) {
 	ctx := context.Background()
 	before, err := benchenv.ReadCounters(ctx, pool)
 	must(b, err)
-	cpu0, own0 := serverCPU.Seconds(), ownCPUSeconds()
+	cpu0, own0 := serverCPU.Seconds(), benchenv.OwnCPU()
 	b.ResetTimer()
 	loop()
 	b.StopTimer()
-	cpu1, own1 := serverCPU.Seconds(), ownCPUSeconds()
+	cpu1, own1 := serverCPU.Seconds(), benchenv.OwnCPU()
 	after, err := benchenv.ReadCounters(ctx, pool)
 	must(b, err)
 	d, n := after.Sub(before), float64(b.N)
@@ -135,13 +134,6 @@ func measure(b *testing.B, loop func()) {
 		b.ReportMetric((cpu1-cpu0)*1e6/n, "dbcpu-us/op")
 	}
 	b.ReportMetric((own1-own0)*1e6/n, "clientcpu-us/op")
-}
-
-// ownCPUSeconds is this process's CPU time (user + system).
-func ownCPUSeconds() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 func must(b *testing.B, err error) {

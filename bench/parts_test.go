@@ -55,20 +55,16 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 			"claimdeadline/select1", "claimdeadline", "select1", "skip/select1", "skip", "select1")
 	})
 	b.Run("op=LockUnlock", func(b *testing.B) {
-		c.exec(b, `INSERT INTO bench_floor (id, n) VALUES (6, 0) ON CONFLICT (id) DO NOTHING`)
 		l := newLocker(b, pool)
 		var le *pglease.Lease
 		var err error
-		med := interleave(b, []part{
-			{"select1", "SELECT 1", func() { c.scan(b, `SELECT 1`, nil, &one) }},
-			{"upsert", "INSERT INTO bench_floor", func() { c.exec(b, upsertSQL(5)) }},
-			{"update", "UPDATE bench_floor", func() { c.exec(b, updateSQL, 6) }},
-			{"lock", claimCall, func() { le, err = l.Lock(ctx, "bench-parts-free"); must(b, err) }},
-			{"unlock", "SET released_at", func() { must(b, le.Unlock(ctx)) }},
-		}, [][]int{{3, 4}}, // Unlock follows its Lock
+		med := interleave(b, append(floorParts(b, c, 5, 6),
+			part{"lock", claimCall, func() { le, err = l.Lock(ctx, "bench-parts-free"); must(b, err) }},
+			part{"unlock", "SET released_at", func() { must(b, le.Unlock(ctx)) }},
+		), [][]int{{3, 4}}, // Unlock follows its Lock
 			"lock/upsert", "lock", "upsert", "unlock/select1", "unlock", "select1", "update/select1", "update", "select1")
 		b.ReportMetric((med["lock"]+med["unlock"])/med["upsert"], "lockunlock/upsert")
-		b.ReportMetric((med["upsert"]+med["update"])/med["upsert"], "rowfloor/upsert")
+		reportFloors(b, med)
 	})
 }
 

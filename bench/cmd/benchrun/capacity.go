@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -430,12 +429,10 @@ func (e *env) scheduled(b *benchenv.Bouncer, f *fleet, baseCPU float64) (*schedR
 // otherCPU is the CPU seconds so far of PgBouncer (b; 0 if nil), of this
 // process and of the whole machine (busy), read without a query.
 func (e *env) otherCPU(b *benchenv.Bouncer) (s [3]float64) {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	if b != nil {
 		s[0] = benchenv.ProcCPU(b.PID())
 	}
-	s[1], s[2] = float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9, benchenv.MachineCPU()
+	s[1], s[2] = benchenv.OwnCPU(), benchenv.MachineCPU()
 	return s
 }
 

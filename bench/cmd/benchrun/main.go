@@ -14,6 +14,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,10 +36,10 @@ import (
 )
 
 type config struct {
-	benchtime, variants, sections, merge, render string
+	benchtime, sections, merge, render           string
 	out, svg, handoffSVG, capacitySVG, raw, json string
 	shapes, satSteps, auditRuns                  string
-	count, rounds, roundN                        int // go test -count; rounds and iterations of the interleaved benchmarks
+	count, rounds, roundN                        int // go test -count; rounds and iterations of BenchmarkInterleaved
 	handoffN, vanishN, schedTicks, auditReps     int
 	health, window, satStep                      time.Duration
 	capPeers                                     bool
@@ -49,10 +50,9 @@ func main() {
 	s, i, d := flag.StringVar, flag.IntVar, flag.DurationVar
 	s(&c.benchtime, "benchtime", "1s", "go test -benchtime of the separate benchmarks")
 	i(&c.count, "count", 3, "go test -count: runs of each separate benchmark; the table shows the median")
-	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved and BenchmarkJournal, the source of the target ratios")
-	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved and BenchmarkJournal per round")
-	s(&c.variants, "variants", "", "comma list of the Locker variants BenchmarkInterleaved runs (lockerVariants; empty: all)")
-	s(&c.sections, "sections", "all", "comma list of bench, counters, planner, health, handoff, capacity, audit; or all")
+	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios")
+	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
+	s(&c.sections, "sections", "all", "comma list of bench, planner, health, handoff, capacity, audit; or all")
 	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
 	s(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write")
 	s(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
@@ -99,7 +99,7 @@ func run(c config, args []string) error {
 	}
 	rep := &report{Args: args, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 	if c.render != "" || c.merge != "" {
-		old, err := readJSON(cmpOr(c.render, c.merge))
+		old, err := readJSON(cmp.Or(c.render, c.merge))
 		if err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ func measure(ctx context.Context, c config, rep *report) error {
 		return err
 	}
 	logf("starting the peers (redis-server twice, etcd)")
-	goEnv := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+e.url, "PGLEASE_BENCH_VARIANTS="+c.variants)
+	goEnv := append(os.Environ(), "PGLEASE_BENCH_PG_URL="+e.url)
 	for _, p := range benchenv.Peers(ctx) {
 		if p.Proc != nil {
 			defer p.Proc.Stop()
@@ -189,7 +189,6 @@ func measure(ctx context.Context, c config, rep *report) error {
 		run  func() error
 	}{
 		{"bench", func() error { return benches(c, goEnv, rep) }},
-		{"counters", func() (err error) { rep.Counters, err = e.skipCounters(10000); return err }},
 		{"planner", func() error {
 			for _, n := range []int{1000, 3000, 10000} {
 				pc, err := e.plannerCheck(n)
@@ -235,11 +234,11 @@ func measure(ctx context.Context, c config, rep *report) error {
 }
 
 // benches runs the testing.B benchmarks in a child go test against the
-// servers in env: all but the interleaved ones, then those on their own in
+// servers in env: all but BenchmarkInterleaved, then it on its own in
 // rounds (-rounds of -round-n iterations), whose ratios are the median of
-// their rounds.
+// the rounds.
 func benches(c config, env []string, rep *report) error {
-	const rounds = "^(BenchmarkInterleaved|BenchmarkJournal)$"
+	const rounds = "^BenchmarkInterleaved$"
 	if err := os.MkdirAll(filepath.Dir(c.raw), 0o755); err != nil {
 		return err
 	}
@@ -316,13 +315,6 @@ func readJSON(path string) (*report, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return rep, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func logf(format string, args ...any) {

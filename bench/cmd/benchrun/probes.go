@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,88 +13,6 @@ import (
 	"github.com/pglease/pglease/internal/store"
 )
 
-// counterPhase is one batch of the skip-path counter check.
-type counterPhase struct {
-	Name  string
-	N     int
-	Delta benchenv.Counters
-	Took  time.Duration
-}
-
-// skipCounters runs batches of SELECT 1, skip-path claims (Lockers with
-// the library's defaults, one-hour leases so that no renewal falls in a
-// batch) and upserts on a one-connection pool, and reads the server
-// counters around each.
-func (e *env) skipCounters(n int) ([]counterPhase, error) {
-	ctx := e.ctx
-	p, err := newPool(ctx, e.url, 1, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer p.Close()
-	if err := pglease.Migrate(ctx, p); err != nil {
-		return nil, err
-	}
-	if _, err := p.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL)`); err != nil {
-		return nil, err
-	}
-	const key = "bench-counter-held"
-	other, err := newReplica(ctx, e.url, 1, nil, nil, pglease.WithHolder("counter-other-replica"), pglease.WithLeaseDuration(time.Hour))
-	if err != nil {
-		return nil, err
-	}
-	defer other.close()
-	if _, err := other.Lock(ctx, key); err != nil {
-		return nil, err
-	}
-	me, err := pglease.New(p, pglease.WithLeaseDuration(time.Hour))
-	if err != nil {
-		return nil, err
-	}
-	defer me.Close()
-	read := func() (benchenv.Counters, error) {
-		if err := benchenv.FlushStats(ctx, p); err != nil {
-			return benchenv.Counters{}, err
-		}
-		time.Sleep(1200 * time.Millisecond) // a backend flushes its statistics at most once a second
-		return benchenv.ReadCounters(ctx, p)
-	}
-	var out []counterPhase
-	var one int
-	for _, ph := range []struct {
-		name string
-		n    int
-		op   func() error
-	}{
-		{"SELECT 1 (floor)", n, func() error { return p.QueryRow(ctx, `SELECT 1`).Scan(&one) }},
-		{"pglease Lock on a held key (skip path)", n, func() error {
-			if _, err := me.Lock(ctx, key); !errors.Is(err, pglease.ErrAlreadyLocked) {
-				return fmt.Errorf("skip-path Lock: got %v, want ErrAlreadyLocked", err)
-			}
-			return nil
-		}},
-		{"one-row upsert (durable commit, for contrast)", max(n/10, 1), func() error {
-			_, err := p.Exec(ctx, `INSERT INTO bench_floor (id, n) VALUES (3, 1) ON CONFLICT (id) DO UPDATE SET n = bench_floor.n + 1`)
-			return err
-		}},
-	} {
-		before, err := read()
-		t0 := time.Now()
-		for j := 0; j < ph.n && err == nil; j++ {
-			err = ph.op()
-		}
-		took := time.Since(t0)
-		after, err2 := read()
-		if err = errors.Join(err, err2); err != nil {
-			return nil, err
-		}
-		d := after.Sub(before)
-		d.XactCommit -= 2 // the counter read before and the flush request after the batch
-		out = append(out, counterPhase{ph.name, ph.n, d, took})
-	}
-	return out, nil
-}
-
 // plannerResult is the renew statement's cost before and after the lease
 // table has statistics.
 type plannerResult struct {
@@ -107,8 +24,10 @@ type plannerResult struct {
 }
 
 // plannerCheck claims n leases on a fresh table whose statistics autovacuum
-// has not gathered yet (autovacuum off on it), captures the renew statement
-// the library sends, and times it before and after ANALYZE.
+// has not gathered yet (autovacuum off on it), waits for the library's
+// first renew of them all (counting those that failed), holds its renewer
+// back, and times the renew function's UPDATE on the table's leases before
+// and after ANALYZE.
 func (e *env) plannerCheck(n int) (plannerResult, error) {
 	ctx, admin, res := e.ctx, e.admin, plannerResult{N: n}
 	logf("renew planner check with %d leases", n)
@@ -132,44 +51,32 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	if err := parallel(n, 8, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("planner-%05d", i)); return err }); err != nil {
 		return res, err
 	}
-	// A renew that lists all n leases (it may fail: the library bounds it);
-	// its first argument is a JSON list or object of them, or an array of keys.
-	var stmt *benchenv.Traced
-	for deadline := time.Now().Add(30 * time.Second); stmt == nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return res, errors.New("no renew statement of all the leases seen in 30s")
-		}
-		for _, t := range tr.Take() {
-			if t.Kind != benchenv.KindRenew || len(t.Args) == 0 {
-				continue
-			}
-			if s, ok := t.Args[0].(string); ok && argLen(s) == n {
-				if t.Err != nil {
-					res.LibraryBeatsTimedOut++
-				}
-				stmt = &t
-			}
-		}
+	if res.LibraryBeatsTimedOut, err = fullBeats(tr, benchenv.Now()); err != nil {
+		return res, err
 	}
 	hold.Store(true) // hold the library's renewer back from now on
 	// The renew function's plan is not shown by EXPLAIN of its call: time
-	// and explain its UPDATE, the same statement with the same arguments.
-	stmt.SQL = store.New(nil, store.NewNames(table), false).SQL().RenewInline
-	if res.ColdPlan, err = e.joins(stmt); err != nil {
+	// and explain its UPDATE, the same statement, on every lease of the table.
+	q := store.New(nil, store.NewNames(table), false).SQL().RenewInline
+	args, err := e.renewArgs(table)
+	if err != nil {
 		return res, err
 	}
-	if res.Cold, res.ColdTimedOut, err = e.timeStmt(stmt, n); err != nil {
+	if res.ColdPlan, err = e.joins(q, args); err != nil {
+		return res, err
+	}
+	if res.Cold, res.ColdTimedOut, err = e.timeStmt(q, args, n); err != nil {
 		return res, err
 	}
 	if _, err := admin.Exec(ctx, `ANALYZE `+table); err != nil {
 		return res, err
 	}
-	if res.WarmPlan, err = e.joins(stmt); err != nil {
+	if res.WarmPlan, err = e.joins(q, args); err != nil {
 		return res, err
 	}
 	var warm []time.Duration
 	for range 5 {
-		d, _, err := e.timeStmt(stmt, n)
+		d, _, err := e.timeStmt(q, args, n)
 		if err != nil {
 			return res, err
 		}
@@ -180,32 +87,36 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	return res, nil
 }
 
-// argLen is the number of leases in a renew's first argument: a JSON list
-// or object (schema version 9), or an array literal of keys (version 10;
-// counted by its commas: the planner's keys have none).
-func argLen(s string) int {
-	var v any
-	if json.Unmarshal([]byte(s), &v) == nil {
-		return jsonLen(v)
-	}
-	if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") {
-		if s == "{}" {
-			return 0
+// fullBeats waits (30 s at most) for the library's renew statements sent
+// after `after` (each lists every lease claimed before it) and returns how
+// many of those seen failed, once one has been seen.
+func fullBeats(tr *benchenv.Tracer, after int64) (failed int, err error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for seen := false; !seen; {
+		if time.Now().After(deadline) {
+			return failed, errors.New("no renew statement of all the leases seen in 30s")
 		}
-		return strings.Count(s, ",") + 1
+		time.Sleep(50 * time.Millisecond)
+		for _, t := range tr.Take() {
+			if t.Kind == benchenv.KindRenew && t.Start > after {
+				if seen = true; t.Err != nil {
+					failed++
+				}
+			}
+		}
 	}
-	return -1
+	return failed, nil
 }
 
-// jsonLen is the length of a JSON list or the number of keys of a JSON object.
-func jsonLen(v any) int {
-	switch v := v.(type) {
-	case []any:
-		return len(v)
-	case map[string]any:
-		return len(v)
-	}
-	return -1
+// renewArgs are the renew statement's arguments for every lease of table,
+// read from it: keys, fences, claim tokens, holder (one), and a lease of
+// ten minutes (µs).
+func (e *env) renewArgs(table string) ([]any, error) {
+	var keys []string
+	var fences, tokens []int64
+	var holder string
+	err := e.admin.QueryRow(e.ctx, `SELECT array_agg(key), array_agg(fence), array_agg(token), max(holder) FROM `+table).Scan(&keys, &fences, &tokens, &holder)
+	return []any{keys, fences, tokens, holder, (10 * time.Minute).Microseconds()}, err
 }
 
 // freshTable (re)creates a lease table (Drop, then Migrate) and runs alter
@@ -221,9 +132,9 @@ func (e *env) freshTable(table, alter string) error {
 	return err
 }
 
-// timeStmt executes a captured statement (statement timeout 120 s) and
-// checks it returned n rows.
-func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut bool, err error) {
+// timeStmt executes q (statement timeout 120 s) and checks it returned n
+// rows.
+func (e *env) timeStmt(q string, args []any, n int) (took time.Duration, timedOut bool, err error) {
 	c, err := e.admin.Acquire(e.ctx)
 	if err != nil {
 		return 0, false, err
@@ -234,7 +145,7 @@ func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut 
 	}
 	defer c.Exec(e.ctx, `RESET statement_timeout`)
 	t0 := time.Now()
-	rows, err := c.Query(e.ctx, t.SQL, t.Args...)
+	rows, err := c.Query(e.ctx, q, args...)
 	if err != nil {
 		return 0, false, err
 	}
@@ -255,9 +166,9 @@ func (e *env) timeStmt(t *benchenv.Traced, n int) (took time.Duration, timedOut 
 	return took, false, nil
 }
 
-// joins are the join nodes of a captured statement's plan.
-func (e *env) joins(t *benchenv.Traced) (string, error) {
-	rows, err := e.admin.Query(e.ctx, `EXPLAIN `+t.SQL, t.Args...)
+// joins are the join nodes of q's plan.
+func (e *env) joins(q string, args []any) (string, error) {
+	rows, err := e.admin.Query(e.ctx, `EXPLAIN `+q, args...)
 	if err != nil {
 		return "", err
 	}

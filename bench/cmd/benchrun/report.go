@@ -3,7 +3,6 @@ package main
 import (
 	"embed"
 	"fmt"
-	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -29,7 +28,6 @@ type report struct {
 	Peers             [][2]string
 	Skipped           []string
 	Results           map[string]*result
-	Counters          []counterPhase
 	Planner           []plannerResult
 	Health            []healthResult
 	SVGLink           string
@@ -168,15 +166,18 @@ func (r *report) FasterList(ref string, whatName ...string) string {
 	return strings.Join(out, "; ")
 }
 
-// Variants are the Locker variants BenchmarkInterleaved ran besides the default.
-func (r *report) Variants() []string {
-	names := map[string]bool{}
-	for name := range r.Results {
-		if rest, ok := strings.CutPrefix(name, "Interleaved/variant="); ok {
-			names[strings.Split(rest, "/")[0]] = true
+// Variants are the Locker variants BenchmarkInterleaved timed beside the
+// default Locker on the pgxpool (its skip-VARIANT/skip ratios), sorted.
+func (r *report) Variants() (out []string) {
+	if res := r.Results["Interleaved/driver=pgxpool"]; res != nil {
+		for unit := range res.Median {
+			if v, ok := strings.CutSuffix(unit, "/skip"); ok && strings.HasPrefix(v, "skip-") {
+				out = append(out, strings.TrimPrefix(v, "skip-"))
+			}
 		}
 	}
-	return slices.Sorted(maps.Keys(names))
+	slices.Sort(out)
+	return out
 }
 
 // Sorted are the names of the benchmarks with prefix, sorted by the

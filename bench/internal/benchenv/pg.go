@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,29 +23,25 @@ type Querier interface {
 
 // Counters are server-wide counters read before and after a batch:
 // NextXid, the next transaction id the server will assign (reading it
-// assigns none); WALLSN, the WAL insert position in bytes; XactCommit,
-// pg_stat_database.xact_commit (read-only statements count too);
-// pg_stat_wal's records, fsyncs and fsync time (ms, with
-// track_wal_io_timing). The pg_stat_* figures are flushed by each backend
-// at most once a second (see FlushStats).
+// assigns none); WALLSN, the WAL insert position in bytes; pg_stat_wal's
+// fsyncs and fsync time (ms, with track_wal_io_timing), which each backend
+// flushes at most once a second (see FlushStats).
 type Counters struct {
-	NextXid, WALLSN, XactCommit, WALRecords, WALSync int64
-	WALSyncMs                                        float64
+	NextXid, WALLSN, WALSync int64
+	WALSyncMs                float64
 }
 
 // ReadCounters reads Counters. It runs no write and assigns no xid.
 func ReadCounters(ctx context.Context, q Querier) (c Counters, err error) {
 	err = q.QueryRow(ctx, `
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
-       (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
-       wal_records, wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&c.NextXid, &c.WALLSN, &c.XactCommit, &c.WALRecords, &c.WALSync, &c.WALSyncMs)
+       wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&c.NextXid, &c.WALLSN, &c.WALSync, &c.WALSyncMs)
 	return c, err
 }
 
 // Sub returns c - o.
 func (c Counters) Sub(o Counters) Counters {
-	return Counters{c.NextXid - o.NextXid, c.WALLSN - o.WALLSN, c.XactCommit - o.XactCommit,
-		c.WALRecords - o.WALRecords, c.WALSync - o.WALSync, c.WALSyncMs - o.WALSyncMs}
+	return Counters{c.NextXid - o.NextXid, c.WALLSN - o.WALLSN, c.WALSync - o.WALSync, c.WALSyncMs - o.WALSyncMs}
 }
 
 // FlushStats asks the backend behind q to flush its pending statistics when
@@ -175,6 +172,13 @@ func role(pid string, mine []int) string {
 		return BenchSessions
 	}
 	return "client backend"
+}
+
+// OwnCPU is this process's CPU time (user + system), in seconds.
+func OwnCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // MachineCPU is the CPU time all cores have spent busy so far, in seconds
