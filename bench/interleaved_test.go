@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -18,9 +19,12 @@ type part struct {
 }
 
 // interleave is the one way to time operations against each other: each
-// iteration runs every part once, each timed on its own, in an order that
-// rotates (so that each shares the moment's fsync and CPU drift with the
-// others; the parts of a slot run in turn), inside measure. It reports each
+// iteration runs every part once, each timed on its own, in an order
+// shuffled anew at every iteration (so that each shares the moment's fsync
+// and CPU drift with the others, and none always follows the same
+// neighbour, whose leftovers — a commit's flush, a warm cache — it would
+// meet every time; the parts of a slot run in turn), inside measure. The
+// shuffle is seeded, so a loop's order is the same from run to run. It reports each
 // part's median time (NAME-ns), with pg_stat_statements its server
 // execution time (NAME-exec-us), and each ratio of medians given as
 // triples unit, x, y (x/y); it returns the medians by name. A median is
@@ -33,10 +37,16 @@ func interleave(b *testing.B, parts []part, slots [][]int, ratios ...string) map
 	}
 	stats := benchenv.NewStatStatements(context.Background(), pool)
 	times := make([][]time.Duration, len(parts))
+	rng := rand.New(rand.NewPCG(1, 2))
+	order := make([]int, len(slots))
 	measure(b, func() {
 		for i := 0; i < b.N; i++ {
-			for j := range slots {
-				for _, k := range slots[(i+j)%len(slots)] {
+			for j := range order {
+				order[j] = j
+			}
+			rng.Shuffle(len(order), func(x, y int) { order[x], order[y] = order[y], order[x] })
+			for _, j := range order {
+				for _, k := range slots[j] {
 					t0 := time.Now()
 					parts[k].op()
 					times[k] = append(times[k], time.Since(t0))

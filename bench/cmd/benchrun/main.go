@@ -60,7 +60,7 @@ func main() {
 	s(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	s(&c.json, "json", "results/latest.json", "where to keep the report's data (-render input)")
 	s(&c.render, "render", "", "write the report from this JSON file of an earlier run, measuring nothing")
-	s(&c.merge, "merge", "", "with -sections audit and/or capacity: put this run's sections into this JSON file of an earlier run and write the report from the result")
+	s(&c.merge, "merge", "", "with -sections of bench, audit and capacity: put this run's sections into this JSON file of an earlier run and write the report from the result")
 	d(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	i(&c.handoffN, "handoff-n", 200, "handoffs after Unlock per waiting mode")
 	i(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder per waiting mode")
@@ -94,8 +94,8 @@ func run(c config, args []string) error {
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
 	}
-	if c.merge != "" && slices.ContainsFunc(strings.Split(c.sections, ","), func(s string) bool { return s != "audit" && s != "capacity" }) {
-		return errors.New("-merge takes the audit and capacity sections only (-sections audit,capacity)")
+	if c.merge != "" && slices.ContainsFunc(strings.Split(c.sections, ","), func(s string) bool { return s != "audit" && s != "capacity" && s != "bench" }) {
+		return errors.New("-merge takes the bench, audit and capacity sections only (-sections bench,audit,capacity)")
 	}
 	rep := &report{Args: args, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 	if c.render != "" || c.merge != "" {
@@ -113,6 +113,11 @@ func run(c config, args []string) error {
 			if c.has("capacity") {
 				old.Capacity, old.LoadBefore["capacity"] = rep.Capacity, rep.LoadBefore["capacity"]
 			}
+			if c.has("bench") {
+				old.Results, old.GoTest, old.GoTestInterleaved = rep.Results, rep.GoTest, rep.GoTestInterleaved
+				old.LoadBefore["interleaved"] = rep.LoadBefore["interleaved"]
+			}
+			old.Merges = append(old.Merges, merge{c.sections, rep.Args, rep.Started})
 		}
 		rep = old
 	} else if err := measure(context.Background(), c, rep); err != nil {
@@ -135,8 +140,9 @@ func run(c config, args []string) error {
 			}
 		}
 	}
-	if c.merge != "" && c.has("capacity") {
-		if err := writeFile(true, c.capacitySVG, rep.capacitySVG()); err != nil {
+	if c.merge != "" {
+		err := errors.Join(writeFile(c.has("capacity"), c.capacitySVG, rep.capacitySVG()), writeFile(c.has("bench"), c.svg, rep.renewSVG()))
+		if err != nil {
 			return err
 		}
 	}

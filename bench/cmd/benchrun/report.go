@@ -37,6 +37,15 @@ type report struct {
 	HandoffLink       string
 	CapacityLink      string
 	LoadBefore        map[string]string // load average at the start and before some sections
+	Merges            []merge           // sections measured again later (-merge), in order
+}
+
+// merge is one -merge into a report: the sections it measured again, the
+// command's arguments and when it started.
+type merge struct {
+	Sections string
+	Args     []string
+	Started  time.Time
 }
 
 // The report's text: report.md.tmpl and one template per section

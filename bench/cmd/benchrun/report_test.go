@@ -169,3 +169,12 @@ func TestReportScheduledBursts(t *testing.T) {
 		t.Error("bursts on half-idle cores called CPU-bound")
 	}
 }
+
+// A report into which later runs merged sections says so in its header.
+func TestReportNamesMerges(t *testing.T) {
+	r := sampleReport(t)
+	at := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	r.Merges = []merge{{"bench", []string{"-sections", "bench", "-merge", "results/latest.json"}, at}, {"audit,capacity", nil, at}}
+	render(t, r, "; its bench section measured again by `cd bench && go run ./cmd/benchrun -sections bench -merge results/latest.json` on 2026-12-06 04:00 UTC",
+		"; its audit,capacity sections measured again by `cd bench && go run ./cmd/benchrun` on 2026-12-06 04:00 UTC.")
+}
