@@ -31,20 +31,20 @@ func (l *Locker) undoClaim(key string, token int64) {
 }
 
 // lookAgain undoes, a release timeout from now (or at Close), a claim with
-// this token that reached the server after its undo: one attempt, logged
-// if it released anything.
+// this token that reached the server after its undo, logging it if there
+// was one. It retries as the other clean-ups do, and gives up after one
+// lease duration: such a lease has expired by then.
 func (l *Locker) lookAgain(key string, token int64) {
 	l.background(func() {
 		ctxsleep.For(l.ctx, l.cfg.releaseTimeout)
-		var n int64
-		err := l.withReleaseTimeout(func(ctx context.Context) (err error) {
-			n, err = l.abandon(ctx, key, token)
+		l.retryInBackground("looking again for a claim whose reply was lost", key, l.cfg.duration, func(ctx context.Context) error {
+			n, err := l.abandon(ctx, key, token)
+			if err == nil && n > 0 {
+				l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
+					"key", key, "holder", l.holder)
+			}
 			return err
 		})
-		if err == nil && n > 0 {
-			l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
-				"key", key, "holder", l.holder)
-		}
 	})
 }
 

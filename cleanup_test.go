@@ -117,32 +117,39 @@ func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 }
 
 // abandonGate counts the undo transactions of a Locker's store (those that
-// take the key's claim lock), and holds the second one back until its
-// channel closes.
+// take the key's claim lock) that committed, and holds every undo that
+// begins after the first one committed back until its channel closes (or
+// the undo's context ends: that attempt then fails, as a slow one would).
 type abandonGate struct {
 	backend
-	lock   string
-	second chan struct{}
-	mu     sync.Mutex
-	begun  int
-	ended  int
+	lock      string
+	later     chan struct{}
+	mu        sync.Mutex
+	committed int
+	timedOut  int
 }
 
 func (g *abandonGate) InTx(ctx context.Context, fn func(backend) error) error {
-	tx := &gatedTx{Backend: nil, g: g}
+	tx := &gatedTx{g: g}
 	err := g.backend.InTx(ctx, func(b backend) error { tx.Backend = b; return fn(tx) })
-	if tx.undo {
+	if tx.undo && err == nil {
 		g.mu.Lock()
-		g.ended++
+		g.committed++
 		g.mu.Unlock()
 	}
 	return err
 }
 
-func (g *abandonGate) counts() (begun, ended int) {
+func (g *abandonGate) undos() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.begun, g.ended
+	return g.committed
+}
+
+func (g *abandonGate) timeouts() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.timedOut
 }
 
 type gatedTx struct {
@@ -154,12 +161,15 @@ type gatedTx struct {
 func (tx *gatedTx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	if q == tx.g.lock {
 		tx.undo = true
-		tx.g.mu.Lock()
-		tx.g.begun++
-		n := tx.g.begun
-		tx.g.mu.Unlock()
-		if n == 2 {
-			<-tx.g.second
+		if tx.g.undos() > 0 {
+			select {
+			case <-tx.g.later:
+			case <-ctx.Done():
+				tx.g.mu.Lock()
+				tx.g.timedOut++
+				tx.g.mu.Unlock()
+				return 0, ctx.Err()
+			}
 		}
 	}
 	return tx.Backend.Exec(ctx, q, args...)
@@ -171,16 +181,18 @@ func (tx *gatedTx) Exec(ctx context.Context, q string, args ...any) (int64, erro
 // (journaled abandoned) rather than leaving a lease that nobody renews
 // until it expires a lease duration later. The late claim is the Locker's
 // own claim statement, sent with the undone claim's token once the first
-// undo has committed; the second look is held back until then.
+// undo has committed; every later undo is held back until then, and the
+// second look's first attempt times out there, as a slow one would on a
+// loaded machine: it is retried.
 func TestUndoLooksAgainForALateClaim(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	l := f.replica(2, WithReleaseTimeout(100*time.Millisecond))
-	gate := &abandonGate{backend: l.store.DB, lock: l.store.SQL().AbandonLock, second: make(chan struct{})}
+	gate := &abandonGate{backend: l.store.DB, lock: l.store.SQL().AbandonLock, later: make(chan struct{})}
 	l.store.DB = gate
 	const key, token = "late", 4242
 	l.undoClaim(key, token)
-	waitFor(t, 20*time.Second, func() bool { _, ended := gate.counts(); return ended == 1 })
+	waitFor(t, 20*time.Second, func() bool { return gate.undos() == 1 })
 	if _, ok := f.row(key); ok {
 		t.Fatal("the first undo left a row")
 	}
@@ -188,7 +200,10 @@ func TestUndoLooksAgainForALateClaim(t *testing.T) {
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("late claim: %+v, %v", res, err)
 	}
-	close(gate.second)
+	// The second look's first attempt times out at the gate (its budget is
+	// the release timeout), as on a loaded machine: it must be retried.
+	waitFor(t, 20*time.Second, func() bool { return gate.timeouts() > 0 })
+	close(gate.later)
 	waitFor(t, 20*time.Second, func() bool { r, _ := f.row(key); return r.Released })
 	var events string
 	if err := f.admin.QueryRowContext(ctx(t), `SELECT string_agg(event, ',' ORDER BY occurred_at, event) FROM "`+f.table+`_journal" WHERE key = $1`, key).Scan(&events); err != nil {
