@@ -117,7 +117,7 @@ func run(c config, args []string) error {
 				old.Results, old.GoTest, old.GoTestInterleaved = rep.Results, rep.GoTest, rep.GoTestInterleaved
 				old.LoadBefore["interleaved"] = rep.LoadBefore["interleaved"]
 			}
-			old.Merges = append(old.Merges, merge{c.sections, rep.Args, rep.Started})
+			old.addMerge(c, rep.Args, rep.Started)
 		}
 		rep = old
 	} else if err := measure(context.Background(), c, rep); err != nil {

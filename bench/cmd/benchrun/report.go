@@ -48,6 +48,14 @@ type merge struct {
 	Started  time.Time
 }
 
+// addMerge records a merge of c's sections, dropping the earlier merges
+// all of whose sections it measures again (their figures are gone).
+func (r *report) addMerge(c config, args []string, at time.Time) {
+	r.Merges = append(slices.DeleteFunc(r.Merges, func(m merge) bool {
+		return !slices.ContainsFunc(strings.Split(m.Sections, ","), func(s string) bool { return !c.has(s) })
+	}), merge{c.sections, args, at})
+}
+
 // The report's text: report.md.tmpl and one template per section
 // (report_SECTION.md.tmpl); Go only hands them the data and these
 // formatting and arithmetic functions.

@@ -175,6 +175,15 @@ func TestReportNamesMerges(t *testing.T) {
 	r := sampleReport(t)
 	at := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
 	r.Merges = []merge{{"bench", []string{"-sections", "bench", "-merge", "results/latest.json"}, at}, {"audit,capacity", nil, at}}
+	r.addMerge(config{sections: "capacity"}, []string{"-sections", "capacity"}, at.Add(time.Hour))
+	if len(r.Merges) != 3 || r.Merges[1].Sections != "audit,capacity" {
+		t.Fatalf("a merge of capacity dropped or kept the wrong earlier merges: %+v", r.Merges)
+	}
+	r.addMerge(config{sections: "audit,capacity"}, nil, at.Add(2*time.Hour))
+	if len(r.Merges) != 2 || r.Merges[0].Sections != "bench" {
+		t.Fatalf("a merge of audit and capacity kept a merge it superseded: %+v", r.Merges)
+	}
+	r.Merges = []merge{{"bench", []string{"-sections", "bench", "-merge", "results/latest.json"}, at}, {"audit,capacity", nil, at}}
 	render(t, r, "; its bench section measured again by `cd bench && go run ./cmd/benchrun -sections bench -merge results/latest.json` on 2026-12-06 04:00 UTC",
 		"; its audit,capacity sections measured again by `cd bench && go run ./cmd/benchrun` on 2026-12-06 04:00 UTC.")
 }
