@@ -404,7 +404,10 @@ func TestQueuedClaimLeftInFlightIsCutOffAfterTheReleaseTimeout(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
-	b := f.replica(2, WithLeaseDuration(time.Minute), WithReleaseTimeout(300*time.Millisecond)) // one claim slot
+	// The release timeout bounds the left claim and also the Unlock below,
+	// which dials a new connection (the cut-off claim closed its own): 2 s,
+	// not less, so that a dial on a loaded machine fits in it.
+	b := f.replica(2, WithLeaseDuration(time.Minute), WithReleaseTimeout(2*time.Second)) // one claim slot
 	cancel, second, tx := queuedInFlight(t, f, b)
 	cancel()
 	if err := <-second; !errors.Is(err, context.Canceled) {
