@@ -21,7 +21,7 @@ import (
 // timeout later, so that such a lease is released then rather than left to
 // expire, unrenewed, a lease duration later.
 func (l *Locker) undoClaim(key string, token int64) {
-	l.retryInBackground("undoing a claim whose reply was lost", key, 0, func(ctx context.Context) error {
+	l.retryInBackground("undoing a claim whose reply was lost", key, 0, 0, func(ctx context.Context) error {
 		n, err := l.abandon(ctx, key, token)
 		if err == nil && n == 0 {
 			l.lookAgain(key, token)
@@ -35,16 +35,13 @@ func (l *Locker) undoClaim(key string, token int64) {
 // was one. It retries as the other clean-ups do, and gives up after one
 // lease duration: such a lease has expired by then.
 func (l *Locker) lookAgain(key string, token int64) {
-	l.background(func() {
-		ctxsleep.For(l.ctx, l.cfg.releaseTimeout)
-		l.retryInBackground("looking again for a claim whose reply was lost", key, l.cfg.duration, func(ctx context.Context) error {
-			n, err := l.abandon(ctx, key, token)
-			if err == nil && n > 0 {
-				l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
-					"key", key, "holder", l.holder)
-			}
-			return err
-		})
+	l.retryInBackground("looking again for a claim whose reply was lost", key, l.cfg.releaseTimeout, l.cfg.duration, func(ctx context.Context) error {
+		n, err := l.abandon(ctx, key, token)
+		if err == nil && n > 0 {
+			l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
+				"key", key, "holder", l.holder)
+		}
+		return err
 	})
 }
 
@@ -64,7 +61,7 @@ func (l *Locker) abandon(ctx context.Context, key string, token int64) (int64, e
 // that reached the server, and a database coming back from an outage is not
 // met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
-	l.retryInBackground("releasing a lease given up at its local deadline", le.key, l.cfg.duration, func(ctx context.Context) error {
+	l.retryInBackground("releasing a lease given up at its local deadline", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
 		var at time.Time
 		if !l.cfg.journalOff {
 			at = le.serverTime(le.Deadline())
@@ -77,13 +74,17 @@ func (l *Locker) releaseInBackground(le *Lease) {
 	})
 }
 
-// retryInBackground runs fn on the Locker's wait group until one round trip
-// succeeds, each attempt bounded by the release timeout, with backoff; it
-// gives up after giveUp (0: never) and, after Close, after one last attempt
-// (the row then expires by itself).
-func (l *Locker) retryInBackground(what, key string, giveUp time.Duration, fn func(ctx context.Context) error) {
-	start := time.Now()
+// retryInBackground runs fn on the Locker's wait group, first after wait,
+// until one round trip succeeds, each attempt bounded by the release
+// timeout, with backoff; it gives up after giveUp (0: never; counted from
+// the first attempt) and, after Close, after one last attempt (the row
+// then expires by itself). Close cuts the wait and the backoff short.
+func (l *Locker) retryInBackground(what, key string, wait, giveUp time.Duration, fn func(ctx context.Context) error) {
 	l.background(func() {
+		if wait > 0 {
+			ctxsleep.For(l.ctx, wait)
+		}
+		start := time.Now()
 		for attempt, delay := 1, 10*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
 			err := l.withReleaseTimeout(fn)
 			if err == nil {

@@ -145,7 +145,7 @@ func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 // committed but whose reply was lost writes the same row again: the run's
 // end is the same.
 func (le *Lease) retryWitness(o Outcome, at time.Time) {
-	le.locker.retryInBackground("journaling the end of a run whose lease was lost", le.key, 0,
+	le.locker.retryInBackground("journaling the end of a run whose lease was lost", le.key, 0, 0,
 		func(ctx context.Context) error { return le.writeWitness(ctx, o, at) })
 }
 
