@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
 	"github.com/pglease/pglease/internal/store"
@@ -32,7 +34,7 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	ctx, admin, res := e.ctx, e.admin, plannerResult{N: n}
 	logf("renew planner check with %d leases", n)
 	table := fmt.Sprintf("bench_planner_%d", n)
-	if err := e.freshTable(table, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
+	if err := e.freshTable(table, `ALTER TABLE `+pgx.Identifier{table}.Sanitize()+` SET (autovacuum_enabled = false)`); err != nil {
 		return res, err
 	}
 	defer pglease.Drop(ctx, admin, pglease.WithTable(table))
@@ -68,7 +70,7 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 	if res.Cold, res.ColdTimedOut, err = e.timeStmt(q, args, n); err != nil {
 		return res, err
 	}
-	if _, err := admin.Exec(ctx, `ANALYZE `+table); err != nil {
+	if _, err := admin.Exec(ctx, `ANALYZE `+pgx.Identifier{table}.Sanitize()); err != nil {
 		return res, err
 	}
 	if res.WarmPlan, err = e.joins(q, args); err != nil {
@@ -115,7 +117,7 @@ func (e *env) renewArgs(table string) ([]any, error) {
 	var keys []string
 	var fences, tokens []int64
 	var holder string
-	err := e.admin.QueryRow(e.ctx, `SELECT array_agg(key), array_agg(fence), array_agg(token), max(holder) FROM `+table).Scan(&keys, &fences, &tokens, &holder)
+	err := e.admin.QueryRow(e.ctx, `SELECT array_agg(key), array_agg(fence), array_agg(token), max(holder) FROM `+pgx.Identifier{table}.Sanitize()).Scan(&keys, &fences, &tokens, &holder)
 	return []any{keys, fences, tokens, holder, (10 * time.Minute).Microseconds()}, err
 }
 
@@ -232,7 +234,7 @@ func (e *env) tableHealth(ffs []int, leases int, beat, dur time.Duration) ([]hea
 			err = admin.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ', '), '') FROM pg_class WHERE oid = $1::regclass`, r.table).Scan(&r.res.CoreOptions)
 		}
 		if err == nil {
-			_, err = admin.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, r.table, ff))
+			_, err = admin.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, pgx.Identifier{r.table}.Sanitize(), ff))
 		}
 		if err != nil {
 			return nil, err
@@ -244,7 +246,7 @@ func (e *env) tableHealth(ffs []int, leases int, beat, dur time.Duration) ([]hea
 	for _, r := range runs {
 		err := parallel(leases, 2, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("health-%05d", i)); return err })
 		if err == nil {
-			_, err = admin.Exec(ctx, `ANALYZE `+r.table) // as autovacuum soon would
+			_, err = admin.Exec(ctx, `ANALYZE `+pgx.Identifier{r.table}.Sanitize()) // as autovacuum soon would
 		}
 		if err = errors.Join(err, sizes(r.table, &r.res.HeapStart, &scratch, &scratch)); err != nil {
 			return nil, err
