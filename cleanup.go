@@ -75,18 +75,25 @@ func (l *Locker) releaseInBackground(le *Lease) {
 }
 
 // retryInBackground runs fn on the Locker's wait group, first after wait,
-// until one round trip succeeds, each attempt bounded by the release
-// timeout, with backoff; it gives up after giveUp (0: never; counted from
-// the first attempt) and, after Close, after one last attempt (the row
-// then expires by itself). Close cuts the wait and the backoff short.
+// until one round trip succeeds, with backoff. The first attempt is bounded
+// by the release timeout and each retry by twice the last one's budget, up
+// to the lease duration: on a loaded server, where dialling a connection
+// alone can take longer than the release timeout, a fixed budget would fail
+// every time. It gives up after giveUp (0: never; counted from the first
+// attempt) and, after Close, after one last attempt bounded by the release
+// timeout (the row then expires by itself). Close cuts the wait and the
+// backoff short.
 func (l *Locker) retryInBackground(what, key string, wait, giveUp time.Duration, fn func(ctx context.Context) error) {
 	l.background(func() {
 		if wait > 0 {
 			ctxsleep.For(l.ctx, wait)
 		}
-		start := time.Now()
+		start, budget := time.Now(), l.cfg.releaseTimeout
 		for attempt, delay := 1, 10*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
-			err := l.withReleaseTimeout(fn)
+			if l.ctx.Err() != nil {
+				budget = l.cfg.releaseTimeout
+			}
+			err := l.withTimeout(budget, fn)
 			if err == nil {
 				if attempt > 1 {
 					l.log.Info("pglease: "+what+": done", "key", key, "holder", l.holder, "attempts", attempt)
@@ -104,16 +111,22 @@ func (l *Locker) retryInBackground(what, key string, wait, giveUp time.Duration,
 			}
 			// Close cuts the sleep short; the next attempt is then the last.
 			ctxsleep.For(l.ctx, delay)
+			budget = min(2*budget, max(l.cfg.duration, l.cfg.releaseTimeout))
 		}
 	})
 }
 
-// withReleaseTimeout runs fn bounded by the release timeout, in a claim slot
-// (see DB): under load, claims cut short by their context leave undos
-// behind, which must not take the renewer's connection either.
-func (l *Locker) withReleaseTimeout(fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
+// withTimeout runs fn bounded by budget, and by the release timeout from
+// Close on, in a claim slot (see DB): under load, claims cut short by their
+// context leave undos behind, which must not take the renewer's connection
+// either.
+func (l *Locker) withTimeout(budget time.Duration, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
+	if budget > l.cfg.releaseTimeout {
+		stop := context.AfterFunc(l.ctx, func() { ctxsleep.For(ctx, l.cfg.releaseTimeout); cancel() })
+		defer stop()
+	}
 	free, err := l.takeSlot(ctx)
 	if err != nil {
 		return err

@@ -213,3 +213,95 @@ func TestUndoLooksAgainForALateClaim(t *testing.T) {
 		t.Fatalf("journal of the late claim: %q, want granted,abandoned", events)
 	}
 }
+
+// slowUndo holds every undo transaction of a Locker's store (those that
+// take the key's claim lock) for hold before it reaches the server, or
+// until the undo's context ends: that attempt then fails, as one does on a
+// loaded machine where dialling a connection takes longer than its budget.
+// It records each attempt's budget and how a held attempt ended.
+type slowUndo struct {
+	backend
+	lock    string
+	hold    time.Duration
+	mu      sync.Mutex
+	budgets []time.Duration
+	ends    []error
+}
+
+func (s *slowUndo) InTx(ctx context.Context, fn func(backend) error) error {
+	return s.backend.InTx(ctx, func(b backend) error { return fn(&slowUndoTx{Backend: b, s: s}) })
+}
+
+func (s *slowUndo) seen() (budgets []time.Duration, ends []error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.budgets...), append([]error(nil), s.ends...)
+}
+
+type slowUndoTx struct {
+	store.Backend
+	s *slowUndo
+}
+
+func (tx *slowUndoTx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if q == tx.s.lock {
+		deadline, _ := ctx.Deadline()
+		tx.s.mu.Lock()
+		tx.s.budgets = append(tx.s.budgets, time.Until(deadline))
+		tx.s.mu.Unlock()
+		select {
+		case <-time.After(tx.s.hold):
+		case <-ctx.Done():
+			tx.s.mu.Lock()
+			tx.s.ends = append(tx.s.ends, ctx.Err())
+			tx.s.mu.Unlock()
+			return 0, ctx.Err()
+		}
+	}
+	return tx.Backend.Exec(ctx, q, args...)
+}
+
+// TestCleanUpBudgetGrowsAcrossAttempts: a background clean-up whose every
+// attempt needs longer than the release timeout (here 3.5 times it) still
+// succeeds: each retry is given twice the last one's budget, so a clean-up
+// is not lost on a server slow to answer, as it would be with a fixed
+// budget that every attempt overruns.
+func TestCleanUpBudgetGrowsAcrossAttempts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2, WithReleaseTimeout(100*time.Millisecond))
+	const key, token = "slow", 77
+	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	l.store.DB = &slowUndo{backend: l.store.DB, lock: l.store.SQL().AbandonLock, hold: 350 * time.Millisecond}
+	l.undoClaim(key, token)
+	waitFor(t, 20*time.Second, func() bool { r, _ := f.row(key); return r.Released })
+}
+
+// TestCloseCutsAGrownCleanUpBudget: Close gives a clean-up attempt in
+// flight the release timeout, not the rest of a budget grown across
+// retries: the attempt, held until its context ends, is cancelled by Close
+// rather than running into its own deadline.
+func TestCloseCutsAGrownCleanUpBudget(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2, WithReleaseTimeout(50*time.Millisecond))
+	slow := &slowUndo{backend: l.store.DB, lock: l.store.SQL().AbandonLock, hold: time.Hour}
+	l.store.DB = slow
+	l.undoClaim("held", 78)
+	var inFlight int
+	waitFor(t, 20*time.Second, func() bool {
+		budgets, _ := slow.seen()
+		inFlight = len(budgets) - 1
+		return inFlight >= 0 && budgets[inFlight] > 3*time.Second
+	})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	budgets, ends := slow.seen()
+	if len(ends) <= inFlight || !errors.Is(ends[inFlight], context.Canceled) {
+		t.Fatalf("the attempt in flight at Close (budget %v) ended with %v, want cancelled by Close; all: %v", budgets[inFlight], ends, budgets)
+	}
+}

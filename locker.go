@@ -164,7 +164,7 @@ func (l *Locker) spawn(fn func()) bool {
 
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups in flight (each bounded by the release timeout), then
+// background clean-ups in flight (each given the release timeout from then), then
 // releases every lease the Locker holds in one statement (bounded by the
 // release timeout too), so Close takes at most about twice the release
 // timeout, and leaves no goroutine behind. The leases' Done channels close,

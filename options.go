@@ -151,8 +151,11 @@ func WithLogger(l *slog.Logger) Option {
 // WithReleaseTimeout bounds each release statement: Unlock's (also when
 // the caller's context is already done) and Close's (default 5s). It also
 // bounds how long a claim sent on a busy Locker is given to finish once its
-// caller stopped waiting (see Lock). Close also waits for the Locker's
-// goroutines to stop, each bounded the same way.
+// caller stopped waiting (see Lock). A background clean-up (the undo of a
+// claim whose reply was lost, the release of a lease lost at its local
+// deadline) gives its first attempt this budget and each retry twice the
+// last one's, up to the lease duration. Close also waits for the Locker's
+// goroutines to stop, each given at most this long from then.
 func WithReleaseTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d <= 0 || d > time.Hour {
