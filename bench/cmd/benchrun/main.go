@@ -1,6 +1,5 @@
 // Command benchrun runs all of pglease's benchmarks in one go and writes
-// bench/BENCHMARKS.md, beside bench/renew-cost.svg, bench/handoff.svg and
-// bench/capacity.svg (see bench/README.md).
+// bench/BENCHMARKS.md (see bench/README.md).
 //
 //	cd bench && go run ./cmd/benchrun
 //
@@ -36,13 +35,13 @@ import (
 )
 
 type config struct {
-	benchtime, sections, merge, render           string
-	out, svg, handoffSVG, capacitySVG, raw, json string
-	shapes, satSteps, auditRuns                  string
-	count, rounds, roundN                        int // go test -count; rounds and iterations of BenchmarkInterleaved
-	handoffN, vanishN, schedTicks, auditReps     int
-	health, window, satStep                      time.Duration
-	capPeers                                     bool
+	benchtime, sections, merge, render       string
+	out, raw, json                           string
+	shapes, satSteps, auditRuns              string
+	count, rounds, roundN                    int // go test -count; rounds and iterations of BenchmarkInterleaved
+	handoffN, vanishN, schedTicks, auditReps int
+	health, window, satStep                  time.Duration
+	capPeers                                 bool
 }
 
 func main() {
@@ -54,9 +53,6 @@ func main() {
 	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
 	s(&c.sections, "sections", "all", "comma list of bench, planner, health, handoff, capacity, audit; or all")
 	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
-	s(&c.svg, "svg", "renew-cost.svg", "the renew-cost plot to write")
-	s(&c.handoffSVG, "handoff-svg", "handoff.svg", "the handoff-latency plot to write")
-	s(&c.capacitySVG, "capacity-svg", "capacity.svg", "the capacity plot to write")
 	s(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	s(&c.json, "json", "results/latest.json", "where to keep the report's data (-render input)")
 	s(&c.render, "render", "", "write the report from this JSON file of an earlier run, measuring nothing")
@@ -82,12 +78,6 @@ func main() {
 // has reports whether section s is to run (-sections).
 func (c config) has(s string) bool {
 	return slices.Contains(strings.Split(c.sections, ","), s) || c.sections == "all"
-}
-
-// link points the report's links to the plots from where the report is written.
-func (r *report) link() {
-	c := r.Config
-	r.SVGLink, r.HandoffLink, r.CapacityLink = linkFrom(c.out, c.svg), linkFrom(c.out, c.handoffSVG), linkFrom(c.out, c.capacitySVG)
 }
 
 func run(c config, args []string) error {
@@ -124,27 +114,9 @@ func run(c config, args []string) error {
 		return err
 	}
 	rep.Config = c // this run's flags for what the data does not hold (-count, -rounds, …)
-	rep.link()
 	if c.render == "" && c.merge == "" {
 		rep.Took = time.Since(rep.Started)
 		logf("measured for %v", rep.Took.Round(time.Second))
-		for _, f := range []struct {
-			ok   bool
-			path string
-			svg  func() string
-		}{{c.has("bench"), c.svg, rep.renewSVG}, {rep.Handoff != nil, c.handoffSVG, rep.handoffSVG}, {rep.Capacity != nil, c.capacitySVG, rep.capacitySVG}} {
-			if f.ok {
-				if err := writeFile(true, f.path, f.svg()); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if c.merge != "" {
-		err := errors.Join(writeFile(c.has("capacity"), c.capacitySVG, rep.capacitySVG()), writeFile(c.has("bench"), c.svg, rep.renewSVG()))
-		if err != nil {
-			return err
-		}
 	}
 	if c.render == "" {
 		b, err := json.MarshalIndent(rep, "", "\t")

@@ -30,12 +30,9 @@ type report struct {
 	Results           map[string]*result
 	Planner           []plannerResult
 	Health            []healthResult
-	SVGLink           string
 	Handoff           *handoffReport
 	Capacity          *capacityReport
-	Audit             *auditReport // measured by this run, or by the run that -merge put into it
-	HandoffLink       string
-	CapacityLink      string
+	Audit             *auditReport      // measured by this run, or by the run that -merge put into it
 	LoadBefore        map[string]string // load average at the start and before some sections
 	Merges            []merge           // sections measured again later (-merge), in order
 }
