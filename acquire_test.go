@@ -285,8 +285,7 @@ func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
-	cb := &countingBackend{backend: w.store.DB, renewSQL: w.store.SQL().Renew, claimSQL: w.store.SQL().Claim, count: map[string]int{}}
-	w.store.DB = cb
+	cb := countStatements(w)
 	holder := f.replica(2)
 	c := ctx(t)
 	held, err := holder.Lock(c, "job")
