@@ -52,6 +52,7 @@ type Cluster struct {
 	dataDir string
 	sockDir string
 	port    int
+	repick  bool // port was picked free: start may pick another if it is taken
 	bin     string
 	cred    *credential // nil: the server runs as the current user
 	opts    Options
@@ -92,30 +93,31 @@ func versionOf(path string) int {
 	return v
 }
 
-// Start creates a new cluster and starts it. Call Remove when done.
+// Start creates a new cluster and starts it on a free port: if another
+// process takes the port before the server binds it, on another one (it
+// checks that the server answering is its own). Call Remove when done.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	c, err := newCluster(opts)
 	if err != nil {
 		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(c.dir)
-		}
-	}()
+	if err := c.initAndStart(ctx); err != nil {
+		_ = os.RemoveAll(c.dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+// initAndStart creates the cluster's data directory (initdb) and starts it.
+func (c *Cluster) initAndStart(ctx context.Context) error {
 	initdb := exec.CommandContext(ctx, filepath.Join(c.bin, "initdb"),
 		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
 	initdb.SysProcAttr = childAttr(c.cred)
 	initdb.Env = append(os.Environ(), "LC_ALL=C")
 	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
+		return fmt.Errorf("pgcluster: initdb failed: %v\n%s", err, out)
 	}
-	if err := c.start(ctx); err != nil {
-		return nil, err
-	}
-	ok = true
-	return c, nil
+	return c.start(ctx)
 }
 
 // newCluster makes the temporary directory (empty data and socket
@@ -139,6 +141,7 @@ func newCluster(opts Options) (*Cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	c.repick = true
 	return c, nil
 }
 
@@ -208,13 +211,29 @@ func (c *Cluster) args() []string {
 	return args
 }
 
+// errPortTaken says that the cluster's port was not free when its server
+// started: another process bound it after freePort let it go.
+var errPortTaken = errors.New("pgcluster: the port is taken")
+
 func (c *Cluster) start(ctx context.Context) error {
 	// After a crash, a killed backend can hold the old shared memory for a
 	// moment longer than its process group is visible; the postmaster then
-	// refuses to start. Try again a few times.
+	// refuses to start. Try again a few times. A port picked free can be
+	// taken by another process before the server binds it (tests start
+	// servers in parallel processes): a first start then picks another.
 	for attempt := 1; ; attempt++ {
 		err := c.startOnce(ctx)
-		if err == nil || attempt == 10 || !strings.Contains(err.Error(), "pre-existing shared memory block") {
+		if err == nil {
+			c.repick = false // from now on the port is the cluster's address
+			return nil
+		}
+		if errors.Is(err, errPortTaken) && c.repick && attempt < 10 {
+			if c.port, err = freePort(); err != nil {
+				return err
+			}
+			continue
+		}
+		if attempt == 10 || !strings.Contains(err.Error(), "pre-existing shared memory block") {
 			return err
 		}
 		select {
@@ -234,6 +253,10 @@ func (c *Cluster) startOnce(ctx context.Context) error {
 	logFile, err := os.OpenFile(filepath.Join(c.dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
+	}
+	var logFrom int64 // the log's size before this start
+	if fi, err := logFile.Stat(); err == nil {
+		logFrom = fi.Size()
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), c.args()...)
 	// Its own process group (so Crash kills the backends too) and, on
@@ -258,23 +281,31 @@ func (c *Cluster) startOnce(ctx context.Context) error {
 		close(done)
 	}()
 	c.cmd, c.done = cmd, done
+	// What this start logs: whether it could bind its port.
+	cantBind := func() bool {
+		b, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+		return strings.Contains(string(b[min(logFrom, int64(len(b))):]), "could not bind")
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
 		case <-done:
 			c.cmd = nil
+			if cantBind() {
+				return fmt.Errorf("%w: port %d; log:\n%s", errPortTaken, c.port, c.tailLog())
+			}
 			return fmt.Errorf("pgcluster: postgres exited during start-up; log:\n%s", c.tailLog())
 		default:
 		}
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(pctx, c.URL())
-		if err == nil {
-			err = conn.Ping(pctx)
-			conn.Close(pctx)
-		}
-		cancel()
-		if err == nil {
+		ours, err := c.answers(ctx)
+		if err == nil && ours {
 			return nil
+		}
+		if err == nil || cantBind() { // another server answers on the port, or ours could not bind it
+			killGroup(cmd.Process)
+			<-done
+			c.cmd = nil
+			return fmt.Errorf("%w: port %d answers for another server, or ours could not bind it; log:\n%s", errPortTaken, c.port, c.tailLog())
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = cmd.Process.Kill()
@@ -284,6 +315,35 @@ func (c *Cluster) startOnce(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// answers reports whether a server accepts connections on c's port, and
+// whether it is c's own (its data directory): another process's server may
+// have taken the port.
+func (c *Cluster) answers(ctx context.Context) (ours bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(ctx)
+	var dir string
+	if err := conn.QueryRow(ctx, `SHOW data_directory`).Scan(&dir); err != nil {
+		return false, err
+	}
+	return sameDir(dir, c.dataDir), nil
+}
+
+// sameDir reports whether two paths name the same directory.
+func sameDir(a, b string) bool {
+	if ra, err := filepath.EvalSymlinks(a); err == nil {
+		a = ra
+	}
+	if rb, err := filepath.EvalSymlinks(b); err == nil {
+		b = rb
+	}
+	return filepath.Clean(a) == filepath.Clean(b)
 }
 
 func (c *Cluster) tailLog() string {

@@ -2,6 +2,8 @@ package pgcluster
 
 import (
 	"context"
+	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -54,5 +56,44 @@ func TestCrashKillsTheBackends(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatalf("backend %d still runs after Crash", pid)
 		}
+	}
+}
+
+// A port picked free can be taken by another process before the server
+// binds it: by a server of another test process, which would then answer
+// for ours, or by any other socket. The first start picks another port.
+func TestStartPicksAnotherPortWhenItsIsTaken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	other, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Remove()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for name, taken := range map[string]int{"by another server": other.Port(), "by a listener": ln.Addr().(*net.TCPAddr).Port} {
+		t.Run(name, func(t *testing.T) {
+			c, err := newCluster(Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.port = taken
+			if err := c.initAndStart(ctx); err != nil {
+				_ = os.RemoveAll(c.dir)
+				t.Fatal(err)
+			}
+			defer c.Remove()
+			var dir string
+			if err := c.queryRow(ctx, `SHOW data_directory`, nil, &dir); err != nil {
+				t.Fatal(err)
+			}
+			if c.Port() == taken || !sameDir(dir, c.dataDir) {
+				t.Fatalf("started on port %d (taken: %d), answering for %s (ours: %s)", c.Port(), taken, dir, c.dataDir)
+			}
+		})
 	}
 }

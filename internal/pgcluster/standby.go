@@ -65,7 +65,7 @@ func (c *Cluster) StartStandby(ctx context.Context, so StandbyOptions) (*Cluster
 	// The walreceiver presents cluster_name as its application_name: the
 	// name synchronous_standby_names and pg_stat_replication know it by.
 	if so.Port != 0 {
-		s.port = so.Port
+		s.port, s.repick = so.Port, false
 	}
 	s.name = fmt.Sprintf("standby_%d", s.port)
 	s.opts.Settings["cluster_name"] = s.name
