@@ -31,6 +31,13 @@ func TestStandbyFallsBehindAndIsPromoted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Remove()
+	// A failure from here on shows both servers' logs (ports and data
+	// directories included): what went wrong is in them.
+	defer func() { // before the Removes above, which delete the logs
+		if t.Failed() {
+			t.Logf("primary (port %d) log:\n%s\nstandby (port %d) log:\n%s", p.Port(), p.tailLog(), s.Port(), s.tailLog())
+		}
+	}()
 	if err := p.exec(ctx, `INSERT INTO t VALUES (1)`); err != nil {
 		t.Fatal(err)
 	}
