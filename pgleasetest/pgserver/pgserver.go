@@ -29,6 +29,9 @@ type Server struct {
 // Start starts a throw-away PostgreSQL server from the server binaries on the
 // machine (see the package documentation), listening on a free loopback
 // port, with its files in a new temporary directory. Stop it when done.
+// Parallel test processes cannot hand it a port another of them holds:
+// Start checks that the server answering on its port is its own, and
+// starts it on another port if the first was taken before it could bind.
 //
 // The server is tuned for tests: it does not wait for its writes to reach
 // the disk (fsync, synchronous_commit and full_page_writes are off). The
