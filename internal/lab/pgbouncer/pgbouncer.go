@@ -70,18 +70,45 @@ func Start(ctx context.Context, o Options) (*Bouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(dir)
+	// The port is picked free and let go before PgBouncer binds it: another
+	// process can take it meanwhile (PgBouncer then exits, "cannot
+	// listen"), and the start is tried again on another port.
+	for attempt := 1; ; attempt++ {
+		b, err := startIn(ctx, o, bin, dir)
+		if err == nil {
+			return b, nil
 		}
-	}()
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+}
+
+// pickPort returns a port that is free now (a test makes it return a
+// taken one).
+var pickPort = func() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// errPortTaken says that PgBouncer could not listen on the port picked.
+var errPortTaken = errors.New("pgbouncer: the port is taken")
+
+// startIn starts PgBouncer with its files in dir, on a port picked free,
+// and waits until it listens there.
+func startIn(ctx context.Context, o Options, bin, dir string) (*Bouncer, error) {
+	port, err := pickPort()
 	if err != nil {
 		return nil, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	for _, f := range []string{"stdout.log", "pgbouncer.log"} { // this start's lines only
+		_ = os.Remove(filepath.Join(dir, f))
+	}
 
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%d
@@ -147,13 +174,20 @@ admin_users = postgres
 	for {
 		select {
 		case <-b.done:
+			if strings.Contains(b.Log(), "cannot listen") {
+				return nil, fmt.Errorf("%w: %s", errPortTaken, b.Log())
+			}
 			return nil, fmt.Errorf("pgbouncer: exited during start-up: %s", b.Log())
 		default:
 		}
+		// Something else may listen on the port: only ours logs that it does.
 		c, err := net.DialTimeout("tcp", b.Addr(), time.Second)
 		if err == nil {
 			c.Close()
-			break
+			if strings.Contains(b.Log(), "listening on "+b.Addr()) {
+				break
+			}
+			err = errors.New("not ours yet")
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			b.kill()
@@ -161,7 +195,6 @@ admin_users = postgres
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	ok = true
 	return b, nil
 }
 
