@@ -285,7 +285,7 @@ func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	w := f.replica(4, WithLeaseDuration(time.Minute), WithPollInterval(time.Minute))
-	cb := countStatements(w)
+	cc := countClaims(w)
 	holder := f.replica(2)
 	c := ctx(t)
 	held, err := holder.Lock(c, "job")
@@ -304,12 +304,12 @@ func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 			got <- le
 		}()
 	}
-	waitFor(t, 20*time.Second, func() bool { return w.lis.isLive() && cb.get("claim") >= waiters })
+	waitFor(t, 20*time.Second, func() bool { return w.lis.isLive() && cc.claims() >= waiters })
 	// Let the waiters settle (the listener going live wakes them all once).
-	for last := -1; last != cb.get("claim"); time.Sleep(300 * time.Millisecond) {
-		last = cb.get("claim")
+	for last := -1; last != cc.claims(); time.Sleep(300 * time.Millisecond) {
+		last = cc.claims()
 	}
-	before := cb.get("claim")
+	before := cc.claims()
 	if err := held.Unlock(c); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if claims := cb.get("claim") - before; claims > 2*waiters {
+	if claims := cc.claims() - before; claims > 2*waiters {
 		t.Fatalf("%d claims for %d releases: the waiters are woken as a herd", claims, waiters)
 	}
 }

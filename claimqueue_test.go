@@ -48,6 +48,15 @@ func (c *claimStatements) Query(ctx context.Context, q string, args []any, each 
 	return c.backend.Query(ctx, q, args, each)
 }
 
+// claims is how many claims l sent, alone or with others.
+func (c *claimStatements) claims() int {
+	singles, batches := c.counts()
+	for _, n := range batches {
+		singles += n
+	}
+	return singles
+}
+
 func (c *claimStatements) counts() (singles int, batches []int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
