@@ -18,8 +18,9 @@ type LeaseInfo struct {
 	AcquiredAt time.Time  // server clock
 	ExpiresAt  time.Time  // server clock
 	ReleasedAt *time.Time // nil while not released
-	// HoldUntil is when the minimum hold of a released lease ends (nil if
-	// none is pending): until then the key stays blocked.
+	// HoldUntil is when the minimum hold of the last release ends or ended
+	// (nil if that release had none): until then the key stays blocked
+	// (State KeyMinHold). A new claim or ForceRelease clears it.
 	HoldUntil *time.Time
 	LastTick  *time.Time // the last tick claimed on the key (see Tick); nil if none
 	// State is KeyHeld, KeyExpired, KeyReleased or KeyMinHold.
@@ -91,8 +92,8 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 //
 // What the evicted holder sees: its next renew reports the loss (Done
 // closes) — at once if its Locker is listening for notifications (it is
-// while any of its callers waits in Acquire or Campaign), otherwise within
-// one heartbeat. Until then it may keep working: its fenced transactions
+// while any of its callers waits in Acquire, Campaign or Observe, and
+// always with WithListen(ListenAlways)), otherwise within one heartbeat. Until then it may keep working: its fenced transactions
 // (Guard) are rejected from the moment of the eviction, but a FenceTable or
 // a `last_fence <= $f` condition rejects its writes only once the next
 // holder has written. Its Unlock changes nothing.

@@ -13,8 +13,8 @@ import (
 // DB is the set of connection pools pglease works with: a *sql.DB opened
 // with pgx's database/sql driver "pgx" (import _ "github.com/jackc/pgx/v5/stdlib")
 // or lib/pq's "postgres" (import _ "github.com/lib/pq"), or a
-// *pgxpool.Pool (github.com/jackc/pgx/v5/pgxpool). New, Migrate, List,
-// ForceRelease and SchemaVersionOf are generic over it, so either can be
+// *pgxpool.Pool (github.com/jackc/pgx/v5/pgxpool). New, Migrate, Drop,
+// List, ForceRelease and SchemaVersionOf are generic over it, so either can be
 // passed directly. With lib/pq, waiters cannot be woken by notifications
 // (the driver's connection is out of reach) and poll instead. With pgx's
 // driver, pglease runs its statements on pgx's own connection (reached with

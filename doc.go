@@ -59,8 +59,8 @@
 // time, only on its rate. A renew is sent every heartbeat h (default d/3);
 // 2h ≤ d − m is enforced, so a failed renew gets at least one more beat
 // before the deadline, and it is retried sooner than that: backing off from
-// h/16, jittered, until one succeeds or the deadline passes. Loss is therefore signalled before any other process can claim
-// the key — unless the holder is paused (GC, SIGSTOP, a stalled VM) past its
+// h/16 (at most 1 s), jittered, until one succeeds or the deadline passes.
+// Loss is therefore signalled before any other process can claim the key — unless the holder is paused (GC, SIGSTOP, a stalled VM) past its
 // deadline, which only fencing can catch.
 //
 // # Fencing, and the row-lock modes it relies on

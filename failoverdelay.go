@@ -24,7 +24,7 @@ import (
 // first claim of a free key on the new server's timeline (by a Locker with
 // a delay) records the moment, on the new primary's clock;
 // until d after it, claims of keys that look free grant nothing and fail
-// with an *AlreadyLockedError whose FailoverDelay is true (errors.Is
+// with an *AlreadyLockedError whose Reason is LockedFailoverDelay (errors.Is
 // ErrAlreadyLocked and ErrFailoverDelay); Acquire and Campaign wait for the
 // end of the delay. With d at least the lease duration every holder of the
 // old primary has stopped by then, and no two holders run at once. Leases

@@ -101,8 +101,8 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 // Drop removes everything Migrate created for the table named by WithTable:
 // the lease table with its indexes, the version table, the fence-guard
 // table, the timeline table, the journal and its pruning ledger, the
-// scheduled keys' table, the state view and the claim function (both
-// overloads). Every lease, fence and journal row of the table is gone
+// scheduled keys' table, the state view, the claim function (both
+// overloads) and the renew function. Every lease, fence and journal row of the table is gone
 // with them; Lockers still using the table fail their claims with
 // ErrNotMigrated until Migrate runs again, which starts the fences from 1.
 //
@@ -138,7 +138,9 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 }
 
 // SchemaSQL returns the DDL that Migrate applies to an empty database, for
-// teams that run their own migration tool. table is "" for DefaultTable.
+// teams that run their own migration tool. tableName is "" for
+// DefaultTable; a name WithTable would refuse returns an error wrapping
+// ErrInvalidOption.
 // The version table is included so that Migrate, run later, finds the
 // schema current and does nothing; so is the statement that records the
 // server's current timeline as past its failover delay (a new table has

@@ -24,7 +24,7 @@ const (
 // ErrInvalidOption.
 //
 // The entry points that need less take narrower types, so that an option
-// that would have no effect there does not compile: Migrate,
+// that would have no effect there does not compile: Migrate, Drop,
 // SchemaVersionOf, List and ForceRelease take a TableOption (WithTable);
 // NewFenceTable takes a FenceTableOption (WithTable and the telemetry
 // options). Both are Options too.
@@ -128,8 +128,8 @@ func WithSafetyMargin(d time.Duration) Option {
 // letters, digits and underscores is refused.
 func WithTable(name string) TableOption { return tableOption(name) }
 
-// WithHolder sets the holder id recorded in the table (default: host name
-// plus a random suffix, fixed when the Locker is created). Two Lockers may
+// WithHolder sets the holder id recorded in the table (default: host name,
+// process id and a random suffix, fixed when the Locker is created). Two Lockers may
 // share a holder id: each claim also carries a random token, so they still
 // exclude each other.
 func WithHolder(id string) Option {
@@ -195,7 +195,8 @@ func WithListen(m ListenMode) Option {
 
 // WithPollInterval sets how often a waiter retries when no notification
 // can wake it (ListenNever, lib/pq, PgBouncer, a listener down), with ±20 %
-// jitter; default 1s, between MinHeartbeat and the lease duration. Waiters
+// jitter; default 1s (the lease duration if shorter), between MinHeartbeat
+// and MaxLeaseDuration. Waiters
 // also retry at the expiry of the lease they wait for, and — when
 // notifications work — once per heartbeat as a safety net.
 func WithPollInterval(d time.Duration) Option {

@@ -23,7 +23,7 @@ type leaseJSON struct {
 	AcquiredAt time.Time  `json:"acquired_at"`
 	ExpiresAt  time.Time  `json:"expires_at"`
 	ReleasedAt *time.Time `json:"released_at"`
-	HoldUntil  *time.Time `json:"hold_until"` // a pending minimum hold's end (min-hold), else null
+	HoldUntil  *time.Time `json:"hold_until"` // the last release's minimum hold's end (pending in min-hold, else past), or null
 	LastTick   *time.Time `json:"last_tick"`  // the last tick claimed on the key, else null
 	// ExpiresInMS is on the server clock: until expires_at while held
 	// (negative once expired), until hold_until in min-hold; absent for a

@@ -18,7 +18,7 @@ import (
 // A duration job fires at a phase set by each replica's start time, so the
 // replicas' firing times are spread over the whole period and no minimum
 // hold can separate them (with the default one, four replicas ran such a
-// job about twice per period). NewDurationJob gives the job a Locker of its
+// job about 1.5 times per period). NewDurationJob gives the job a Locker of its
 // own that knows the period: each claim carries its tick, the claiming
 // replica's clock truncated to a multiple of period, and the database
 // refuses a tick already claimed (pglease.ErrAlreadyRun) to every other

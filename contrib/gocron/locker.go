@@ -112,9 +112,10 @@ func WithClock(now func() time.Time) Option {
 // DefaultMinHold (capped at l's lease duration), which suits schedules that
 // fire on the same whole second on every replica (cron, daily, weekly,
 // monthly jobs), not duration jobs: add those with NewDurationJob. In
-// minimum-hold mode the Locker logs a warning (WithLogger), once per job,
-// when a job fires more than a quarter of a second past a whole second, as
-// a gocron.DurationJob started at an arbitrary time does.
+// minimum-hold mode the Locker logs a warning (WithLogger) once per job
+// whose schedule it does not know, calling it a likely duration job when it
+// fires more than a quarter of a second past a whole second, as a
+// gocron.DurationJob started at an arbitrary time does.
 func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)

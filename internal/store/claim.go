@@ -140,7 +140,7 @@ func (c *claimCall) result() ClaimResult {
 // their results in the same order (Busy for a claim that met a concurrent
 // one in flight). It costs the server one statement, one transaction and
 // at most one durable commit, whatever the number of claims: what a
-// Locker's queued claims share (see the package documentation). An error
+// Locker's queued claims share (see pglease.DB). An error
 // is every claim's: with a server verdict, none of them took effect;
 // without one, any of them may have.
 func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) ([]ClaimResult, error) {
