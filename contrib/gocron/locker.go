@@ -36,8 +36,10 @@ type Locker struct {
 	tick    time.Duration // 0: minimum-hold mode
 	job     *jobSchedule  // the schedule of the one job (NewCronJob, NewDurationJob), or nil
 	// catchUpTick is the missed tick the one-time catch-up job's Locker
-	// claims (zero for every other Locker).
+	// claims (zero for every other Locker); spent removes that job from its
+	// scheduler once its one claim is over (refused, or run and unlocked).
 	catchUpTick time.Time
+	spent       func()
 	catchUp     time.Duration  // the catch-up window; -1: DefaultCatchUpWithin
 	grace       time.Duration  // -1: the job's period, at most a minute
 	loc         *time.Location // nil: time.Local
@@ -143,11 +145,12 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 // nil.
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	opts, err := k.claimOptions(key)
-	if err != nil {
-		return nil, err
+	var le *pglease.Lease
+	if err == nil {
+		le, err = k.l.Lock(ctx, key, opts...)
 	}
-	le, err := k.l.Lock(ctx, key, opts...)
 	if err != nil {
+		k.runSpent()
 		return nil, err // a nil interface, not a typed nil
 	}
 	return k.newLock(le), nil

@@ -63,6 +63,7 @@ func (k *Locker) newLock(le *pglease.Lease) *lock {
 // unlock releases the run's lease with the outcome the listeners recorded,
 // if any.
 func (l *lock) unlock(ctx context.Context) error {
+	defer l.k.runSpent()
 	l.k.runs.m.CompareAndDelete(l.le.Key(), l)
 	l.mu.Lock()
 	o := l.outcome

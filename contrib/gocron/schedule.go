@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
@@ -115,9 +116,10 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 // catch-up on (WithCatchUp; on by default), if the latest activation before
 // now ran nowhere, came due after the schedule was first recorded with
 // this crontab and lies within the catch-up window, the replica also adds a
-// gocron one-time job, with the same name, task and options, that runs it
-// once when the scheduler starts: of all replicas starting together, one
-// runs it, the others are refused (pglease.ErrAlreadyRun). Only the latest
+// gocron one-time job, with the same name, task and options (but an
+// identifier of its own), that runs it once when the scheduler starts and
+// then leaves the scheduler: of all replicas starting together, one runs
+// it, the others are refused (pglease.ErrAlreadyRun). Only the latest
 // missed activation runs, never one per missed activation; a job added for
 // the first time, or with a changed crontab, has nothing to catch up.
 //
@@ -193,12 +195,24 @@ func (k *Locker) addJob(s gocron.Scheduler, name string, def gocron.JobDefinitio
 	if missed.IsZero() {
 		return j, nil
 	}
-	ck := jk
+	// The catch-up job gets an identifier of its own: with the caller's
+	// (gocron.WithIdentifier among opts) gocron would take it for an update
+	// of the job just added and replace it. gocron keeps a one-time job that
+	// has run, so it removes itself once its claim is over.
+	ck, id := jk, uuid.New()
 	ck.catchUpTick = missed
-	if _, err := s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), task, own(&ck)...); err != nil {
+	ck.spent = func() { go func() { _ = s.RemoveJob(id) }() }
+	if _, err := s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), task, append(own(&ck), gocron.WithIdentifier(id))...); err != nil {
 		k.log().Error("pgleasegocron: the catch-up run of a missed tick could not be added", "job", name, "tick", missed, "error", err)
 	}
 	return j, nil
+}
+
+// runSpent removes a catch-up job whose claim is over (see addJob).
+func (k *Locker) runSpent() {
+	if k.spent != nil {
+		k.spent()
+	}
 }
 
 // register records the job's schedule (pglease.Locker.RegisterSchedule)

@@ -2,6 +2,7 @@ package pgleasegocron_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
@@ -49,13 +51,18 @@ func TestNewCronJobOncePerTickUnderClockSpread(t *testing.T) {
 // fast job, "nightly", added with NewCronJob on the real clock; replicas
 // stop and start as in a deploy.
 type cronFleet struct {
-	t     *testing.T
-	table string
-	mu    sync.Mutex
-	ran   int // the task's executions
+	t       *testing.T
+	table   string
+	db      *sql.DB            // the test's own reads of the journal
+	jobOpts []gocron.JobOption // gocron's options of the job
+	stopped bool               // start leaves the scheduler stopped
+	mu      sync.Mutex
+	ran     int // the task's executions
 }
 
-func newCronFleet(t *testing.T) *cronFleet { return &cronFleet{t: t, table: migrate(t)} }
+func newCronFleet(t *testing.T) *cronFleet {
+	return &cronFleet{t: t, table: migrate(t), db: pgleasetest.DB(t, 1)}
+}
 
 type cronReplica struct {
 	locker *pglease.Locker
@@ -86,11 +93,13 @@ func (f *cronFleet) start(i int, spec string, opts ...pgleasegocron.Option) *cro
 		f.ran++
 		f.mu.Unlock()
 	})
-	if _, err := k.NewCronJob(s, "nightly", spec, true, task); err != nil {
+	if _, err := k.NewCronJob(s, "nightly", spec, true, task, f.jobOpts...); err != nil {
 		t.Error(err)
 		return nil
 	}
-	s.Start()
+	if !f.stopped {
+		s.Start()
+	}
 	return &cronReplica{locker: l, sched: s}
 }
 
@@ -125,7 +134,7 @@ func (f *cronFleet) stopAll(reps []*cronReplica) {
 
 // runs returns the job's runs from the journal, oldest first.
 func (f *cronFleet) runs() []journal.Run {
-	runs, err := journal.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
+	runs, err := journal.History(context.Background(), f.db, "nightly", time.Time{}, 0, pglease.WithTable(f.table))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -217,6 +226,47 @@ func TestNewCronJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	}
 	if len(res.Missed) != 1 || !res.Missed[0].Due.Equal(last.Tick.Add(period)) || res.Missed[0].NextRun == nil || !res.Missed[0].NextRun.CatchUp {
 		t.Fatalf("audit: missed %+v; want the first tick of the outage, then its catch-up", res.Missed)
+	}
+}
+
+// TestCatchUpKeepsAJobAddedWithAnIdentifier: the catch-up job added beside
+// a job that has an identifier of the caller's (gocron.WithIdentifier) does
+// not replace it — gocron takes a second job with a known identifier for
+// an update of the first — runs once, and then leaves the scheduler, which
+// goes on running the job.
+func TestCatchUpKeepsAJobAddedWithAnIdentifier(t *testing.T) {
+	const period, spec = 2 * time.Second, "*/2 * * * * *"
+	f, id := newCronFleet(t), uuid.New()
+	f.jobOpts = []gocron.JobOption{gocron.WithIdentifier(id)}
+	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(30 * time.Second)}
+	rep := f.start(0, spec, opts...)
+	before := f.waitRuns(1)
+	f.stopAll([]*cronReplica{rep})
+	for last := before[len(before)-1]; time.Since(*last.Tick) < 2*period+period/2; {
+		sleepPastTick(period, 100*time.Millisecond)
+	}
+	f.stopped = true
+	rep = f.start(0, spec, opts...)
+	if rep == nil {
+		t.FailNow()
+	}
+	defer f.stopAll([]*cronReplica{rep})
+	if jobs := rep.sched.Jobs(); len(jobs) != 2 || !slices.ContainsFunc(jobs, func(j gocron.Job) bool { return j.ID() == id }) {
+		t.Fatalf("the scheduler has %d jobs; want the job (with the caller's identifier) and its catch-up", len(jobs))
+	}
+	rep.sched.Start()
+	after := f.waitRuns(len(before) + 2)
+	if tail := after[len(before):]; !tail[0].CatchUp || tail[1].CatchUp {
+		t.Fatalf("runs after the restart: %+v; want the catch-up run, then a scheduled one", tail)
+	}
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		jobs := rep.sched.Jobs()
+		if len(jobs) == 1 && jobs[0].ID() == id {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the scheduler still has %d jobs after the catch-up run; want the job alone", len(jobs))
+		}
 	}
 }
 
