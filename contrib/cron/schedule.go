@@ -40,8 +40,11 @@ func WithCatchUp(within time.Duration) Option {
 }
 
 // WithGrace sets how late a tick's run may start before pglease audit
-// reports the tick missed (default: the schedule's period, at most a
-// minute).
+// reports the tick missed. Default: the schedule's period, at most a
+// minute; for an @every schedule, whose replicas run each tick at a phase
+// set by their start times (anywhere in the period), the period plus that,
+// so that a healthy job is never reported (a tick that ran nowhere is then
+// reported up to two periods late).
 func WithGrace(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > pglease.MaxGrace {
@@ -105,10 +108,22 @@ type jobSchedule struct {
 	spec   string           // "" if the schedule has no stable text: not recorded
 	sched  pglease.Schedule // the ticks the runs claim
 	period time.Duration    // between two ticks, for the default grace
+	phased bool             // @every: each replica runs a tick at its own phase in the period
 	// registered: RegisterSchedule succeeded (or the schedule is not
 	// recorded).
 	registered atomic.Bool
 	lastTry    atomic.Int64 // when it was last tried (Unix ns), to retry at most every registerRetry
+}
+
+// defaultGrace is WithGrace's default for a schedule of period: the period,
+// at most a minute, after the tick; for a phased schedule, after the latest
+// phase a replica can run it at.
+func defaultGrace(period time.Duration, phased bool) time.Duration {
+	g := min(period, time.Minute)
+	if phased {
+		g += period
+	}
+	return min(g, pglease.MaxGrace)
 }
 
 // registerRetry is how often runs retry a failed record (the first run
@@ -121,7 +136,7 @@ const registerRetry = time.Minute
 func newJobSchedule(sched cron.Schedule, loc *time.Location, now time.Time) (*jobSchedule, error) {
 	js := &jobSchedule{}
 	if d, ok := every(sched); ok {
-		js.sched, js.period = grid(d), d
+		js.sched, js.period, js.phased = grid(d), d, true
 	} else {
 		js.sched = inLocation{s: sched, loc: loc}
 		next := js.sched.Next(now)
@@ -153,7 +168,7 @@ func (w *wrapper) register() time.Time {
 	defer cancel()
 	grace := w.cfg.grace
 	if grace < 0 {
-		grace = min(w.js.period, time.Minute)
+		grace = defaultGrace(w.js.period, w.js.phased)
 	}
 	within := w.cfg.catchUp
 	if within < 0 {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
@@ -501,6 +502,43 @@ func TestOnceRecordsItsScheduleAtTheFirstRun(t *testing.T) {
 	}
 	if errs := log.errors(); len(errs) > 0 {
 		t.Fatalf("errors: %v", errs)
+	}
+}
+
+// TestDefaultGraceCoversAPhase: the grace AddJob records by default is the
+// period (at most a minute) for a cron expression, whose replicas all run a
+// tick at its time, and the period more for @every, whose replicas run a
+// tick at a phase of their own, anywhere in the period: with the period
+// alone, a healthy "@every 90m" job started 37 minutes past its grid point
+// was reported missed for 36 minutes of every period.
+func TestDefaultGraceCoversAPhase(t *testing.T) {
+	t.Parallel()
+	table := migrate(t)
+	db := pgleasetest.DB(t, 2)
+	l := newLocker(t, db, table, "replica-1", 5*time.Second)
+	defer l.Close()
+	c := cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC))
+	q := `SELECT grace_us FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = $1`
+	for i, tc := range []struct {
+		spec  string
+		grace time.Duration
+	}{
+		{"@every 90m", 91 * time.Minute},
+		{"@every 20s", 40 * time.Second},
+		{"0 0 * * * *", time.Minute},
+		{"*/10 * * * * *", 10 * time.Second},
+	} {
+		key := fmt.Sprintf("job-%d", i)
+		if _, err := pgleasecron.AddJob(c, l, secondsParser, tc.spec, key, cron.FuncJob(func() {}), pgleasecron.WithLocation(time.UTC)); err != nil {
+			t.Fatal(err)
+		}
+		var us int64
+		if err := db.QueryRowContext(t.Context(), q, key).Scan(&us); err != nil {
+			t.Fatalf("%s: %v", tc.spec, err)
+		}
+		if got := time.Duration(us) * time.Microsecond; got != tc.grace {
+			t.Errorf("%s: default grace %v, want %v", tc.spec, got, tc.grace)
+		}
 	}
 }
 

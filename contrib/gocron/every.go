@@ -41,7 +41,7 @@ func (k *Locker) NewDurationJob(s gocron.Scheduler, name string, period time.Dur
 	if period <= 0 {
 		return nil, fmt.Errorf("%w: pgleasegocron: period %v must be positive", pglease.ErrInvalidOption, period)
 	}
-	js := &jobSchedule{spec: "every " + period.String(), sched: grid(period), period: period}
+	js := &jobSchedule{spec: "every " + period.String(), sched: grid(period), period: period, phased: true}
 	return k.addJob(s, name, gocron.DurationJob(period), js, task, opts)
 }
 

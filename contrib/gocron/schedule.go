@@ -48,7 +48,11 @@ func WithCatchUp(within time.Duration) Option {
 }
 
 // WithGrace sets how late a tick's run may start before pglease audit
-// reports the tick missed (default: the job's period, at most a minute).
+// reports the tick missed. Default: the job's period, at most a minute;
+// for a duration job (NewDurationJob), whose replicas run each tick at a
+// phase set by their start times (anywhere in the period), the period plus
+// that, so that a healthy job is never reported (a tick that ran nowhere
+// is then reported up to two periods late).
 // It applies to the jobs added with NewCronJob and NewDurationJob.
 func WithGrace(d time.Duration) Option {
 	return func(k *Locker) error {
@@ -79,8 +83,20 @@ type jobSchedule struct {
 	spec       string
 	sched      pglease.Schedule
 	period     time.Duration // between two ticks, for the default grace
+	phased     bool          // a duration job: each replica runs a tick at its own phase in the period
 	registered atomic.Bool   // RegisterSchedule succeeded
 	lastTry    atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
+}
+
+// defaultGrace is WithGrace's default for a schedule of period: the period,
+// at most a minute, after the tick; for a phased schedule, after the latest
+// phase a replica can run it at.
+func defaultGrace(period time.Duration, phased bool) time.Duration {
+	g := min(period, time.Minute)
+	if phased {
+		g += period
+	}
+	return min(g, pglease.MaxGrace)
 }
 
 // registerRetry is how often runs retry a failed registration (the first
@@ -222,7 +238,7 @@ func (k *Locker) register(name string) time.Time {
 	defer cancel()
 	grace := k.grace
 	if grace < 0 {
-		grace = min(k.job.period, time.Minute)
+		grace = defaultGrace(k.job.period, k.job.phased)
 	}
 	within := k.catchUp
 	if within < 0 {

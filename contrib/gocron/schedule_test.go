@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
@@ -266,6 +267,47 @@ func TestCatchUpKeepsAJobAddedWithAnIdentifier(t *testing.T) {
 		}
 		if time.Now().After(end) {
 			t.Fatalf("the scheduler still has %d jobs after the catch-up run; want the job alone", len(jobs))
+		}
+	}
+}
+
+// TestDefaultGraceCoversAPhase: the grace a job records by default is the
+// period (at most a minute) for a cron job, whose replicas all run a tick
+// at its time, and the period more for a duration job, whose replicas run
+// a tick at a phase of their own, anywhere in the period: with the period
+// alone, a healthy 90-minute job started 37 minutes past its grid point
+// was reported missed for 36 minutes of every period.
+func TestDefaultGraceCoversAPhase(t *testing.T) {
+	table := migrate(t)
+	db := pgleasetest.DB(t, 1)
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "replica-1"), pgleasegocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	task := gocron.NewTask(func() {})
+	add := map[string]func() (gocron.Job, error){
+		"every 90m": func() (gocron.Job, error) { return k.NewDurationJob(s, "every 90m", 90*time.Minute, task) },
+		"every 20s": func() (gocron.Job, error) { return k.NewDurationJob(s, "every 20s", 20*time.Second, task) },
+		"hourly":    func() (gocron.Job, error) { return k.NewCronJob(s, "hourly", "0 * * * *", false, task) },
+		"10s":       func() (gocron.Job, error) { return k.NewCronJob(s, "10s", "*/10 * * * * *", true, task) },
+	}
+	want := map[string]time.Duration{"every 90m": 91 * time.Minute, "every 20s": 40 * time.Second, "hourly": time.Minute, "10s": 10 * time.Second}
+	q := `SELECT grace_us FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = $1`
+	for key, f := range add {
+		if _, err := f(); err != nil {
+			t.Fatal(err)
+		}
+		var us int64
+		if err := db.QueryRowContext(t.Context(), q, key).Scan(&us); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if got := time.Duration(us) * time.Microsecond; got != want[key] {
+			t.Errorf("%s: default grace %v, want %v", key, got, want[key])
 		}
 	}
 }
