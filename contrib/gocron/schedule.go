@@ -152,16 +152,31 @@ func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSecond
 	if err != nil {
 		return nil, err
 	}
-	next := sched.Next(k.now())
-	js := &jobSchedule{spec: fmt.Sprintf("cron %q (seconds: %v)", crontab, withSeconds), sched: sched, period: sched.Next(next).Sub(next)}
+	// The recorded text names the zone the crontab is read in (unless it
+	// names its own), so that moving the job to another zone is a schedule
+	// change: its next due tick is read again, and the old zone's is
+	// neither reported missed nor caught up.
+	spec := fmt.Sprintf("cron %q (seconds: %v)", crontab, withSeconds)
+	if !hasZone(crontab) {
+		spec = fmt.Sprintf("cron %q (seconds: %v, zone: %s)", crontab, withSeconds, k.location())
+	}
+	js := &jobSchedule{spec: spec, sched: sched, period: time.Minute} // one activation left: a minute
+	if next := sched.Next(k.now()); sched.Next(next).After(next) {
+		js.period = sched.Next(next).Sub(next)
+	}
 	return k.addJob(s, name, gocron.CronJob(crontab, withSeconds), js, task, opts)
+}
+
+// hasZone reports whether crontab names its own time zone.
+func hasZone(crontab string) bool {
+	return strings.HasPrefix(crontab, "TZ=") || strings.HasPrefix(crontab, "CRON_TZ=")
 }
 
 // parseCron reads crontab as gocron does, in the Locker's location unless
 // it names its own.
 func (k *Locker) parseCron(crontab string, withSeconds bool) (cron.Schedule, error) {
 	spec := crontab
-	if !strings.HasPrefix(crontab, "TZ=") && !strings.HasPrefix(crontab, "CRON_TZ=") {
+	if !hasZone(crontab) {
 		spec = "CRON_TZ=" + k.location().String() + " " + crontab
 	}
 	p := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)

@@ -312,6 +312,54 @@ func TestDefaultGraceCoversAPhase(t *testing.T) {
 	}
 }
 
+// TestNewCronJobInAnotherZoneIsAScheduleChange: a job moved from UTC to
+// Asia/Tokyo (WithLocation; its ticks move by 9 hours) is a schedule
+// change: its next due tick becomes Tokyo's, so that the tick UTC would
+// have run is neither reported missed nor caught up.
+func TestNewCronJobInAnotherZoneIsAScheduleChange(t *testing.T) {
+	table := migrate(t)
+	db := pgleasetest.DB(t, 1)
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, table, "replica-1")
+	nextDue := func(loc *time.Location) time.Time {
+		k, err := pgleasegocron.NewLocker(l, pgleasegocron.WithLocation(loc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := gocron.NewScheduler(gocron.WithLocation(loc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = s.Shutdown() }()
+		if _, err := k.NewCronJob(s, "nightly", "0 9 * * *", false, gocron.NewTask(func() {})); err != nil {
+			t.Fatal(err)
+		}
+		var due time.Time
+		q := `SELECT next_due FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = 'nightly'`
+		if err := db.QueryRowContext(t.Context(), q).Scan(&due); err != nil {
+			t.Fatal(err)
+		}
+		return due
+	}
+	nextNine := func(loc *time.Location) time.Time {
+		now := time.Now().In(loc)
+		at := time.Date(now.Year(), now.Month(), now.Day(), 9, 0, 0, 0, loc)
+		if !at.After(now) {
+			at = at.AddDate(0, 0, 1)
+		}
+		return at
+	}
+	if got, want := nextDue(time.UTC), nextNine(time.UTC); !got.Equal(want) {
+		t.Fatalf("next due tick in UTC: %v, want %v", got, want)
+	}
+	if got, want := nextDue(tokyo), nextNine(tokyo); !got.Equal(want) {
+		t.Fatalf("next due tick after the move to Asia/Tokyo: %v, want Tokyo's %v", got, want.UTC())
+	}
+}
+
 // TestNewCronJobNoCatchUpPastTheWindow: restarted after the catch-up
 // window of the latest missed tick, the replicas run nothing until the next
 // tick, and Audit reports the missed ticks: overdue before that run, and
