@@ -15,15 +15,19 @@ import (
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
 )
 
-// recLogger is a gocron.Logger that keeps its warnings.
+// recLogger is a gocron.Logger that keeps its warnings and errors.
 type recLogger struct {
-	mu    sync.Mutex
-	warns []string
+	mu          sync.Mutex
+	warns, errs []string
 }
 
 func (r *recLogger) Debug(string, ...any) {}
 func (r *recLogger) Info(string, ...any)  {}
-func (r *recLogger) Error(string, ...any) {}
+func (r *recLogger) Error(msg string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, fmt.Sprint(append([]any{msg}, args...)...))
+}
 func (r *recLogger) Warn(msg string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -34,6 +38,12 @@ func (r *recLogger) got() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.warns...)
+}
+
+func (r *recLogger) errors() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.errs...)
 }
 
 // TestMinHoldReportsOffGridJobOnce: in minimum-hold mode, a job that fires

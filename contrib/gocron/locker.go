@@ -2,6 +2,7 @@ package pgleasegocron
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -142,7 +143,9 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 
 // Lock claims key for one run of the job. ctx bounds the claim only; the
 // lease is renewed until gocron calls Unlock. On error the returned Lock is
-// nil.
+// nil, and gocron skips the run; an error other than a refusal (the key
+// held, its tick run) is also logged at Error (WithLogger), since gocron
+// itself tells only an AfterLockError listener.
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	opts, err := k.claimOptions(key)
 	var le *pglease.Lease
@@ -151,9 +154,25 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	}
 	if err != nil {
 		k.runSpent()
+		k.logClaimError(ctx, key, err)
 		return nil, err // a nil interface, not a typed nil
 	}
 	return k.newLock(le), nil
+}
+
+// logClaimError logs a claim that failed for another reason than the key
+// being held or its tick run: gocron skips the run and tells only an
+// AfterLockError listener, so without this log a database outage would
+// skip runs silently. A claim cut off by gocron's own context (the
+// scheduler or the job stopping) is logged at Info.
+func (k *Locker) logClaimError(ctx context.Context, key string, err error) {
+	switch {
+	case errors.Is(err, pglease.ErrAlreadyLocked), errors.Is(err, pglease.ErrAlreadyRun):
+	case ctx.Err() != nil:
+		k.log().Info("pgleasegocron: run skipped: its claim was cut off", "job", key, "error", err)
+	default:
+		k.log().Error("pgleasegocron: run skipped: its claim failed", "job", key, "error", err)
+	}
 }
 
 // claimOptions returns the options of one claim of key, in the Locker's

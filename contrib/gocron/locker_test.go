@@ -3,6 +3,8 @@ package pgleasegocron_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,6 +172,64 @@ func TestLockErrorGivesNilLock(t *testing.T) {
 	})
 	if err := lb.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClaimErrorIsLogged: gocron skips a run whose claim fails and tells
+// only an AfterLockError listener; the Locker logs the failure at Error (a
+// table that is not there: the runs of a real scheduler are skipped, and
+// said so), but not a refusal (the key held, or its tick run).
+func TestClaimErrorIsLogged(t *testing.T) {
+	rec := &recLogger{}
+	k, err := pgleasegocron.NewLocker(newLocker(t, "pglg_not_migrated", "a"), pgleasegocron.WithLogger(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() { ran.Add(1) }), gocron.WithName("job")); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	waitFor(t, 10*time.Second, "a claim error logged", func() bool { return len(rec.errors()) > 0 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if errs := rec.errors(); !strings.Contains(errs[0], "job") || !strings.Contains(errs[0], "claim failed") || ran.Load() != 0 {
+		t.Fatalf("logged %q, %d runs; want the failed claim of job and no run", errs, ran.Load())
+	}
+	table := migrate(t)
+	quiet := &recLogger{}
+	locker := func(holder string) *pgleasegocron.Locker {
+		k, err := pgleasegocron.NewLocker(newLocker(t, table, holder), pgleasegocron.WithLogger(quiet), pgleasegocron.WithTicks(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	a, b := locker("a"), locker("b")
+	lk, err := a.Lock(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Lock(t.Context(), "job"); !errors.Is(err, pglease.ErrAlreadyRun) {
+		t.Fatalf("Lock of a tick run: %v", err)
+	}
+	c, err := pgleasegocron.NewLocker(newLocker(t, table, "c"), pgleasegocron.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Lock(t.Context(), "job"); !errors.Is(err, pglease.ErrAlreadyLocked) {
+		t.Fatalf("Lock of a held key: %v", err)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if errs := quiet.errors(); len(errs) != 0 {
+		t.Fatalf("refusals logged as errors: %q", errs)
 	}
 }
 
