@@ -57,7 +57,8 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithLocation sets the time zone the schedule is evaluated in: the one
-// given to cron.WithLocation (default time.Local, cron's default).
+// given to cron.WithLocation. Default: for AddJob the Cron's location (it
+// refuses another), for Once time.Local, cron's default.
 func WithLocation(loc *time.Location) Option {
 	return func(c *config) error {
 		if loc == nil {
@@ -161,14 +162,16 @@ func WithLogger(l cron.Logger) Option {
 // schedule that never fires or an invalid option fail with an error
 // wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the key).
 func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
-	w, err := newWrapper(l, key, sched, opts)
+	w, err := newWrapper(l, key, sched, time.Local, opts)
 	if err != nil {
 		return nil, err
 	}
 	return w.wrap, nil
 }
 
-func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, opts []Option) (*wrapper, error) {
+// newWrapper returns the wrapper of key's job on sched, in loc unless opts
+// say otherwise (WithLocation).
+func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Location, opts []Option) (*wrapper, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
@@ -183,7 +186,7 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, opts []Optio
 			return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
 		}
 	}
-	c := config{now: time.Now, loc: time.Local, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger,
+	c := config{now: time.Now, loc: loc, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger,
 		catchUp: -1, grace: -1}
 	for _, o := range opts {
 		if o == nil {
@@ -210,8 +213,8 @@ var errNoSpec = errors.New("pgleasecron: the schedule prints a pointer address, 
 // AddJob parses spec with parser (cron.NewParser with the fields the Cron
 // uses: cron.Minute|cron.Hour|cron.Dom|cron.Month|cron.Dow|cron.Descriptor
 // by default, cron.Second first with cron.WithSeconds), wraps job with Once
-// and adds it to c. Give WithLocation the Cron's location if it is not
-// time.Local.
+// and adds it to c. The schedule is read in c's location (cron.WithLocation);
+// a WithLocation naming another one is refused.
 //
 // Unlike Once, AddJob records the job's schedule for the fleet at once
 // (pglease.Locker.RegisterSchedule, one statement bounded by 5 s; on failure
@@ -239,9 +242,12 @@ func AddJob(c *cron.Cron, l *pglease.Locker, parser cron.ScheduleParser, spec, k
 	if err != nil {
 		return 0, fmt.Errorf("%w: pgleasecron: schedule %q: %w", pglease.ErrInvalidOption, spec, err)
 	}
-	w, err := newWrapper(l, key, sched, opts)
+	w, err := newWrapper(l, key, sched, c.Location(), opts)
 	if err != nil {
 		return 0, err
+	}
+	if got, want := w.cfg.loc.String(), c.Location().String(); got != want {
+		return 0, fmt.Errorf("%w: pgleasecron: WithLocation(%s) is not the Cron's location (%s), in which it fires the job", pglease.ErrInvalidOption, got, want)
 	}
 	id := c.Schedule(sched, w.wrap(job))
 	if missed := w.register(); !missed.IsZero() {

@@ -542,6 +542,38 @@ func TestDefaultGraceCoversAPhase(t *testing.T) {
 	}
 }
 
+// TestAddJobReadsTheCronsLocation: without WithLocation, AddJob reads the
+// schedule in the Cron's location (cron.WithLocation), which its recorded
+// text names; a WithLocation naming another zone is refused and adds
+// nothing (the job would find no activation at the times the Cron fires it).
+func TestAddJobReadsTheCronsLocation(t *testing.T) {
+	t.Parallel()
+	table := migrate(t)
+	db := pgleasetest.DB(t, 2)
+	l := newLocker(t, db, table, "replica-1", 5*time.Second)
+	defer l.Close()
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cron.New(cron.WithSeconds(), cron.WithLocation(ny))
+	if _, err := pgleasecron.AddJob(c, l, secondsParser, "0 0 9 * * *", "nightly", cron.FuncJob(func() {})); err != nil {
+		t.Fatal(err)
+	}
+	var spec string
+	q := `SELECT schedule FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = 'nightly'`
+	if err := db.QueryRowContext(t.Context(), q).Scan(&spec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(spec, "tz=America/New_York") {
+		t.Fatalf("recorded schedule %q; want it read in the Cron's zone, America/New_York", spec)
+	}
+	_, err = pgleasecron.AddJob(c, l, secondsParser, "0 0 9 * * *", "other", cron.FuncJob(func() {}), pgleasecron.WithLocation(time.UTC))
+	if !errors.Is(err, pglease.ErrInvalidOption) || len(c.Entries()) != 1 {
+		t.Fatalf("AddJob with WithLocation(UTC) on a New York Cron: %v, %d entries; want ErrInvalidOption and the first entry alone", err, len(c.Entries()))
+	}
+}
+
 // TestAddJobBadInput: invalid options and schedules fail with
 // pglease.ErrInvalidOption and add no entry.
 func TestAddJobBadInput(t *testing.T) {
