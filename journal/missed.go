@@ -10,6 +10,8 @@ import (
 // MissedTick describes a tick of a scheduled key (pglease.Locker.RegisterSchedule)
 // that came due and ran zero times: every replica was down across it, or
 // none could reach the database, or the run before it was still going.
+// One MissedTick stands for a whole gap between two runs: Due is its first
+// tick, and every tick from Due to NextRun's (excluded) ran zero times.
 type MissedTick struct {
 	Key string
 	// Due is the tick that came due with no run: the next tick the key's

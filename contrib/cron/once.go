@@ -137,8 +137,9 @@ func WithLogger(l cron.Logger) Option {
 // Each run also records when the key's next activation is due
 // (pglease.NextTick: for @every the next period on the grid, otherwise the
 // schedule's next activation), and the first run records the job's schedule
-// for the fleet (pglease.Locker.RegisterSchedule, bounded by 5 s; retried at
-// each run until it succeeds), so that pglease audit reports an activation
+// for the fleet (pglease.Locker.RegisterSchedule, bounded by 5 s; after a
+// failure retried at a later run, at most once a minute, until it
+// succeeds), so that pglease audit reports an activation
 // that ran nowhere (every replica was down across it) once it is more than
 // the grace (WithGrace) late. Once has no Cron to add a run to, so it does
 // not catch such an activation up: AddJob does (WithCatchUp). The schedule
