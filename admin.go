@@ -143,3 +143,34 @@ func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOpti
 	}
 	return r, nil
 }
+
+// ForgetSchedule removes the schedule recorded for key (Locker.RegisterSchedule),
+// and reports whether there was one. For a scheduled job removed or
+// renamed: its last next due tick would otherwise stay overdue for ever,
+// reported by pglease audit and counted by the status page. The key's
+// lease row and journal are untouched; the journal's runs of key are no
+// longer compared with a schedule either.
+//
+// A replica that still runs the job records its schedule again when it
+// starts, as a first registration (nothing to catch up); until then its
+// runs claim their ticks as before but move no next due tick, and a tick
+// the job misses meanwhile is not reported. For operators
+// (`pglease unschedule`).
+func ForgetSchedule[D DB](ctx context.Context, db D, key string, opts ...TableOption) (bool, error) {
+	if err := entry.CheckKey(key); err != nil {
+		return false, err
+	}
+	b, err := entry.Backend(db)
+	if err != nil {
+		return false, err
+	}
+	_, t, err := tableConfig(opts)
+	if err != nil {
+		return false, err
+	}
+	found, err := t.Store(b, true).ForgetSchedule(ctx, key)
+	if err != nil {
+		return false, t.WrapDB(fmt.Sprintf("forget the schedule of %q", key), err)
+	}
+	return found, nil
+}

@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +149,67 @@ func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
 	r, err := ForceRelease(c, f.admin, "job", WithTable(f.table))
 	if err != nil || r.WasLive || r.NewFence != le.Fence() {
 		t.Fatalf("force release of a released lease: %+v %v", r, err)
+	}
+}
+
+// TestForgetSchedule: ForgetSchedule removes the key's recorded schedule
+// (and only that: its lease row and the other keys' schedules stay) and
+// reports whether there was one, through either kind of pool; bad input
+// fails with a clear error and removes nothing.
+func TestForgetSchedule(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(1)
+	c := ctx(t)
+	js := JobSchedule{Spec: "every second", Schedule: grid(time.Second), Grace: time.Second}
+	for _, key := range []string{"gone", "renamed", "kept"} {
+		if _, err := l.RegisterSchedule(c, key, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	le, err := l.Lock(c, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Unlock(c)
+	scheduled := func() (keys []string) {
+		rows, err := f.admin.QueryContext(c, `SELECT key FROM "`+f.table+`_schedules" ORDER BY key`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, k)
+		}
+		return keys
+	}
+	if _, err := ForgetSchedule(c, f.admin, "", WithTable(f.table)); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("empty key: %v; want ErrInvalidKey", err)
+	}
+	if _, err := ForgetSchedule(c, f.admin, "gone", WithTable("bad name")); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("bad table name: %v; want ErrInvalidOption", err)
+	}
+	if got := scheduled(); !slices.Equal(got, []string{"gone", "kept", "renamed"}) {
+		t.Fatalf("scheduled keys after bad input: %v", got)
+	}
+	for i, db := range []any{f.admin, pgxPool(t)} {
+		key := []string{"gone", "renamed"}[i]
+		found, err := forgetAny(c, db, key, f.table)
+		if err != nil || !found {
+			t.Fatalf("ForgetSchedule(%q) through %T: %v, %v; want found", key, db, found, err)
+		}
+	}
+	if found, err := ForgetSchedule(c, f.admin, "gone", WithTable(f.table)); err != nil || found {
+		t.Fatalf("ForgetSchedule of a key forgotten already: %v, %v; want not found, no error", found, err)
+	}
+	if got := scheduled(); !slices.Equal(got, []string{"kept"}) {
+		t.Fatalf("scheduled keys left: %v; want kept", got)
+	}
+	if err := le.Err(); err != nil {
+		t.Fatalf("the lease of a key whose schedule was forgotten: %v", err)
 	}
 }

@@ -261,6 +261,16 @@ func listAny(c context.Context, db any, table string) ([]LeaseInfo, error) {
 	panic("unknown pool")
 }
 
+func forgetAny(c context.Context, db any, key, table string) (bool, error) {
+	switch d := db.(type) {
+	case *sql.DB:
+		return ForgetSchedule(c, d, key, WithTable(table))
+	case *pgxpool.Pool:
+		return ForgetSchedule(c, d, key, WithTable(table))
+	}
+	panic("unknown pool")
+}
+
 // countWaiters: statements on the table waiting for a lock and matching cond.
 func countWaiters(t *testing.T, f *fixture, cond string) int {
 	var n int

@@ -30,6 +30,23 @@ func runTick(t *testing.T, l *pglease.Locker, key string, g grid, tick time.Time
 	return le.Unlock(ctx(t))
 }
 
+// overdue registers key's schedule js (on a grid), runs its latest tick and
+// waits until three ticks have passed since, none run; it returns the tick
+// run.
+func overdue(t *testing.T, l *pglease.Locker, key string, js pglease.JobSchedule) time.Time {
+	t.Helper()
+	g := js.Schedule.(grid)
+	if _, err := l.RegisterSchedule(ctx(t), key, js); err != nil {
+		t.Fatal(err)
+	}
+	t0, _ := pglease.LatestTick(g, time.Now(), time.Minute)
+	if err := runTick(t, l, key, g, t0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return time.Since(t0) > 3*time.Duration(g) })
+	return t0
+}
+
 // TestCatchUpOnceAfterAnOutage: a tick that came due while no replica ran
 // is caught up by exactly one of the replicas that start afterwards, as
 // the latest missed tick only; the journal marks that run, and Audit
@@ -114,14 +131,7 @@ func TestNoCatchUpPastTheDeadline(t *testing.T) {
 	g := grid(200 * time.Millisecond)
 	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
 	l := f.replica(2)
-	if _, err := l.RegisterSchedule(ctx(t), key, js); err != nil {
-		t.Fatal(err)
-	}
-	t0, _ := pglease.LatestTick(g, time.Now(), time.Minute)
-	if err := runTick(t, l, key, g, t0); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, func() bool { return time.Since(t0) > 3*time.Duration(g) })
+	t0 := overdue(t, l, key, js)
 	if tick, err := l.RegisterSchedule(ctx(t), key, js); err != nil || !tick.IsZero() {
 		t.Fatalf("registration past the window: tick %v, err %v; want nothing to catch up", tick, err)
 	}
@@ -168,5 +178,45 @@ func TestNoCatchUpForANewOrChangedSchedule(t *testing.T) {
 	}
 	if len(res.Missed) != 0 {
 		t.Fatalf("audit missed: %+v; want none (the schedule is new)", res.Missed)
+	}
+}
+
+// TestForgetScheduleEndsItsReport: a scheduled key whose job was removed
+// stays overdue for ever; once its schedule is forgotten (ForgetSchedule),
+// Audit reports nothing for it, neither overdue nor between its runs, and
+// a registration afterwards is a first one: nothing to catch up.
+func TestForgetScheduleEndsItsReport(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const key = "removed-job"
+	g := grid(200 * time.Millisecond)
+	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Minute}
+	l := f.replica(2)
+	t0 := overdue(t, l, key, js)
+	missed := func() []MissedTick {
+		res, err := Audit(ctx(t), f.admin, time.Time{}, pglease.WithTable(f.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Missed
+	}
+	if m := missed(); len(m) != 1 || !m[0].Overdue {
+		t.Fatalf("audit before forgetting: missed %+v; want the tick after %v, overdue", m, t0)
+	}
+	if found, err := pglease.ForgetSchedule(ctx(t), f.admin, key, pglease.WithTable(f.table)); err != nil || !found {
+		t.Fatalf("ForgetSchedule: %v, %v", found, err)
+	}
+	if m := missed(); len(m) != 0 {
+		t.Fatalf("audit after forgetting: missed %+v; want nothing", m)
+	}
+	t1, _ := pglease.LatestTick(g, time.Now(), time.Minute)
+	if err := runTick(t, l, key, g, t1); err != nil { // a replica still running it, ticks later
+		t.Fatal(err)
+	}
+	if m := missed(); len(m) != 0 {
+		t.Fatalf("audit after a run of the forgotten key: missed %+v; want nothing", m)
+	}
+	if tick, err := l.RegisterSchedule(ctx(t), key, js); err != nil || !tick.IsZero() {
+		t.Fatalf("registration after forgetting: tick %v, err %v; want a first registration, nothing to catch up", tick, err)
 	}
 }

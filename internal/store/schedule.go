@@ -39,6 +39,17 @@ up AS (
 SELECT old.schedule, old.next_due, (SELECT l.last_tick FROM "pglease_leases" AS l WHERE l.key = $1)
 FROM (SELECT 1) AS one LEFT JOIN old ON true`
 
+// forgetScheduleSQL removes a scheduled key's record (its schedule, next
+// due tick and grace), so that its missed ticks are no longer reported. The
+// key's lease row and journal are untouched.
+//
+//	$1 key
+//
+// Result: the rows deleted (0 or 1).
+//
+// Durability: durable.
+const forgetScheduleSQL = `DELETE FROM "pglease_leases_schedules" AS s WHERE s.key = $1`
+
 // overdueSQL lists the scheduled keys whose next due tick has passed by
 // more than their grace with no run claimed for it: a tick that ran zero
 // times. A run still going past the due tick (one longer than its period)
@@ -76,6 +87,13 @@ func (s *Store) RegisterSchedule(ctx context.Context, key, schedule string, next
 	err := s.DB.QueryRow(ctx, s.sql.RegisterSchedule, []any{key, schedule, next, grace.Microseconds()},
 		&r.Schedule, &r.NextDue, &r.LastTick)
 	return r, err
+}
+
+// ForgetSchedule removes key's recorded schedule and reports whether there
+// was one.
+func (s *Store) ForgetSchedule(ctx context.Context, key string) (bool, error) {
+	n, err := s.DB.Exec(ctx, s.sql.ForgetSchedule, key)
+	return n > 0, err
 }
 
 // Overdue calls each with every overdue scheduled key and its due tick,

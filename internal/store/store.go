@@ -32,7 +32,7 @@ type Statements struct {
 	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout             string
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe             string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows         string
-	RegisterSchedule, Overdue, AuditScan, JournalKeysRows                    string
+	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows    string
 	JournalLastRuns                                                          string
 	VersionTable, CurrentVersion, RecordVersion, TimelineCreated             string
 	TableExists, MigrateLock, Drop                                           string
@@ -75,6 +75,7 @@ func bind(n Names, journal bool) *Statements {
 		JournalLastRuns:  n.Bind(journalLastRunsSQL),
 		AuditScan:        n.Bind(auditScanSQL),
 		RegisterSchedule: n.Bind(registerScheduleSQL),
+		ForgetSchedule:   n.Bind(forgetScheduleSQL),
 		Overdue:          n.Bind(overdueSQL),
 		VersionTable:     n.Bind(versionTableSQL),
 		CurrentVersion:   n.Bind(currentVersionSQL),
