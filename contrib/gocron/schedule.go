@@ -141,7 +141,9 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 //
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A crontab that
-// does not parse, a nil s or task or an empty name fail with an error
+// does not parse or is an @every (a duration job, whose replicas fire at
+// phases of their own: add it with NewDurationJob), a nil s or task or an
+// empty name fail with an error
 // wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name)
 // and add nothing.
 func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSeconds bool, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
@@ -184,6 +186,12 @@ func (k *Locker) parseCron(crontab string, withSeconds bool) (cron.Schedule, err
 		p = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 	}
 	sched, err := p.Parse(spec)
+	switch sched.(type) {
+	case cron.ConstantDelaySchedule, *cron.ConstantDelaySchedule:
+		// Its ticks are set by each replica's start time: no two replicas
+		// would derive the same tick from one activation.
+		err = errors.New("@every is a duration job, whose replicas fire at phases of their own: add it with NewDurationJob")
+	}
 	if err == nil && sched.Next(k.now()).IsZero() {
 		err = errors.New("it never fires")
 	}

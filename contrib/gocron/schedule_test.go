@@ -474,6 +474,9 @@ func TestNewCronJobBadInput(t *testing.T) {
 		"bad crontab":    {s, "j", "not a crontab", task, pglease.ErrInvalidOption},
 		"never fires":    {s, "j", "0 0 30 2 *", task, pglease.ErrInvalidOption},
 		"seconds absent": {s, "j", "* * * * * * *", task, pglease.ErrInvalidOption},
+		// @every fires at each replica's own phase (3 replicas started 0.6 s
+		// apart ran an "@every 2s" job 9 times in 9.8 s): NewDurationJob.
+		"@every": {s, "j", "@every 2s", task, pglease.ErrInvalidOption},
 	} {
 		if _, err := k.NewCronJob(c.s, c.name, c.crontab, false, c.task); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", name, err, c.want)
