@@ -74,7 +74,7 @@ func (l *Locker) retryIn(err error, failures int) time.Duration {
 	if l.lis.isLive() {
 		poll = l.cfg.heartbeat
 	}
-	poll = time.Duration(float64(poll) * (0.8 + 0.4*rand.Float64()))
+	poll = jitter(poll)
 	var held *AlreadyLockedError
 	switch {
 	case errors.As(err, &held) && held.Reason == LockedInFlight:
@@ -86,6 +86,11 @@ func (l *Locker) retryIn(err error, failures int) time.Duration {
 		return min(poll, time.Duration(failures)*100*time.Millisecond)
 	}
 	return poll
+}
+
+// jitter is d ±20 %, so that Lockers that wait alike do not look in step.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 // sleepUntilRetry waits for d, a notification for the key, ctx or Close.

@@ -112,9 +112,11 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 
 // Observe streams leadership changes until ctx ends, then closes the
 // channel. It sends the current state first, then each change of holder or
-// fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It wakes on
-// release notifications, at the leader's expiry and at the poll interval;
-// read errors are logged at WARN and retried. A slow reader only misses
+// fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It
+// reads the leader on release notifications, at the leader's expiry and,
+// while nobody leads, at the poll interval (a claim sends no
+// notification), so a term shorter than that can go unseen; read errors
+// are logged at WARN and retried. A slow reader only misses
 // intermediate states, never the latest.
 func (e *Election) Observe(ctx context.Context) <-chan LeaseInfo {
 	out := make(chan LeaseInfo, 1)
@@ -142,8 +144,12 @@ func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 		li, err := e.Leader(ctx)
 		switch {
 		case errors.Is(err, ErrNoLeader):
+			// A claim sends no notification: while nobody leads, look at
+			// the poll interval, not at the heartbeat retryIn gives a
+			// waiter whose listener is live (a waiter claims; an
+			// observer only reads).
 			li, err = LeaseInfo{Key: e.key}, nil
-			next = e.l.retryIn(nil, 0)
+			next = min(e.l.retryIn(nil, 0), jitter(e.l.cfg.poll))
 		case err != nil:
 			if ctx.Err() != nil {
 				return

@@ -164,3 +164,37 @@ func TestElectionRun(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestObserveSeesANewLeaderAtThePollInterval: a claim sends no
+// notification, so an observer that saw nobody lead learns of the next
+// leader by looking again: at the poll interval (here 500 ms), not at the
+// heartbeat (here 20 s) a waiter with a live listener uses. The bound, half
+// the heartbeat, leaves a loaded machine room; a wait for the heartbeat
+// would pass it.
+func TestObserveSeesANewLeaderAtThePollInterval(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	opts := []Option{WithLeaseDuration(time.Minute), WithPollInterval(500 * time.Millisecond)}
+	la, lb := f.replica(2, opts...), f.replica(2, opts...)
+	c := ctx(t)
+	eb, _ := NewElection(lb, "leader")
+	obs := eb.Observe(c)
+	if first := <-obs; first.Holder != "" {
+		t.Fatalf("first: %+v; want nobody leading", first)
+	}
+	waitFor(t, 10*time.Second, func() bool { return lb.lis.isLive() })
+	time.Sleep(100 * time.Millisecond) // past the observer's second look, 20 ms after a "nobody"
+	le, err := la.Lock(c, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Unlock(c)
+	select {
+	case li := <-obs:
+		if li.Holder != la.Holder() {
+			t.Fatalf("Observe: %+v; want %s leading", li, la.Holder())
+		}
+	case <-time.After(lb.cfg.heartbeat / 2):
+		t.Fatalf("Observe did not see the new leader within %v (poll interval %v)", lb.cfg.heartbeat/2, lb.cfg.poll)
+	}
+}
