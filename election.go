@@ -183,7 +183,8 @@ type LeaderCallbacks struct {
 	// makes Run campaign again. Required.
 	OnStartedLeading func(ctx context.Context, lead *Lease) error
 	// OnStoppedLeading runs after each term of this replica, once the
-	// lease is released or lost. Optional.
+	// lease is released, lost, or given up to expire (a resign that
+	// failed). Optional.
 	OnStoppedLeading func()
 	// OnNewLeader runs for each change of leader seen (any replica,
 	// including this one; Holder "" when nobody leads). Optional.
@@ -193,7 +194,9 @@ type LeaderCallbacks struct {
 // Run campaigns, leads through OnStartedLeading, resigns and campaigns
 // again, until ctx ends — then it resigns and returns nil: a clean shutdown
 // is not an error. It returns OnStartedLeading's error, or an error that
-// campaigning cannot get past (closed Locker, missing table).
+// campaigning cannot get past (closed Locker, missing table), or, at
+// shutdown, the resign's error (the key then stays blocked until the
+// lease expires). A resign that fails is logged at WARN.
 func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 	if cb.OnStartedLeading == nil {
 		return fmt.Errorf("%w: LeaderCallbacks.OnStartedLeading is required", ErrInvalidOption)
@@ -221,7 +224,11 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 			return err
 		}
 		err = e.lead1(ctx, lead, cb.OnStartedLeading)
-		_ = e.Resign(context.WithoutCancel(ctx))
+		rerr := e.Resign(context.WithoutCancel(ctx))
+		if rerr != nil {
+			e.l.log.Warn("pglease: resigning failed: the key stays blocked until the lease expires",
+				"key", e.key, "fence", lead.Fence(), "expires_at", lead.ExpiresAt(), "error", rerr)
+		}
 		if cb.OnStoppedLeading != nil {
 			cb.OnStoppedLeading()
 		}
@@ -229,7 +236,7 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 			return err
 		}
 		if ctx.Err() != nil {
-			return nil
+			return rerr
 		}
 	}
 }

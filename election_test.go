@@ -3,7 +3,9 @@ package pglease
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -197,4 +199,63 @@ func TestObserveSeesANewLeaderAtThePollInterval(t *testing.T) {
 	case <-time.After(lb.cfg.heartbeat / 2):
 		t.Fatalf("Observe did not see the new leader within %v (poll interval %v)", lb.cfg.heartbeat/2, lb.cfg.poll)
 	}
+}
+
+// failRelease is a backend whose release statement fails as if the
+// connection broke.
+type failRelease struct {
+	backend
+	release string
+}
+
+func (b *failRelease) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	if sql == b.release {
+		return 0, errors.New("simulated: connection reset by peer")
+	}
+	return b.backend.Exec(ctx, sql, args...)
+}
+
+// TestRunReportsAFailedResign: when Run's resign fails at shutdown, the
+// key stays blocked until the lease expires: Run says so (an error, not a
+// clean nil) and a WARN names the key; a Campaign whose context ends with
+// a release that fails logs it too.
+func TestRunReportsAFailedResign(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := &logs{}
+	la := f.replica(2, WithLogger(slogLogger(h)))
+	la.store.DB = &failRelease{backend: la.store.DB, release: la.store.SQL().Release}
+	c := ctx(t)
+	ea, _ := NewElection(la, "leader")
+	run, stop := context.WithCancel(c)
+	leading := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- ea.Run(run, LeaderCallbacks{OnStartedLeading: func(ctx context.Context, lead *Lease) error {
+			close(leading)
+			<-ctx.Done()
+			return nil
+		}})
+	}()
+	<-leading
+	stop()
+	if err := <-errc; err == nil || !strings.Contains(err.Error(), "simulated") {
+		t.Fatalf("Run after a failed resign: %v; want the resign's error", err)
+	}
+	if attrs, ok := h.find(slog.LevelWarn, "resigning failed"); !ok || attrs["key"] != "leader" {
+		t.Fatalf("no WARN for the failed resign (%v)", attrs)
+	}
+	if r, _ := f.row("leader"); !r.Live {
+		t.Fatalf("the row after a failed resign: %+v; want it still live (the failure was simulated)", r)
+	}
+	eb, _ := NewElection(la, "other")
+	cctx, cancel := context.WithCancel(c)
+	if _, err := eb.Campaign(cctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, 10*time.Second, func() bool {
+		_, ok := h.find(slog.LevelWarn, "releasing the lease when its context ended failed")
+		return ok
+	})
 }

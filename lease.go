@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -76,7 +77,14 @@ func (le *Lease) arm() {
 func (le *Lease) endWith(ctx context.Context) {
 	l := le.locker
 	stop := context.AfterFunc(ctx, func() {
-		l.spawn(func() { _ = le.Unlock(context.WithoutCancel(ctx)) })
+		l.spawn(func() {
+			// A loss is logged where it is found; any other error leaves
+			// the key blocked until the lease expires, which nobody else
+			// would hear of.
+			if err := le.Unlock(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLeaseLost) {
+				l.log.Warn("pglease: releasing the lease when its context ended failed", "key", le.key, "fence", le.fence, "error", err)
+			}
+		})
 	})
 	le.mu.Lock()
 	ended := le.state != stateHeld
