@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -108,9 +109,12 @@ func printLeases(w io.Writer, table string, ls []pglease.LeaseInfo) {
 	tw.Flush()
 }
 
-// oneLine keeps a key or holder with control characters from breaking the table.
+// oneLine keeps a key or holder with characters that are not printable —
+// control characters (C0, DEL, C1, which a terminal may obey) and format
+// characters such as bidirectional overrides — from breaking the table or
+// the operator's terminal: it is then shown quoted, with those escaped.
 func oneLine(s string) string {
-	if strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
 		return fmt.Sprintf("%q", s)
 	}
 	return s

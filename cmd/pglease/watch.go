@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"strings"
@@ -51,7 +53,7 @@ snapshots are separated by a blank line.`,
 					return nil
 				case <-tick.C:
 				}
-				ls, err = pglease.List(ctx, db, pglease.WithTable(f.table))
+				ls, err = refresh(ctx, db, f.table, interval)
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -62,6 +64,19 @@ snapshots are separated by a blank line.`,
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
 	return cmd
 }
+
+// refresh reads the leases for one snapshot, bounded by the interval (at
+// least refreshTimeout): a server that stops answering (a network that
+// drops packets) then shows as an error frame, not as the last snapshot
+// frozen on screen.
+func refresh(ctx context.Context, db *sql.DB, table string, interval time.Duration) ([]pglease.LeaseInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(interval, refreshTimeout))
+	defer cancel()
+	return pglease.List(ctx, db, pglease.WithTable(table))
+}
+
+// refreshTimeout is the least time a refresh of watch is given.
+var refreshTimeout = 5 * time.Second
 
 // watchFrame is snapshot n: after a clear-screen on a terminal, else after
 // a blank line (from the second on).
