@@ -31,6 +31,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pglease/pglease"
 )
@@ -195,14 +196,39 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The release and key routes are matched on the escaped path: a key may
 	// contain "/", "..", or anything else that the mux would clean or split.
 	if key, ok := releasePath(r.URL); ok {
+		if badText(w, "key", key) {
+			return
+		}
 		s.handleRelease(w, r, key)
 		return
 	}
 	if key, ok := keyPath(r.URL); ok {
+		if badText(w, "key", key) {
+			return
+		}
 		s.handleKey(w, r, key)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// badText answers 400 and reports true when v, the request's parameter
+// name, is not text PostgreSQL can hold (invalid UTF-8, or a NUL byte):
+// sent as it is, the server's encoding error would read as an outage (503).
+func badText(w http.ResponseWriter, name, v string) bool {
+	if err := checkText(name, v); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return true
+	}
+	return false
+}
+
+// checkText is badText's check: an error naming the parameter.
+func checkText(name, v string) error {
+	if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+		return fmt.Errorf("%s %q is not valid UTF-8 text (or holds a NUL byte)", name, v)
+	}
+	return nil
 }
 
 // loopbackHost reports whether a Host header names this machine's loopback:

@@ -49,6 +49,11 @@ func parseView(q url.Values) (View, error) {
 	if len(v.Prefix) > 512 || len(v.Holder) > 512 {
 		return View{}, fmt.Errorf("%w: prefix and holder are at most 512 bytes", ErrView)
 	}
+	for name, s := range map[string]string{"prefix": v.Prefix, "holder": v.Holder} {
+		if err := checkText(name, s); err != nil {
+			return View{}, fmt.Errorf("%w: %v", ErrView, err)
+		}
+	}
 	var states []string
 	for _, s := range q["state"] {
 		for _, st := range strings.Split(s, ",") {

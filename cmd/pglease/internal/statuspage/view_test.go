@@ -199,3 +199,23 @@ func TestViewURLs(t *testing.T) {
 		t.Errorf("prefix with specials: %d", code)
 	}
 }
+
+// TestBadBytesAreABadRequest: a prefix, holder or key that is not text
+// PostgreSQL can hold (invalid UTF-8, a NUL byte) is a 400 naming the
+// parameter, on every route, not the server's encoding error read as an
+// outage (503, or a database error on the page).
+func TestBadBytesAreABadRequest(t *testing.T) {
+	f := newFixture(t, statuspage.Config{})
+	for p, name := range map[string]string{
+		"/api/leases?prefix=%FF":   "prefix",
+		"/api/leases?holder=a%00b": "holder",
+		"/?prefix=%FF":             "prefix",
+		"/key/%FF":                 "key",
+		"/key/a%00b":               "key",
+	} {
+		code, body := get(t, f.http.URL, p)
+		if code != http.StatusBadRequest || !strings.Contains(body, name) || !strings.Contains(body, "UTF-8") {
+			t.Errorf("GET %s: %d %.200q; want 400 naming %s", p, code, body, name)
+		}
+	}
+}
