@@ -154,12 +154,18 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	db.SetMaxOpenConns(4) // page, event streams, scrapes and health checks share it
 	// The table must be migrated at start: a typo is an error, not a page.
 	// (The version table only: the lease table may be large.)
+	// An older schema is served as far as it goes (the page reads each
+	// version's tables, and a later migrate without a restart).
 	v, err := pglease.SchemaVersionOf(ctx, db, pglease.WithTable(f.db.table))
-	if err == nil && v < pglease.SchemaVersion() {
-		err = fmt.Errorf("%w: %s is at schema version %d of %d", pglease.ErrNotMigrated, f.db.table, v, pglease.SchemaVersion())
+	if err == nil && v == 0 {
+		err = fmt.Errorf("%w: %s", pglease.ErrNotMigrated, f.db.table)
 	}
 	if err != nil {
 		return explain(err, f.db.table)
+	}
+	if v < pglease.SchemaVersion() {
+		fmt.Fprintf(e.stderr, "pglease serve: %q is at schema version %d of %d: the page shows what that version records (run `pglease migrate --table %s` for the rest)\n",
+			f.db.table, v, pglease.SchemaVersion(), f.db.table)
 	}
 	srv, err := statuspage.New(statuspage.Config{
 		DB: db, Table: f.db.table, Interval: f.interval,

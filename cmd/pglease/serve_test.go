@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
@@ -80,6 +83,64 @@ func (w *serveLineWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// startServe runs `pglease serve` on table until ctx ends; it returns the
+// page's address once serve has printed it, the channel of its exit code
+// and its stderr.
+func startServe(t *testing.T, ctx context.Context, table string) (string, chan int, *serveBuffer) {
+	t.Helper()
+	out := &serveLineWriter{first: make(chan string, 1)}
+	errb := &serveBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
+			&env{stdout: out, stderr: errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgleasetest.URL()}[k] }})
+	}()
+	select {
+	case line := <-out.first:
+		m := regexp.MustCompile(`^pglease serve: (http://127\.0\.0\.1:\d+)/ table "[^"]+", read-only`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("first line %q", line)
+		}
+		return m[1], done, errb
+	case code := <-done:
+		t.Fatalf("serve exited %d: %s", code, errb.String())
+	case <-time.After(time.Minute):
+		t.Fatal("serve printed nothing")
+	}
+	return "", nil, nil
+}
+
+// TestServeOnAnOlderSchema: a table at an older schema version (8: no
+// state view yet) is served, as status-page.md says, with a note on stderr
+// that names the version and the migrate command; a missing table is still
+// an error (TestServeMissingTableIsAnError).
+func TestServeOnAnOlderSchema(t *testing.T) {
+	db := pgleasetest.DB(t, 1)
+	table := pgleasetest.Table(t)
+	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	q := func(s string) string { return pgx.Identifier{table + s}.Sanitize() }
+	if _, err := db.ExecContext(testCtx(t), `DROP VIEW `+q("_state")+`; DELETE FROM `+q("_version")+` WHERE version >= 9`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, done, errb := startServe(t, ctx, table)
+	for _, path := range []string{"/healthz", "/api/leases", "/"} {
+		if code, body := serveGet(t, base+path); code != 200 {
+			t.Errorf("GET %s on a schema version 8 table: %d\n%s", path, code, body)
+		}
+	}
+	if s := errb.String(); !strings.Contains(s, fmt.Sprintf("schema version 8 of %d", pglease.SchemaVersion())) || !strings.Contains(s, "pglease migrate --table "+table) {
+		t.Errorf("stderr %q; want the version and the migrate command", s)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("serve ended with %d", code)
+	}
+}
+
 // TestServeServesUntilInterrupted: serve prints its address, answers
 // /healthz, /api/leases (with a real lease), /, /metrics and the key's page
 // (its run from the journal, the audit's findings: none), refuses force
@@ -102,26 +163,7 @@ func TestServeServesUntilInterrupted(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &serveLineWriter{first: make(chan string, 1)}
-	var errb serveBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
-			&env{stdout: out, stderr: &errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgleasetest.URL()}[k] }})
-	}()
-	var base string
-	select {
-	case line := <-out.first:
-		m := regexp.MustCompile(`^pglease serve: (http://127\.0\.0\.1:\d+)/ table "[^"]+", read-only`).FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("first line %q", line)
-		}
-		base = m[1]
-	case code := <-done:
-		t.Fatalf("serve exited %d: %s", code, errb.String())
-	case <-time.After(time.Minute):
-		t.Fatal("serve printed nothing")
-	}
+	base, done, errb := startServe(t, ctx, table)
 
 	for path, want := range map[string]string{
 		"/healthz":    "ok",
