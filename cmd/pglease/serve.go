@@ -192,14 +192,23 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	return serveUntilDone(ctx, ln, srv)
 }
 
+// readTimeout bounds the reading of a request, its body included: a client
+// that sends headers and then a body that never comes holds a connection
+// (and the shutdown) no longer. It does not end an event stream: net/http
+// lifts the bound once a request is read.
+var readTimeout = 10 * time.Second
+
 // serveUntilDone serves until ctx ends, then shuts down: open event streams
-// end with the base context, other requests get a few seconds to finish.
+// end with the base context, other requests get a few seconds to finish;
+// connections still open then are closed (an interrupt still ends serve
+// with status 0).
 func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	hs := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       readTimeout,
 		IdleTimeout:       time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return base },
 	}
@@ -214,6 +223,9 @@ func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler) error 
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := hs.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = hs.Close() // a client that would not let go
+	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}

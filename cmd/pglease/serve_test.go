@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -243,4 +244,73 @@ func (w *serveBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
+}
+
+// TestServeBoundsSlowClients: a client that sends a request's headers and
+// then never its body has its connection closed once the read bound passes
+// (without it, the connection, and then the shutdown, waited for ever); an
+// event stream outlives that bound; and an interrupt still ends serve with
+// status 0.
+func TestServeBoundsSlowClients(t *testing.T) {
+	defer func(d time.Duration) { readTimeout = d }(readTimeout)
+	readTimeout = time.Second
+	db := pgleasetest.DB(t, 1)
+	table := pgleasetest.Table(t)
+	if err := pglease.Migrate(testCtx(t), db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, done, errb := startServe(t, ctx, table)
+
+	resp, err := http.Get(base + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := make(chan time.Time, 64)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data:") {
+				events <- time.Now()
+			}
+		}
+		close(events)
+	}()
+	opened := time.Now()
+
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "POST /api/leases HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * readTimeout))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("a request whose body never came: %v; want its connection closed by the server", err)
+	}
+
+	// The stream still sends well past the read bound.
+	late := opened.Add(3 * readTimeout)
+	for timeout := time.After(30 * time.Second); ; {
+		select {
+		case at, open := <-events:
+			if !open {
+				t.Fatalf("the event stream ended %v after it opened (read bound %v)", time.Since(opened).Round(time.Millisecond), readTimeout)
+			}
+			if at.Before(late) {
+				continue
+			}
+		case <-timeout:
+			t.Fatal("no event for 30s")
+		}
+		break
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("serve ended with %d after an interrupt: %s", code, errb.String())
+	}
 }
