@@ -2,6 +2,7 @@ package pgleasecron_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -134,11 +135,14 @@ func TestAddJobOncePerTickUnderClockSpread(t *testing.T) {
 type cronFleet struct {
 	t     *testing.T
 	table string
+	db    *sql.DB // the test's own reads of the journal, one pool for all its polls
 	mu    sync.Mutex
 	ran   int // the job's executions
 }
 
-func newCronFleet(t *testing.T) *cronFleet { return &cronFleet{t: t, table: migrate(t)} }
+func newCronFleet(t *testing.T) *cronFleet {
+	return &cronFleet{t: t, table: migrate(t), db: pgleasetest.DB(t, 1)}
+}
 
 type cronReplica struct {
 	locker *pglease.Locker
@@ -212,7 +216,7 @@ func (f *cronFleet) stopAll(reps []*cronReplica) {
 
 // runs returns the job's runs from the journal, oldest first.
 func (f *cronFleet) runs() []journal.Run {
-	runs, err := journal.History(context.Background(), pgleasetest.DB(f.t, 1), "nightly", time.Time{}, 0, pglease.WithTable(f.table))
+	runs, err := journal.History(context.Background(), f.db, "nightly", time.Time{}, 0, pglease.WithTable(f.table))
 	if err != nil {
 		f.t.Fatal(err)
 	}
