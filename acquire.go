@@ -38,6 +38,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	start := time.Now()
 	for failures := 0; ; {
 		le, err := l.lockOnce(ctx, key, lc)
+		if err == nil || errors.Is(err, ErrAlreadyLocked) {
+			w.woken = false // the wake-up is used: the key is ours, or taken again
+		}
 		if err == nil {
 			l.obs.waited(ctx, key, time.Since(start), true)
 			return le, nil
@@ -99,6 +102,7 @@ func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration
 	defer t.Stop()
 	select {
 	case <-w.c:
+		w.woken = true
 		if !ctxsleep.For(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
 			return ctx.Err()
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,5 +322,96 @@ func TestReleaseWakesOneWaiterPerLocker(t *testing.T) {
 	}
 	if claims := cc.claims() - before; claims > 2*waiters {
 		t.Fatalf("%d claims for %d releases: the waiters are woken as a herd", claims, waiters)
+	}
+}
+
+// waiterID names a waiting goroutine in its context, for holdWokenClaim.
+type waiterID struct{}
+
+// holdWokenClaim is a backend that, once armed, holds back the first claim
+// of a named waiter until that waiter's context ends (it leaves while
+// claiming), and counts each waiter's claims.
+type holdWokenClaim struct {
+	backend
+	claim   string
+	armed   atomic.Bool
+	entered chan string
+	mu      sync.Mutex
+	claims  map[string]int
+}
+
+func (h *holdWokenClaim) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	id, named := ctx.Value(waiterID{}).(string)
+	if sql == h.claim && named {
+		h.mu.Lock()
+		h.claims[id]++
+		h.mu.Unlock()
+		if h.armed.CompareAndSwap(true, false) {
+			h.entered <- id
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return h.backend.QueryRow(ctx, sql, args, dest...)
+}
+
+func (h *holdWokenClaim) claimed(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.claims[id]
+}
+
+// TestAWaiterLeavingMidClaimDoesNotStrandTheKey: a release wakes one waiter
+// of the key per Locker; when that waiter leaves while its claim is in
+// flight (its context ends), another waiter of the Locker takes the key at
+// once instead of sleeping until its next look (here a minute: the poll
+// interval and the holder's expiry). (A waiter that leaves before it
+// claims hands its wake-up on: TestListenerWakesOneClaimerAndEveryObserver.)
+func TestAWaiterLeavingMidClaimDoesNotStrandTheKey(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	opts := []Option{WithLeaseDuration(time.Minute), WithPollInterval(time.Minute)}
+	holder, y := f.replica(2, opts...), f.replica(2, opts...)
+	hook := &holdWokenClaim{backend: y.store.DB, claim: y.store.SQL().Claim, entered: make(chan string, 1), claims: map[string]int{}}
+	y.store.DB = hook
+	c := ctx(t)
+	held, err := holder.Lock(c, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		id  string
+		le  *Lease
+		err error
+	}
+	results := make(chan result, 2)
+	leave := map[string]context.CancelFunc{}
+	for _, id := range []string{"w1", "w2"} {
+		wctx, cancel := context.WithCancel(context.WithValue(c, waiterID{}, id))
+		defer cancel()
+		leave[id] = cancel
+		go func() {
+			le, err := y.Acquire(wctx, "k")
+			results <- result{id, le, err}
+		}()
+	}
+	waitFor(t, 10*time.Second, func() bool { return y.lis.isLive() && hook.claimed("w1") > 0 && hook.claimed("w2") > 0 })
+	hook.armed.Store(true)
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	woken := <-hook.entered
+	leave[woken]()
+	if r := <-results; r.id != woken || !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("first to return: %s with %v; want %s, cancelled", r.id, r.err, woken)
+	}
+	select {
+	case r := <-results:
+		if r.err != nil {
+			t.Fatalf("the other waiter: %v", r.err)
+		}
+		_ = r.le.Unlock(c)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other waiter did not get the key within 10s: the wake-up was lost with the waiter that left")
 	}
 }

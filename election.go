@@ -244,8 +244,10 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 // lead1 runs one term: fn gets a context that ends when the lease ends or
 // ctx does. The lease is released only after fn has returned, so that the
 // next leader is never granted while this one's OnStartedLeading still runs
-// (unless the lease is lost: then its context has ended first).
+// (unless the lease is lost: then its context has ended first): Run
+// resigns after it, and Close waits for it (at most the release timeout).
 func (e *Election) lead1(ctx context.Context, lead *Lease, fn func(context.Context, *Lease) error) error {
+	defer close(lead.beginTerm())
 	lctx, cancel := context.WithCancelCause(lead.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })

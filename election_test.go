@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -258,4 +259,53 @@ func TestRunReportsAFailedResign(t *testing.T) {
 		_, ok := h.find(slog.LevelWarn, "releasing the lease when its context ended failed")
 		return ok
 	})
+}
+
+// TestCloseDuringRunEndsTheTermBeforeTheNextLeader: the Locker closed
+// while its Election's Run leads (a shutdown hook that closes the Locker
+// before Run's context ends): the term's context ends while the key is
+// still held, and the next leader is granted it only after the term's
+// OnStartedLeading has returned, as it is when Run's context ends.
+func TestCloseDuringRunEndsTheTermBeforeTheNextLeader(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	la, lb := f.replica(2), f.replica(2)
+	c := ctx(t)
+	ea, _ := NewElection(la, "leader")
+	eb, _ := NewElection(lb, "leader")
+	events := make(chan string, 8)
+	leading := make(chan struct{})
+	errA := make(chan error, 1)
+	go func() {
+		errA <- ea.Run(c, LeaderCallbacks{OnStartedLeading: func(ctx context.Context, lead *Lease) error {
+			close(leading)
+			<-ctx.Done()
+			if _, err := eb.Leader(context.Background()); err != nil {
+				events <- fmt.Sprintf("a told after the key was freed (%v)", err)
+			}
+			time.Sleep(200 * time.Millisecond) // the term's last work
+			events <- "a returned"
+			return nil
+		}})
+	}()
+	<-leading
+	go func() {
+		le, err := eb.Campaign(c)
+		if err != nil {
+			events <- fmt.Sprintf("b: %v", err)
+			return
+		}
+		events <- "b leads"
+		_ = le.Unlock(c)
+	}()
+	waitFor(t, 10*time.Second, func() bool { return lb.lis.isLive() })
+	if err := la.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{<-events, <-events}; got[0] != "a returned" || got[1] != "b leads" {
+		t.Fatalf("events: %v; want a's term to return before b leads", got)
+	}
+	if err := <-errA; !errors.Is(err, ErrClosed) && err != nil {
+		t.Fatalf("Run after Close: %v", err)
+	}
 }

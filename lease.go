@@ -40,9 +40,10 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	unlockMu  sync.Mutex  // serialises Unlock calls
-	witnessed bool        // the end of the run after a loss is journaled (under mu)
-	stopTie   func() bool // undoes endWith, once the lease has ended
+	unlockMu  sync.Mutex    // serialises Unlock calls
+	witnessed bool          // the end of the run after a loss is journaled (under mu)
+	stopTie   func() bool   // undoes endWith, once the lease has ended
+	term      chan struct{} // closed when the Run term leading with it returns; nil outside Run (under mu)
 
 	mu        sync.Mutex
 	state     leaseState
@@ -133,11 +134,13 @@ func (le *Lease) Deadline() time.Time {
 	return le.deadline
 }
 
-// Done is closed when the lease ends: lost, unlocked (by Unlock, by Close,
-// or when a Campaign's context ends).
+// Done is closed when the lease ends: lost, or unlocked (by Unlock, by
+// Close, or when a Campaign's context ends) — as the unlock begins, before
+// its release is sent, so that no other holder is granted the key while
+// Done is open.
 func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 
-// Context is cancelled when the lease ends. It carries the values of the
+// Context is cancelled when the lease ends (see Done). It carries the values of the
 // context given to Lock or Acquire, not its cancellation: such a lease lives
 // until Unlock (use Locker.Do for work that should also stop with the
 // caller's context). A lease from Campaign is different: it is released
@@ -147,7 +150,7 @@ func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 func (le *Lease) Context() context.Context { return le.ctx }
 
 // Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
-// loss; ErrUnlocked after Unlock or Close.
+// loss; ErrUnlocked once Unlock or Close has begun.
 func (le *Lease) Err() error {
 	le.mu.Lock()
 	defer le.mu.Unlock()
@@ -235,16 +238,38 @@ func (le *Lease) discard() {
 }
 
 // beginUnlock moves a held (or abandoned) lease to unlocking; it reports the
-// state found.
+// state found. Done closes now, before the release is sent: whoever works
+// under the lease is told before any other holder can be granted the key.
 func (le *Lease) beginUnlock() (leaseState, error) {
 	le.mu.Lock()
-	defer le.mu.Unlock()
 	st, err := le.state, le.err
 	if st == stateHeld || st == stateAbandoned {
 		// The deadline timer stays armed: see deadlinePassed.
-		le.state = stateUnlocking
+		le.state, le.err = stateUnlocking, ErrUnlocked
+	}
+	le.mu.Unlock()
+	if st == stateHeld {
+		le.cancel(ErrUnlocked)
 	}
 	return st, err
+}
+
+// beginTerm marks the lease as led by a Run term until the channel it
+// returns is closed: Close waits for that before releasing it.
+func (le *Lease) beginTerm() chan struct{} {
+	ch := make(chan struct{})
+	le.mu.Lock()
+	le.term = ch
+	le.mu.Unlock()
+	return ch
+}
+
+// termEnded is closed when the Run term leading with the lease has
+// returned, and nil if none does.
+func (le *Lease) termEnded() <-chan struct{} {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.term
 }
 
 // endUnlock finishes an unlocking lease as released or abandoned.

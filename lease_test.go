@@ -63,8 +63,13 @@ func TestLeaseStateMachine(t *testing.T) {
 		if st, _ := le.beginUnlock(); st != stateHeld {
 			t.Fatalf("beginUnlock found %d", st)
 		}
+		// Done closes as the unlock begins, before the release is sent.
+		check("unlocking", le, stateUnlocking, false, ErrUnlocked)
+		if !errors.Is(context.Cause(le.Context()), ErrUnlocked) {
+			t.Fatalf("context cause %v, want ErrUnlocked", context.Cause(le.Context()))
+		}
 		le.lose(context.Background(), "test: a renew found it gone", lossRenew)
-		check("unlocking", le, stateUnlocking, true, nil)
+		check("unlocking", le, stateUnlocking, false, ErrUnlocked)
 		le.endUnlock(stateReleased)
 		check("released", le, stateReleased, false, ErrUnlocked)
 	})

@@ -98,6 +98,11 @@ type waiter struct {
 	c        chan struct{}
 	lis      *listener
 	observer bool
+	// woken is set when the waiting goroutine takes a wake-up from c and
+	// cleared once a claim has used it (taken the key, or found it taken
+	// again); a claimer that leaves with it set hands it on (stop). Only
+	// the waiting goroutine touches it.
+	woken bool
 }
 
 func newListener(l *Locker) *listener {
@@ -136,6 +141,9 @@ func (w *waiter) stop() {
 	case <-w.c: // woken but leaving without claiming: hand the wake-up on
 		next = ls.pickClaimer(w.key)
 	default:
+		if w.woken && !w.observer { // woken, and leaving before a claim used it
+			next = ls.pickClaimer(w.key)
+		}
 	}
 	ls.mu.Unlock()
 	if next != nil {

@@ -207,13 +207,29 @@ func TestListenerWakesOneClaimerAndEveryObserver(t *testing.T) {
 	first.stop()
 	claimers = rest
 	n := 0
+	var second, last *waiter
 	for _, w := range rest {
 		if pending(w) {
 			n++
+			second = w
+		} else {
+			last = w
 		}
 	}
 	if n != 1 {
 		t.Fatalf("%d claimers got the wake-up handed on, want 1", n)
+	}
+	// The claimer it went to takes it (its sleep ends) and leaves before a
+	// claim has used it (its context ended in the jitter, or its claim
+	// failed for good): it goes on again, to the last claimer.
+	second.wake() // pending took it back out
+	if err := l.sleepUntilRetry(context.Background(), second, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	second.stop()
+	claimers = []*waiter{last}
+	if !pending(last) {
+		t.Fatal("a wake-up taken by a claimer that left before claiming was lost")
 	}
 }
 

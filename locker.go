@@ -164,13 +164,15 @@ func (l *Locker) spawn(fn func()) bool {
 
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups in flight (each given the release timeout from then), then
-// releases every lease the Locker holds in one statement (bounded by the
-// release timeout too), so Close takes at most about twice the release
-// timeout, and leaves no goroutine behind. The leases' Done channels close,
-// with ErrUnlocked as the cause; Lock then returns ErrClosed. Close is
-// idempotent. An error means the leases could not be released; they expire
-// by themselves, unrenewed.
+// background clean-ups in flight (each given the release timeout from then),
+// closes the Done channels of the leases the Locker holds (ErrUnlocked as
+// the cause), waits for Election.Run's terms on them to return (at most the
+// release timeout, so that no next leader is granted while one still runs),
+// then releases them in one statement (bounded by the release timeout too):
+// Close takes at most about three times the release timeout, and leaves no
+// goroutine behind. Lock then returns ErrClosed. Close is idempotent. An
+// error means the leases could not be released; they expire by themselves,
+// unrenewed.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -185,8 +187,5 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	l.wg.Wait()
-
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
-	defer cancel()
-	return l.releaseMany(ctx, held)
+	return l.releaseMany(held)
 }

@@ -91,8 +91,33 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	return le.lostErr()
 }
 
-// releaseMany releases leases with one statement (Close).
-func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
+// waitTerms waits, at most the release timeout in all, for the Run terms
+// leading with any of leases to return: their contexts ended as the leases
+// began unlocking, and the next leader must not be granted the key while a
+// term's OnStartedLeading still runs. A term that does not return in time
+// is logged at WARN, and its lease released anyway.
+func (l *Locker) waitTerms(leases []*Lease) {
+	t := time.NewTimer(l.cfg.releaseTimeout)
+	defer t.Stop()
+	for _, le := range leases {
+		ended := le.termEnded()
+		if ended == nil {
+			continue
+		}
+		select {
+		case <-ended:
+		case <-t.C:
+			l.log.Warn("pglease: Close releases a lease whose Run term has not returned within the release timeout",
+				"key", le.key, "fence", le.fence, "release_timeout", l.cfg.releaseTimeout)
+			return
+		}
+	}
+}
+
+// releaseMany releases leases with one statement (Close), once the Run
+// terms leading with any of them have returned (see waitTerms); the
+// statement is bounded by the release timeout.
+func (l *Locker) releaseMany(leases []*Lease) error {
 	batch := leases[:0:0]
 	for _, le := range leases {
 		// Serialise with a concurrent Unlock of the same lease: it waits for
@@ -112,6 +137,9 @@ func (l *Locker) releaseMany(ctx context.Context, leases []*Lease) error {
 	if len(batch) == 0 {
 		return nil
 	}
+	l.waitTerms(batch)
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.releaseTimeout)
+	defer cancel()
 	refs := leaseRefs(batch)
 	if !l.cfg.journalOff {
 		now := time.Now()
