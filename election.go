@@ -44,7 +44,9 @@ func NewElection(l *Locker, key string) (*Election, error) {
 // leader loop run under signal.NotifyContext stops leading on SIGTERM. It
 // also ends on Resign, on loss, and when the Locker closes. The leader must
 // stop acting as leader when the lease's Done closes, and may Campaign
-// again.
+// again. Campaign while this Election leads waits, like any candidate, for
+// its own term to end: one goroutine campaigns at a time, and Resign ends
+// the current term, whichever Campaign began it.
 func (e *Election) Campaign(ctx context.Context) (*Lease, error) {
 	return e.campaign(ctx, true)
 }
