@@ -39,8 +39,10 @@
 //     expired), so that a late renew — sent before the loss, still queued
 //     on the server — finds it released, or is undone if it ran first. The
 //     retries stop after one lease duration, or at Close after a last try.
-//   - Unlock, Close: held → unlocking → released (or minimum hold on the
-//     server); the release notifies waiters.
+//   - Unlock, Close: held → unlocking (Done closes, cause ErrUnlocked, before
+//     the release is sent; Close first waits for Election.Run's term on the
+//     lease to return) → released (or minimum hold on the server); the
+//     release notifies waiters.
 //   - Guard finding the row gone, a notification of a force-release (with
 //     ListenAlways), or a newer claim of the same key by the same Locker:
 //     held → lost, at once.
