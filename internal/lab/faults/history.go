@@ -33,7 +33,7 @@ const (
 	EvRenewOK     = "renew_ok"     // ExpiresAt moved on
 	EvRenewFailed = "renew_failed" // the renewer logged a failed beat (WARN)
 	EvWarn        = "warn"         // another WARN of the Locker (a claim retry, an undo of a lost claim retried…)
-	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost (T: observed; Via: server or deadline; Srv: the row read right after)
+	EvLost        = "lost"         // the holder was told: Done closed with ErrLeaseLost, or its Unlock returned it (T: observed; Via: server or deadline; Srv: the row read right after)
 	EvUnlockSent  = "unlock_sent"  // the holder stops, calls Unlock
 	EvUnlockOK    = "unlock_ok"    // Unlock returned nil (T0: sent)
 	EvUnlockErr   = "unlock_err"   // Unlock failed (not a loss: the server was unreachable)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
@@ -269,6 +270,8 @@ func (r *Replica) claim(ctx context.Context, key string) (*pglease.Lease, error)
 func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand, mean time.Duration) {
 	id, key, fence := r.cfg.ID, le.Key(), le.Fence()
 	watched := make(chan struct{})
+	// lossSeen: the watcher recorded the loss.
+	var lossSeen atomic.Bool
 	go func() { // observes renewals, and the loss signal
 		defer close(watched)
 		tick := time.NewTicker(r.cfg.Lease / 20)
@@ -288,6 +291,7 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand, m
 					}
 					srv := r.serverView(key, fence)
 					r.rec.Add(Event{T: t, Proc: id, Kind: EvLost, Key: key, Fence: fence, Via: how, Srv: srv, Detail: truncate(le.Err().Error(), 200)})
+					lossSeen.Store(true)
 				}
 				return
 			case <-tick.C:
@@ -312,12 +316,12 @@ func (r *Replica) hold(ctx context.Context, le *pglease.Lease, rng *rand.Rand, m
 		case <-done:
 			return // lost (recorded by the watcher) or ended
 		case <-ctx.Done():
-			r.unlock(le)
+			r.unlockSeen(le, watched, &lossSeen)
 			return
 		case <-tick.C:
 		}
 		if time.Now().After(until) {
-			r.unlock(le)
+			r.unlockSeen(le, watched, &lossSeen)
 			return
 		}
 		switch r.cfg.Variant {
@@ -375,7 +379,18 @@ func (r *Replica) serverView(key string, fence int64) string {
 	return "live"
 }
 
-func (r *Replica) unlock(le *pglease.Lease) {
+// unlockSeen unlocks le (see unlock) and, when Unlock found the lease lost
+// after Done had already closed for the unlock itself (Err ErrUnlocked, so
+// the watcher recorded nothing), records the loss as learned at Unlock.
+func (r *Replica) unlockSeen(le *pglease.Lease, watched <-chan struct{}, lossSeen *atomic.Bool) {
+	err := r.unlock(le)
+	<-watched // Done is closed once Unlock has begun
+	if r.cfg.Variant == Correct && errors.Is(err, pglease.ErrLeaseLost) && !lossSeen.Load() {
+		r.rec.Add(Event{Proc: r.cfg.ID, Kind: EvLost, Key: le.Key(), Fence: le.Fence(), Detail: "learned at Unlock"})
+	}
+}
+
+func (r *Replica) unlock(le *pglease.Lease) error {
 	t0 := Mono()
 	r.rec.Add(Event{T: t0, Proc: r.cfg.ID, Kind: EvUnlockSent, Key: le.Key(), Fence: le.Fence()})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -385,14 +400,16 @@ func (r *Replica) unlock(le *pglease.Lease) {
 	case err == nil:
 		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvUnlockOK, Key: le.Key(), Fence: le.Fence()})
 	case errors.Is(err, pglease.ErrLeaseLost):
-		// Told at Unlock. The Correct variant's watcher already recorded
-		// the loss when Done closed; the broken ones learn it only now.
+		// Told at Unlock. The Correct variant's watcher recorded the loss
+		// if Done closed for it (a loss before the Unlock began); otherwise
+		// unlockSeen does. The broken ones learn it only now.
 		if r.cfg.Variant != Correct {
 			r.rec.Add(Event{Proc: r.cfg.ID, Kind: EvLost, Key: le.Key(), Fence: le.Fence(), Detail: "learned at Unlock"})
 		}
 	default:
 		r.rec.Add(Event{T0: t0, Proc: r.cfg.ID, Kind: EvUnlockErr, Key: le.Key(), Fence: le.Fence(), Detail: truncate(err.Error(), 200)})
 	}
+	return err
 }
 
 // write makes one fenced write to the key's resource row and records it;
