@@ -150,7 +150,8 @@ func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 func (le *Lease) Context() context.Context { return le.ctx }
 
 // Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
-// loss; ErrUnlocked once Unlock or Close has begun.
+// loss; ErrUnlocked once Unlock or Close has begun (then the loss, if the
+// release finds the lease already lost: Unlock returns it too).
 func (le *Lease) Err() error {
 	le.mu.Lock()
 	defer le.mu.Unlock()
