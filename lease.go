@@ -140,11 +140,11 @@ func (le *Lease) Deadline() time.Time {
 // Done is open.
 func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 
-// Context is cancelled when the lease ends (see Done). It carries the values of the
-// context given to Lock or Acquire, not its cancellation: such a lease lives
-// until Unlock (use Locker.Do for work that should also stop with the
-// caller's context). A lease from Campaign is different: it is released
-// when Campaign's context ends, so its Context ends then too.
+// Context is cancelled when the lease ends (see Done). It carries the
+// values of the context given to Lock or Acquire, not its cancellation:
+// such a lease lives until Unlock (use Locker.Do for work that should also
+// stop with the caller's context). A lease from Campaign is different: it
+// is released when Campaign's context ends, so its Context ends then too.
 // context.Cause(ctx) tells why: an error wrapping ErrLeaseLost, or
 // ErrUnlocked.
 func (le *Lease) Context() context.Context { return le.ctx }
