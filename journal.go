@@ -71,12 +71,12 @@ func outcomeOfRun(le *Lease, panicked bool, err error) Outcome {
 }
 
 // releaseArgs are the release's arguments: with the journal on, the
-// outcome and the server time now as the holder estimates it follow the
-// scope.
-func (l *Locker) releaseArgs(le *Lease, o Outcome) store.ReleaseArgs {
+// outcome and the server time when Unlock was called (as the holder
+// estimates it) follow the scope.
+func (l *Locker) releaseArgs(le *Lease, o Outcome, called time.Time) store.ReleaseArgs {
 	a := store.ReleaseArgs{Key: le.key, Holder: l.holder, Fence: le.fence, Token: le.token, MinHold: le.minHold}
 	if !l.cfg.journalOff {
-		a.Outcome, a.At = string(o), le.serverTime(time.Now())
+		a.Outcome, a.At = string(o), le.serverTime(called)
 	}
 	return a
 }
@@ -117,11 +117,12 @@ func (le *Lease) witnessTold(why lossReason) {
 }
 
 // witnessLoss journals, once per lease, that its holder unlocked it after
-// losing it: the time its run really ended (the store's JournalLost). The first
+// losing it: the time its run really ended, when Unlock was called (the
+// store's JournalLost). The first
 // attempt is bounded by the release timeout; if it fails, the row is
 // retried in the background until it lands or the Locker closes (see
 // retryWitness), so that the journal's Audit sees the run end where it did.
-func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
+func (le *Lease) witnessLoss(ctx context.Context, o Outcome, called time.Time) {
 	l := le.locker
 	if l.cfg.journalOff {
 		return
@@ -133,7 +134,7 @@ func (le *Lease) witnessLoss(ctx context.Context, o Outcome) {
 	if done {
 		return
 	}
-	at := le.serverTime(time.Now())
+	at := le.serverTime(called)
 	if err := le.writeWitness(ctx, o, at); err != nil {
 		le.retryWitness(o, at)
 	}

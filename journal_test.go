@@ -329,3 +329,59 @@ func TestServerTimeEstimate(t *testing.T) {
 		t.Fatalf("estimate %v too late (server %v)", est, after)
 	}
 }
+
+// stallRelease is a backend whose release statement waits for gate, then
+// fails as if the connection broke.
+type stallRelease struct {
+	backend
+	release string
+	gate    chan struct{}
+}
+
+func (s *stallRelease) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	if sql == s.release {
+		<-s.gate
+		return 0, errors.New("simulated: connection reset by peer")
+	}
+	return s.backend.Exec(ctx, sql, args...)
+}
+
+// TestAStuckUnlockIsJournaledWhenCalled: an Unlock whose release cannot
+// get through until after the lease's deadline, and then fails, journals
+// the run's end when Unlock was called — when Done closed and the holder
+// stopped — not when the release gave up, past the deadline (which Audit
+// would read as a run that outlived its lease).
+func TestAStuckUnlockIsJournaledWhenCalled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	a := f.replica(2, WithLeaseDuration(time.Second))
+	stall := &stallRelease{backend: a.store.DB, release: a.store.SQL().Release, gate: make(chan struct{})}
+	a.store.DB = stall
+	c := ctx(t)
+	le, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverNow := func() (ts time.Time) {
+		if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&ts); err != nil {
+			t.Fatal(err)
+		}
+		return ts
+	}
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- le.Unlock(c) }()
+	waitFor(t, 10*time.Second, func() bool { return errors.Is(le.Err(), ErrLeaseLost) }) // the deadline passed, the release still stuck
+	past := serverNow()
+	close(stall.gate)
+	if err := <-unlocked; !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Unlock: %v; want the loss", err)
+	}
+	var at time.Time
+	waitFor(t, 10*time.Second, func() bool {
+		err := f.admin.QueryRowContext(c, `SELECT occurred_at FROM "`+f.table+`_journal" WHERE key = 'job' AND fence = $1 AND event = 'lost'`, le.Fence()).Scan(&at)
+		return err == nil
+	})
+	if !at.Before(past) {
+		t.Fatalf("the run's end journaled at %v, after the deadline had passed (%v): want when Unlock was called", at, past)
+	}
+}

@@ -40,11 +40,15 @@ func (le *Lease) Unlock(ctx context.Context) error {
 
 // unlock is Unlock, recording outcome o ("" for none) in the journal.
 func (le *Lease) unlock(ctx context.Context, o Outcome) error {
+	// The run ends when Unlock is called: Done closes then (beginUnlock),
+	// and the journal dates the run's end then, however long the release
+	// takes to get through.
+	called := time.Now()
 	le.unlockMu.Lock()
 	defer le.unlockMu.Unlock()
 	switch st, err := le.beginUnlock(); st {
 	case stateLost:
-		le.witnessLoss(ctx, o)
+		le.witnessLoss(ctx, o, called)
 		return err
 	case stateReleased:
 		return nil
@@ -60,7 +64,7 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	var released bool
 	free, err := l.takeSlot(ctx)
 	if err == nil {
-		released, err = l.store.Release(ctx, l.releaseArgs(le, o))
+		released, err = l.store.Release(ctx, l.releaseArgs(le, o, called))
 		free()
 	}
 	end(rowsErr(released, err))
@@ -71,10 +75,10 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
 		if lost := le.lostErr(); lost != nil {
-			// The deadline passed while the release was trying: the run
-			// ended now, after its lease (the release's own journal row
+			// The deadline passed while the release was trying; the run
+			// ended when Unlock was called (the release's own journal row
 			// did not land).
-			le.witnessLoss(ctx, o)
+			le.witnessLoss(ctx, o, called)
 			return lost
 		}
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",

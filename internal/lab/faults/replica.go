@@ -381,12 +381,14 @@ func (r *Replica) serverView(key string, fence int64) string {
 
 // unlockSeen unlocks le (see unlock) and, when Unlock found the lease lost
 // after Done had already closed for the unlock itself (Err ErrUnlocked, so
-// the watcher recorded nothing), records the loss as learned at Unlock.
+// the watcher recorded nothing), records the loss as learned at Unlock,
+// dated when Unlock was called: Done closed then, and the holder stopped.
 func (r *Replica) unlockSeen(le *pglease.Lease, watched <-chan struct{}, lossSeen *atomic.Bool) {
+	t0 := Mono()
 	err := r.unlock(le)
 	<-watched // Done is closed once Unlock has begun
 	if r.cfg.Variant == Correct && errors.Is(err, pglease.ErrLeaseLost) && !lossSeen.Load() {
-		r.rec.Add(Event{Proc: r.cfg.ID, Kind: EvLost, Key: le.Key(), Fence: le.Fence(), Detail: "learned at Unlock"})
+		r.rec.Add(Event{T: t0, Proc: r.cfg.ID, Kind: EvLost, Key: le.Key(), Fence: le.Fence(), Detail: "learned at Unlock"})
 	}
 }
 
