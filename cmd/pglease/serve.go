@@ -31,6 +31,7 @@ type serveFlags struct {
 	keyMetrics   bool
 	window       time.Duration
 	auditEvery   time.Duration
+	auditTimeout time.Duration
 }
 
 func newServeCmd(e *env) *cobra.Command {
@@ -58,9 +59,10 @@ func newServeCmd(e *env) *cobra.Command {
   /healthz       200 "ok" when the database answers and the table exists, else 503
 
 The audit (as pglease audit, over the last --history-window) runs at most once
-per --audit-interval, when a page or a scrape asks; the page's overlap count,
-every key's findings and pglease_audit_findings share that one run. It reads
-the journal rows of the window (two per run), one key at a time.
+per --audit-interval, when a page or a scrape asks, in the background, for at
+most --audit-timeout; the page's overlap count, every key's findings and
+pglease_audit_findings share that one run. It scans the journal rows of the
+window (two per run) once, then reads run by run only the keys with findings.
 
 Every read is bounded by the page shown: counts are computed in SQL, and all
 open pages share one read per view per --interval. A page in key order is an
@@ -86,6 +88,7 @@ requests are refused.`,
 	fl.BoolVar(&f.keyMetrics, "key-metrics", false, "export pglease.lease.time_left, one series per key")
 	fl.DurationVar(&f.window, "history-window", 24*time.Hour, "how far back a key's timeline and the audit look")
 	fl.DurationVar(&f.auditEvery, "audit-interval", time.Minute, "how often the audit may run (at least --interval)")
+	fl.DurationVar(&f.auditTimeout, "audit-timeout", 30*time.Second, "how long one audit may run before it is stopped")
 	return cmd
 }
 
@@ -97,8 +100,11 @@ func (f *serveFlags) check(e *env) (token string, err error) {
 	if f.interval < statuspage.MinInterval {
 		return "", usagef("--interval %v: must be at least %v", f.interval, statuspage.MinInterval)
 	}
-	if f.window <= 0 || f.auditEvery <= 0 {
-		return "", usagef("--history-window and --audit-interval must be positive")
+	if f.window <= 0 || f.auditEvery <= 0 || f.auditTimeout <= 0 {
+		return "", usagef("--history-window, --audit-interval and --audit-timeout must be positive")
+	}
+	if f.auditEvery < f.interval {
+		return "", usagef("--audit-interval %v is below --interval %v: the audit runs at most once per page refresh", f.auditEvery, f.interval)
 	}
 	if f.tokenFile != "" {
 		b, err := os.ReadFile(f.tokenFile)
@@ -172,7 +178,7 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 		AllowForceRelease: f.allowRelease, Token: token, KeyMetrics: f.keyMetrics,
 		History:       statuspage.JournalHistory(db, f.db.table),
 		Audit:         statuspage.JournalAudit(db, f.db.table),
-		HistoryWindow: f.window, AuditInterval: f.auditEvery,
+		HistoryWindow: f.window, AuditInterval: f.auditEvery, AuditTimeout: f.auditTimeout,
 		LoopbackHostsOnly: !f.allowRemote, // no DNS rebinding onto a local server
 		Logger:            slog.New(slog.NewTextHandler(e.stderr, nil)),
 	})

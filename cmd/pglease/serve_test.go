@@ -59,6 +59,14 @@ func TestServeForceReleaseNeedsAToken(t *testing.T) {
 	wantError(t, cli(t, testCtx(t), nil, "serve", "--allow-force-release", "--token-file", good), exitUsage, "no database")
 }
 
+// TestServeAuditFlags: an audit interval below the page's, or an audit
+// timeout that is not positive, is a usage error.
+func TestServeAuditFlags(t *testing.T) {
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--interval", "2s", "--audit-interval", "1s"), exitUsage, "--audit-interval 1s is below --interval 2s")
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--audit-timeout", "0s"), exitUsage, "--audit-timeout must be positive")
+	wantError(t, cli(t, testCtx(t), nil, "serve", "--audit-interval", "2s", "--interval", "2s", "--audit-timeout", "1m"), exitUsage, "no database")
+}
+
 // TestServeMissingTableIsAnError: a table that is not there stops serve at
 // once with the migrate advice, instead of serving an error page.
 func TestServeMissingTableIsAnError(t *testing.T) {

@@ -3,6 +3,8 @@ package statuspage
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -51,6 +53,9 @@ type auditRead struct {
 
 // readAudit runs Config.Audit over the last HistoryWindow.
 func (s *Server) readAudit(ctx context.Context) (auditRead, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.closing, cancel)() // Close stops a run in flight
 	since := time.Now().Add(-s.cfg.HistoryWindow)
 	fs, err := s.cfg.Audit(ctx, since)
 	if err != nil {
@@ -78,20 +83,38 @@ func tallyAudit(fs []Finding, since time.Time) auditRead {
 	return a
 }
 
-// auditNow returns the last audit (ok false: no Config.Audit). Only the
-// first caller ever waits for one; after that, the first caller of each
-// audit cell starts the next run in the background and every caller gets
-// the last completed run, so no page refresh or scrape waits for an audit.
+// auditNow returns the last audit (ok false: no Config.Audit). Each run is
+// bounded by AuditTimeout and runs in the background. Until one has
+// completed, a caller waits for the first run at most ReadTimeout (then
+// gets errAuditRunning); after that, the first caller of each audit cell
+// starts the next run and every caller gets the last completed one, so no
+// page refresh or scrape waits for an audit.
 func (s *Server) auditNow(ctx context.Context) (r result[auditRead], ok bool) {
 	if s.cfg.Audit == nil {
 		return r, false
 	}
 	cell := s.auditAt.cell(time.Now())
-	if r, ok := s.audit.lastOrRefresh(cell, s.cfg.ReadTimeout, s.readAudit, s.spawn); ok {
+	if r, ok := s.audit.lastOrRefresh(cell, s.cfg.AuditTimeout, s.readAudit, s.spawn); ok {
 		return r, true
 	}
-	return s.audit.get(ctx, cell, s.cfg.ReadTimeout, s.readAudit), true
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	defer cancel()
+	r, ok = s.audit.await(wctx, cell, s.cfg.AuditTimeout, s.readAudit, s.spawn)
+	switch {
+	case !ok:
+		r.err = errClosed
+	case r.err != nil && wctx.Err() != nil && ctx.Err() == nil:
+		r.err = errAuditRunning
+	}
+	return r, true
 }
+
+var (
+	// errAuditRunning is the audit's state while its first run takes longer
+	// than a read may wait (ReadTimeout).
+	errAuditRunning = errors.New("the first audit is still running; its count shows once it completes")
+	errClosed       = errors.New("the status page is closing")
+)
 
 // spawn runs fn in a goroutine that Close waits for; after Close it runs
 // nothing and reports false.
@@ -126,7 +149,11 @@ func (s *Server) auditCounts(r result[auditRead]) *AuditCounts {
 			c.ByCause[k] = 0
 		}
 	}
-	if r.err != nil {
+	switch {
+	case r.err == nil:
+	case errors.Is(r.err, context.DeadlineExceeded):
+		c.Error = fmt.Sprintf("the audit took longer than %v (the audit timeout) and was stopped", s.cfg.AuditTimeout)
+	default:
 		c.Error = s.explain(r.err)
 	}
 	return c

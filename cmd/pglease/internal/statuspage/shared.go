@@ -110,6 +110,39 @@ func (g grid) cell(t time.Time) time.Time {
 	return g.epoch.Add(n * g.interval)
 }
 
+// await is get for a read that may outlast its callers' patience: when no
+// read has completed at or after notBefore, it starts one through spawn
+// (unless one is in flight) and waits for it while ctx lasts; the read goes
+// on after ctx ends, bounded by timeout, and the next caller finds it done
+// or joins it. ok is false when spawn refused (the server is closing).
+func (s *shared[T]) await(ctx context.Context, notBefore time.Time, timeout time.Duration,
+	read func(context.Context) (T, error), spawn func(func()) bool) (r result[T], ok bool) {
+	s.mu.Lock()
+	now := time.Now()
+	s.used = now
+	if !s.last.at.IsZero() && !s.last.at.Before(notBefore) {
+		r := s.last
+		s.mu.Unlock()
+		return r, true
+	}
+	f := s.flight
+	if f == nil {
+		f = &flight[T]{at: now, done: make(chan struct{})}
+		if !spawn(func() { s.run(context.Background(), f, timeout, read) }) {
+			s.mu.Unlock()
+			return r, false
+		}
+		s.flight = f
+	}
+	s.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.res, true
+	case <-ctx.Done():
+		return result[T]{err: ctx.Err(), at: now}, true
+	}
+}
+
 // lastOrRefresh returns the last completed read without waiting (ok false
 // when none has completed yet: the caller then waits with get). When that
 // read started before notBefore and none is in flight, it starts the next

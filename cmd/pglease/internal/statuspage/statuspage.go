@@ -82,10 +82,11 @@ type Config struct {
 	// most once per AuditInterval, and only when a page, a key's page or a
 	// scrape asks; all of them share that one result: the page's audit
 	// count, each key's findings, and the gauge pglease_audit_findings.
-	// Only the first reader waits for it; later runs start in the
-	// background, at the first read of each interval, while readers get
-	// the last one (which can therefore lag the journal by up to two
-	// intervals).
+	// Each run is bounded by AuditTimeout and runs in the background: until
+	// the first run completes, a reader waits for it at most ReadTimeout
+	// (the page then says that it is still running); later runs start at
+	// the first read of each interval, while readers get the last one
+	// (which can therefore lag the journal by up to two intervals).
 	// Nil: no audit is shown or exported. JournalAudit reads pglease's
 	// journal.
 	Audit func(ctx context.Context, since time.Time) ([]Finding, error)
@@ -95,6 +96,9 @@ type Config struct {
 	// AuditInterval is how often the audit may run; 1 min when zero, never
 	// less than Interval. Between two runs, every reader gets the last one.
 	AuditInterval time.Duration
+	// AuditTimeout bounds one run of the audit; 30s when zero. A run that
+	// takes longer is stopped, and the page shows that instead of a count.
+	AuditTimeout time.Duration
 
 	Logger *slog.Logger // nil: slog.Default()
 }
@@ -115,6 +119,8 @@ type Server struct {
 	bgMu    sync.Mutex
 	bg      sync.WaitGroup // background audit runs
 	closed  bool
+	closing context.Context // done once Close is called: it stops a run in flight
+	close   context.CancelFunc
 	views   *views
 	spans   *spans
 	metrics *metrics
@@ -149,6 +155,9 @@ func New(cfg Config) (*Server, error) {
 		cfg.AuditInterval = time.Minute
 	}
 	cfg.AuditInterval = max(cfg.AuditInterval, cfg.Interval)
+	if cfg.AuditTimeout <= 0 {
+		cfg.AuditTimeout = 30 * time.Second
+	}
 	cfg.Token = strings.TrimSpace(cfg.Token)
 	switch {
 	case cfg.AllowForceRelease && len(cfg.Token) < MinTokenLen:
@@ -163,6 +172,7 @@ func New(cfg Config) (*Server, error) {
 		grid:    grid{epoch: time.Now(), interval: cfg.Interval},
 		summary: &shared[Summary]{}, views: newViews(), spans: newSpans(),
 		audit: &shared[auditRead]{}, auditAt: grid{epoch: time.Now(), interval: cfg.AuditInterval}}
+	s.closing, s.close = context.WithCancel(context.Background())
 	for v := range s.st {
 		s.st[v] = newStatements(cfg.Table, v)
 	}
@@ -175,12 +185,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close waits for a background audit run (bounded by ReadTimeout) and
+// Close stops a background audit run, waits for it to return, and
 // releases the metrics pipeline. It does not close the database.
 func (s *Server) Close() error {
 	s.bgMu.Lock()
 	s.closed = true
 	s.bgMu.Unlock()
+	s.close()
 	s.bg.Wait()
 	return s.metrics.shutdown(context.Background())
 }
