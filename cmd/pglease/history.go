@@ -157,7 +157,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 			if len(args) != 1 {
 				return usagef("history takes exactly one KEY, got %d arguments", len(args))
 			}
-			return nil
+			return checkKeyArg(args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			from, err := parseSince(since, time.Now())

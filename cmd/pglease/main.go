@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -81,6 +82,25 @@ func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// checkKeyArg refuses, before anything is opened, a KEY argument that no
+// lease can have (the library's rules, pglease.ErrInvalidKey).
+func checkKeyArg(key string) error {
+	why := ""
+	switch {
+	case key == "":
+		why = "empty key"
+	case len(key) > pglease.MaxKeyLen:
+		why = fmt.Sprintf("key is %d bytes, the limit is %d", len(key), pglease.MaxKeyLen)
+	case !utf8.ValidString(key):
+		why = fmt.Sprintf("key %q is not valid UTF-8", key)
+	case strings.IndexByte(key, 0) >= 0:
+		why = fmt.Sprintf("key %q contains a NUL byte", key)
+	default:
+		return nil
+	}
+	return usageError{fmt.Errorf("%w: %s", pglease.ErrInvalidKey, why)}
+}
 
 var errInterrupted = errors.New("interrupted")
 

@@ -240,3 +240,19 @@ func TestUnknownCommandSuggests(t *testing.T) {
 	}
 	wantError(t, cli(t, testCtx(t), nil, "frobnicate"), exitUsage, `unknown command "frobnicate" for "pglease"`)
 }
+
+// TestKeyArgsAreCheckedFirst: a KEY that no lease can have is a usage
+// error naming why, given before any database is opened (none is given
+// here: without the check the error would be "no database").
+func TestKeyArgsAreCheckedFirst(t *testing.T) {
+	for _, bad := range []struct{ key, why string }{
+		{"", "empty key"},
+		{strings.Repeat("k", pglease.MaxKeyLen+1), "the limit is 512"},
+		{"job\xff", "not valid UTF-8"},
+		{"job\x00x", "NUL byte"},
+	} {
+		for _, cmd := range [][]string{{"release", "--force"}, {"unschedule"}, {"history"}} {
+			wantError(t, cli(t, testCtx(t), nil, append(cmd, bad.key)...), exitUsage, bad.why)
+		}
+	}
+}

@@ -51,7 +51,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 			if len(args) != 1 {
 				return usagef("release takes exactly one KEY, got %d arguments", len(args))
 			}
-			return nil
+			return checkKeyArg(args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := args[0]

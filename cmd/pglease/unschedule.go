@@ -27,7 +27,7 @@ func newUnscheduleCmd(e *env) *cobra.Command {
 			if len(args) != 1 {
 				return usagef("unschedule takes exactly one KEY, got %d arguments", len(args))
 			}
-			return nil
+			return checkKeyArg(args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, err := f.open(cmd.Context(), e, nil)
