@@ -48,7 +48,8 @@ func newServeCmd(e *env) *cobra.Command {
                  tick is overdue (past its grace, no run) are marked and counted
   /key/KEY       one key: its row now, its schedule (next tick due, overdue),
                  its runs from the journal as a timeline (overlaps in red) and
-                 the audit's findings on it (KEY percent-encoded), over the last
+                 the audit's findings on it (KEY percent-encoded; . and .. as
+                 /key/?key=KEY), over the last
                  --history-window
   /api/leases    one page as JSON (times RFC 3339, durations in ms); query
                  prefix, holder, state, sort, order, offset, limit (at most 500)

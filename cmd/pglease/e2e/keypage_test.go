@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"errors"
+	"html"
+	"io"
+	"net/http"
 	"net/url"
+	"regexp"
 	"testing"
 	"time"
 
@@ -84,6 +88,82 @@ func TestKeyPageDrawsOverlapRed(t *testing.T) {
 	got := eval[string](t, br, `document.querySelector('#audit li.overlaps').textContent + ' | ' + document.querySelector('#audit a').textContent`)
 	if want := "1 overlaps | " + key + " 1"; got != want {
 		t.Errorf("audit chips %q, want %q", got, want)
+	}
+	br.checkClean(t)
+}
+
+// TestKeysThatAreDotsHaveWorkingLinks: the keys "." and "..", which a
+// browser would resolve as steps of a URL's path, link to their own pages
+// from the server-rendered table and from the live one, and the live
+// table's force release releases them (and only them).
+func TestKeysThatAreDotsHaveWorkingLinks(t *testing.T) {
+	const token = "e2e-token-0123456789abcdef"
+	keys := []string{".", "..", "a/..", "plain"}
+	table, l := setup(t, "worker-a@host-1", 30*time.Second)
+	leases := map[string]*pglease.Lease{}
+	for _, k := range keys {
+		leases[k] = lock(t, l, k)
+	}
+	base := serve(t, statuspage.Config{DB: pgleasetest.DB(t, 4), Table: table, AllowForceRelease: true, Token: token})
+
+	// The server-rendered links, as the page's HTML has them.
+	resp, err := http.Get(base + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := map[string]string{}
+	for _, m := range regexp.MustCompile(`<td class="key"><a href="([^"]*)">([^<]*)</a>`).FindAllStringSubmatch(string(body), -1) {
+		rendered[html.UnescapeString(m[2])] = html.UnescapeString(m[1])
+	}
+	br := newBrowser(t)
+	br.do(t, "open the page", chromedp.Navigate(base+"/"))
+	br.waitFor(t, "the live view", `document.getElementById('status').className === 'live' && document.querySelectorAll('#leases .lease').length === 4`)
+	live := eval[map[string]string](t, br, `(function () { var m = {};
+  document.querySelectorAll('#leases .key a').forEach(function (a) { m[a.textContent] = a.getAttribute('href'); });
+  return m; })()`)
+	for _, k := range keys {
+		for from, href := range map[string]string{"server-rendered": rendered[k], "live": live[k]} {
+			if href == "" {
+				t.Errorf("%s table: no link for key %q", from, k)
+				continue
+			}
+			abs := eval[string](t, br, `new URL(`+js(href)+`, `+js(base+"/")+`).href`)
+			br.do(t, "open "+abs, chromedp.Navigate(abs))
+			if got := eval[string](t, br, `(document.getElementById('key') || {textContent: '(not a key page)'}).textContent`); got != k {
+				t.Errorf("%s link %q of key %q opens %s, the page of %q", from, href, k, abs, got)
+			}
+		}
+	}
+
+	br.do(t, "open the page again", chromedp.Navigate(base+"/"))
+	br.waitFor(t, "the buttons", `document.querySelectorAll('#leases button.release').length === 4`)
+	eval[bool](t, br, `(document.getElementById('token').value = `+js(token)+`, true)`)
+	for _, k := range []string{"..", "."} {
+		if !eval[bool](t, br, `(function () {
+  var cards = document.querySelectorAll('#leases .lease');
+  for (var i = 0; i < cards.length; i++) {
+    if (cards[i].querySelector('.key').textContent === `+js(k)+`) { cards[i].querySelector('button.release').click(); return true; }
+  }
+  return false;
+})()`) {
+			t.Fatalf("no release button for %q", k)
+		}
+		br.waitFor(t, "the release of "+k, stateOf(k)+` === 'released'`)
+		select {
+		case <-leases[k].Done():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the holder of %q was not told of the forced release", k)
+		}
+	}
+	for _, k := range []string{"a/..", "plain"} {
+		if err := leases[k].Err(); err != nil {
+			t.Errorf("%q: %v, want it still held", k, err)
+		}
 	}
 	br.checkClean(t)
 }

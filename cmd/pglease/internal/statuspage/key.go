@@ -14,17 +14,37 @@ import (
 const keyPrefix = "/key/"
 
 // keyPath recognises /key/{key} on the escaped path and returns the key,
-// percent-decoded ("" when it does not decode).
+// percent-decoded ("" when it does not decode), or the query's key
+// parameter when the path has none (/key/?key=.., see keyHref).
 func keyPath(u *url.URL) (string, bool) {
 	p := u.EscapedPath()
 	if !strings.HasPrefix(p, keyPrefix) {
 		return "", false
 	}
-	key, err := url.PathUnescape(p[len(keyPrefix):])
-	if err != nil {
-		return "", true
+	return pathKey(u, p[len(keyPrefix):]), true
+}
+
+// pathKey decodes a key's path step ("" when it does not decode); an empty
+// step takes the query's key parameter.
+func pathKey(u *url.URL, step string) string {
+	if step == "" {
+		return u.Query().Get("key")
 	}
-	return key, true
+	key, err := url.PathUnescape(step)
+	if err != nil {
+		return ""
+	}
+	return key
+}
+
+// keyHref is the link to key k's page, relative to the status page:
+// key/{k} percent-encoded, or key/?key={k} for the keys "." and "..", which
+// a browser would resolve as steps of the path (percent-encoded too).
+func keyHref(k string) string {
+	if k == "." || k == ".." {
+		return "key/?key=" + url.QueryEscape(k)
+	}
+	return "key/" + url.PathEscape(k)
 }
 
 //go:embed key.html

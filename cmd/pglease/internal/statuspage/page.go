@@ -8,7 +8,6 @@ import (
 	"html/template"
 	"math"
 	"net/http"
-	"net/url"
 	"time"
 )
 
@@ -19,7 +18,7 @@ var pageHTML string
 var funcs = template.FuncMap{
 	"left": timeLeft, "pct": barPercent, "ts": stamp, "tsp": stampPtr, "pctf": pctf,
 	"dur":    func(d time.Duration) string { return human(d.Milliseconds()) },
-	"keyURL": func(k string) string { return "key/" + url.PathEscape(k) },
+	"keyURL": keyHref,
 	"num":    thousands,
 	"add":    func(a, b int) int { return a + b },
 	"sub":    func(a, b int) int { return a - b },

@@ -17,18 +17,16 @@ const (
 )
 
 // releasePath recognises /api/leases/{key}/release on the escaped path and
-// returns the key, percent-decoded ("" when it does not decode).
+// returns the key, percent-decoded ("" when it does not decode), or the
+// query's key parameter when the path has none (/api/leases//release?key=..,
+// for the keys "." and "..", which a browser would resolve as path steps).
 func releasePath(u *url.URL) (string, bool) {
 	p := u.EscapedPath()
 	if !strings.HasPrefix(p, releasePrefix) || !strings.HasSuffix(p, releaseSuffix) ||
 		len(p) < len(releasePrefix)+len(releaseSuffix) {
 		return "", false
 	}
-	key, err := url.PathUnescape(p[len(releasePrefix) : len(p)-len(releaseSuffix)])
-	if err != nil {
-		return "", true
-	}
-	return key, true
+	return pathKey(u, p[len(releasePrefix):len(p)-len(releaseSuffix)]), true
 }
 
 // releaseResult is the JSON answer of a successful force release.
