@@ -7,8 +7,10 @@
 // otherwise starts a private server once per test binary from the
 // PostgreSQL server binaries on the machine (initdb and postgres, found on
 // PATH or in /usr/lib/postgresql/<version>/bin), on a free loopback port and
-// in a temporary directory, and removes it when the tests are done. When
-// running as root, that server runs as the "postgres" system user. Tests are
+// in a temporary directory, and removes it when the tests are done (a test
+// binary that panics or hits its -timeout cannot: the next one to start a
+// server on that machine removes the directory, once its process and server
+// are gone, on unix). When running as root, that server runs as the "postgres" system user. Tests are
 // never skipped for want of a server: when none can be had, Main fails the
 // test binary and says what to install.
 //

@@ -121,14 +121,16 @@ func (c *Cluster) initAndStart(ctx context.Context) error {
 }
 
 // newCluster makes the temporary directory (empty data and socket
-// directories, owned by the server user when running as root) and picks a
-// free port. The caller removes c.dir on failure.
+// directories, owned by the server user when running as root), named after
+// this process (the first call sweeps away those of processes gone), and
+// picks a free port. The caller removes c.dir on failure.
 func newCluster(opts Options) (*Cluster, error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pglease-pg-")
+	sweepOnce.Do(sweep)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}

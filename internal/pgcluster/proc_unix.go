@@ -47,3 +47,10 @@ func waitGroupGone(p *os.Process, d time.Duration) {
 		}
 	}
 }
+
+// canSignal: alive can tell whether a process is running (sweep).
+const canSignal = true
+
+// alive reports whether process pid is running (or may be: it exists but
+// belongs to another user).
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) != syscall.ESRCH }
