@@ -56,8 +56,11 @@ func SchemaVersion() int { return store.Version() }
 // has been promoted before (timeline above 1) the first claim after the
 // upgrade starts one delay, as after a failover.
 //
-// A table migrated by a newer pglease makes Migrate fail with ErrSchemaTooNew
-// and change nothing.
+// On a table migrated by a newer pglease, Migrate changes nothing. It
+// succeeds when that pglease recorded that code of this version may still
+// use the table (so that a deploy rolled back to this version starts), and
+// fails with ErrSchemaTooNew otherwise, or when that pglease predates such
+// records (schema version 10 and before). Drop always refuses such a table.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	return schemaOp(ctx, db, opts, "migrate", (*store.Store).Migrate)
 }

@@ -66,6 +66,65 @@ func TestMigrateIsIdempotentAndSerialised(t *testing.T) {
 	}
 }
 
+// TestMigrateOnANewerTableThatAllowsThisVersion: a table migrated by a
+// newer pglease that recorded (compatible_from) that code of this version
+// may still use it lets Migrate succeed with nothing changed — a deploy
+// rolled back to this version starts and locks; one that recorded a newer
+// minimum, or nothing at all, is refused. Drop refuses it either way.
+func TestMigrateOnANewerTableThatAllowsThisVersion(t *testing.T) {
+	t.Parallel()
+	c := ctx(t)
+	admin := pgleasetest.DB(t, 1)
+	table := unmigrated(t)
+	if err := Migrate(c, admin, WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	next := SchemaVersion() + 1
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := admin.ExecContext(c, q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What a next pglease whose migration only adds would do.
+	exec(`ALTER TABLE "` + table + `_version" ADD COLUMN compatible_from integer`)
+	exec(`INSERT INTO "`+table+`_version" (version, compatible_from) VALUES ($1, 1)`, next)
+	before := pgleaseObjects(t, admin, table)
+	if err := Migrate(c, admin, WithTable(table)); err != nil {
+		t.Fatalf("Migrate on a newer table that allows this version: %v", err)
+	}
+	if got := pgleaseObjects(t, admin, table); strings.Join(got, ",") != strings.Join(before, ",") {
+		t.Fatalf("Migrate changed the catalogue of a newer table: %v, was %v", got, before)
+	}
+	l, err := New(admin, WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.Lock(c, "after-rollback")
+	if err != nil {
+		t.Fatalf("Lock on the newer table: %v", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := Drop(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("Drop of a newer table: %v; want ErrSchemaTooNew", err)
+	}
+
+	// A next pglease that changed what this version relies on.
+	exec(`UPDATE "`+table+`_version" SET compatible_from = $1 WHERE version = $1`, next)
+	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("Migrate on a newer table that needs version %d: %v; want ErrSchemaTooNew", next, err)
+	}
+	// One that recorded nothing (no column: schema version 10 and before).
+	exec(`ALTER TABLE "` + table + `_version" DROP COLUMN compatible_from`)
+	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("Migrate on a newer table that recorded nothing: %v; want ErrSchemaTooNew", err)
+	}
+	exec(`DELETE FROM "`+table+`_version" WHERE version = $1`, next) // the cleanup's Drop accepts it again
+}
+
 func TestSchemaSQLAndQualifiedTable(t *testing.T) {
 	t.Parallel()
 	c := ctx(t)

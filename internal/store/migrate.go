@@ -27,6 +27,23 @@ const (
 	recordVersionSQL  = `INSERT INTO "pglease_leases_version" (version) VALUES ($1)`
 )
 
+// compatibleFromSQL reads, on a table migrated by a newer pglease, the
+// oldest schema version whose code may still use the table: the newest
+// version row's compatible_from, a column that a later migration adds to
+// the version table (read through the row as JSON, so that its absence is
+// no error), else a version no code has.
+//
+// The promise a later migration keeps: it adds that column (integer) if it
+// is not there, and records with its version row the oldest schema version
+// whose code still works on the table it leaves: 1 while every migration
+// only adds objects (every one up to version 10 does), its own version when
+// it changes what older code relies on. Migrate of an older version then
+// succeeds on the newer table (a rolled-back deploy starts) or fails with
+// ErrSchemaTooNew.
+const compatibleFromSQL = `
+SELECT coalesce((to_jsonb(v) ->> 'compatible_from')::integer, 2147483647)
+FROM "pglease_leases_version" AS v ORDER BY v.version DESC LIMIT 1`
+
 // tableExistsSQL reports whether a table exists.
 //
 //	$1 the quoted table name
@@ -82,13 +99,18 @@ var ErrNoVersionTable = errors.New("the lease table has no version table")
 // transaction serialised across replicas by the table's migration lock:
 // each migration not yet applied, recorded in the version table; on a
 // table it has just created, the current timeline as past its failover
-// delay.
+// delay. On a table migrated by a newer pglease it changes nothing: it
+// succeeds if that pglease recorded that this version may still use the
+// table, else fails with *TooNewError.
 func (s *Store) Migrate(ctx context.Context) error {
 	return s.schemaTx(ctx, func(tx Backend) error {
 		if _, err := tx.Exec(ctx, s.sql.VersionTable); err != nil {
 			return err
 		}
 		current, err := s.version(ctx, tx)
+		if tooNew := (*TooNewError)(nil); errors.As(err, &tooNew) {
+			return s.stillUsable(ctx, tx, tooNew)
+		}
 		if err != nil {
 			return err
 		}
@@ -110,6 +132,20 @@ func (s *Store) Migrate(ctx context.Context) error {
 		_, err = tx.Exec(ctx, s.sql.TimelineCreated) // a new table: no holder of an older primary can exist
 		return err
 	})
+}
+
+// stillUsable is Migrate's answer on a table migrated by a newer pglease:
+// nil, with nothing changed, when that pglease recorded that code of this
+// version may still use the table (compatibleFromSQL), else tooNew.
+func (s *Store) stillUsable(ctx context.Context, tx Backend, tooNew *TooNewError) error {
+	var from int
+	if err := tx.QueryRow(ctx, s.sql.CompatibleFrom, nil, &from); err != nil {
+		return err
+	}
+	if from > len(migrations) {
+		return tooNew
+	}
+	return nil
 }
 
 // Drop drops everything Migrate created for the table, in one transaction

@@ -35,6 +35,7 @@ type Statements struct {
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows    string
 	JournalLastRuns                                                          string
 	VersionTable, CurrentVersion, RecordVersion, TimelineCreated             string
+	CompatibleFrom                                                           string
 	TableExists, MigrateLock, Drop                                           string
 }
 
@@ -80,6 +81,7 @@ func bind(n Names, journal bool) *Statements {
 		VersionTable:     n.Bind(versionTableSQL),
 		CurrentVersion:   n.Bind(currentVersionSQL),
 		RecordVersion:    n.Bind(recordVersionSQL),
+		CompatibleFrom:   n.Bind(compatibleFromSQL),
 		TimelineCreated:  n.Bind(timelineCreatedSQL),
 		TableExists:      n.Bind(tableExistsSQL),
 		MigrateLock:      n.Bind(migrateLockSQL),
