@@ -68,6 +68,35 @@ func TestMigrateReportsUpgrade(t *testing.T) {
 	}
 }
 
+// TestMigrateOnANewerTable: on a table migrated by a newer pglease that
+// recorded that this version may still use it, migrate says so and exits 0;
+// without that record it is refused.
+func TestMigrateOnANewerTable(t *testing.T) {
+	ctx := testCtx(t)
+	table := pgleasetest.Table(t)
+	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}
+	if r := cli(t, ctx, env, "migrate", "--table", table); r.code != 0 {
+		t.Fatalf("migrate: %q", r.stderr)
+	}
+	next := pglease.SchemaVersion() + 1
+	db := pgleasetest.DB(t, 1)
+	for _, q := range []string{`ALTER TABLE "` + table + `_version" ADD COLUMN compatible_from integer`,
+		fmt.Sprintf(`INSERT INTO "%s_version" (version, compatible_from) VALUES (%d, 1)`, table, next)} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DELETE FROM "`+table+`_version" WHERE version = $1`, next) })
+	r := cli(t, ctx, env, "migrate", "--table", table)
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("schema version %d, newer than this pglease's %d, which may still use it: nothing to do", next, next-1)) {
+		t.Fatalf("migrate of a newer, usable table: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if _, err := db.ExecContext(ctx, `ALTER TABLE "`+table+`_version" DROP COLUMN compatible_from`); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, cli(t, ctx, env, "migrate", "--table", table), 1, "newer")
+}
+
 // TestMigrateMissingSchema: the real cause (the schema), not the circular
 // "run pglease migrate" advice; nothing created.
 func TestMigrateMissingSchema(t *testing.T) {

@@ -40,6 +40,8 @@ it started.`,
 				fmt.Fprintf(e.stdout, "created lease table %q at schema version %d\n", f.table, latest)
 			case before < latest:
 				fmt.Fprintf(e.stdout, "upgraded lease table %q from schema version %d to %d\n", f.table, before, latest)
+			case before > latest:
+				fmt.Fprintf(e.stdout, "lease table %q is at schema version %d, newer than this pglease's %d, which may still use it: nothing to do\n", f.table, before, latest)
 			default:
 				fmt.Fprintf(e.stdout, "lease table %q is current (schema version %d): nothing to do\n", f.table, latest)
 			}
