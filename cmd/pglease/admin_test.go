@@ -86,7 +86,9 @@ func TestMigrateOnANewerTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DELETE FROM "`+table+`_version" WHERE version = $1`, next) })
+	t.Cleanup(func() {
+		_, _ = db.ExecContext(context.Background(), `DELETE FROM "`+table+`_version" WHERE version = $1`, next)
+	})
 	r := cli(t, ctx, env, "migrate", "--table", table)
 	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("schema version %d, newer than this pglease's %d, which may still use it: nothing to do", next, next-1)) {
 		t.Fatalf("migrate of a newer, usable table: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
