@@ -43,7 +43,8 @@
 //     the release is sent; Close first waits for Election.Run's term on the
 //     lease to return) → released (or minimum hold on the server); the
 //     release notifies waiters.
-//   - Guard finding the row gone, a notification of a force-release (with
+//   - Guard not seeing the row held when a renew outside its transaction
+//     then finds it gone, a notification of a force-release (with
 //     ListenAlways), or a newer claim of the same key by the same Locker:
 //     held → lost, at once.
 //   - ForceRelease (operators): any → released on the server, fence moved on

@@ -36,6 +36,14 @@ var (
 	// stop.
 	ErrLeaseLost = errors.New("pglease: lease lost")
 
+	// ErrStaleSnapshot means that Guard found the lease held, but not in
+	// the transaction's snapshot: a REPEATABLE READ or SERIALIZABLE
+	// transaction took it before the claim or before the lease's latest
+	// renewal. The lease is unharmed; the transaction is not fenced: roll
+	// it back, and retry with Guard as its first statement (or in READ
+	// COMMITTED).
+	ErrStaleSnapshot = errors.New("pglease: transaction snapshot older than the lease")
+
 	// ErrUnlocked is the cause of a lease's Context after Unlock or Close.
 	ErrUnlocked = errors.New("pglease: lease unlocked")
 

@@ -39,8 +39,20 @@ func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence
 //
 // Any error means: roll back, write nothing. It wraps ErrLeaseLost when the
 // lease is gone (the lease then ends locally at once: Done closes, Err
-// reports the loss), ErrUnlocked after Unlock, or carries the context's or
-// the driver's error; in none of these cases is tx protected.
+// reports the loss), ErrUnlocked after Unlock, ErrStaleSnapshot when the
+// lease is held but tx's snapshot shows an older row of it, or carries the
+// context's or the driver's error; in none of these cases is tx protected.
+// When tx does not see the lease, Guard checks it outside tx (a renew); if
+// that check gets no answer, the error wraps none of these sentinels.
+//
+// Isolation: Guard reads the lease row as tx's snapshot shows it. In READ
+// COMMITTED (PostgreSQL's default) each statement sees the latest row, so
+// Guard may come anywhere in tx. REPEATABLE READ and SERIALIZABLE keep the
+// snapshot of tx's first statement: call Guard first. An older snapshot
+// fails Guard with ErrStaleSnapshot if it predates the claim, or once the
+// expiry it shows has passed, though the lease is held: that can be as
+// soon as a lease less one beat after the snapshot (two thirds of a lease
+// with the default beat).
 //
 // Guarantee: while tx is open no other holder can claim the key (a claim
 // waits for tx to end, then gets a higher fence), so the writes tx makes
@@ -82,17 +94,31 @@ func (le *Lease) guard(ctx context.Context, tx store.Backend) error {
 	case err == nil && !held:
 		l.obs.rejected(ctx, "guard")
 		// Check the lease outside tx (whose snapshot may be older than the
-		// lease) and end it now if it is gone, rather than at the next beat.
-		l.renewNow(le, lossGuard)
-		if lost := le.lostErr(); lost != nil {
-			return lost
-		}
-		return &LeaseLostError{Key: le.key, Holder: l.holder, Fence: le.fence,
-			Reason: "fenced transaction: the lease is not held in this transaction's view (expired, released or taken over)"}
+		// lease's row) and end it now if it is gone, rather than at the
+		// next beat.
+		return le.guardMissed(l.renewNow(le, lossGuard))
 	case err != nil:
 		return l.table.WrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
 	}
 	return nil
+}
+
+// guardMissed is Guard's error when tx did not see the lease held, once a
+// renew outside tx checked it; answered says whether the server answered.
+func (le *Lease) guardMissed(answered bool) error {
+	what := fmt.Sprintf("pglease: guard %q (fence %d)", le.key, le.fence)
+	switch st, err := le.snapshotState(); {
+	case st == stateLost:
+		return err
+	case st != stateHeld:
+		return fmt.Errorf("%s after Unlock: %w", what, ErrUnlocked)
+	case answered:
+		return fmt.Errorf("%s: the lease is held, but this transaction's snapshot shows an older row of it "+
+			"(the snapshot predates the claim or its latest renewal): call Guard first in the transaction, "+
+			"or use READ COMMITTED: %w", what, ErrStaleSnapshot)
+	}
+	return fmt.Errorf("%s: the lease is not held in this transaction's view, "+
+		"and checking it outside the transaction got no answer (the next renew will tell whether it is lost)", what)
 }
 
 // FenceTable protects a resource that is written outside the lease's

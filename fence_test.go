@@ -528,3 +528,131 @@ func TestGuardWithLibPQ(t *testing.T) {
 		}
 	}
 }
+
+// beginWithSnapshot begins a transaction at level iso and takes its
+// snapshot (a REPEATABLE READ or SERIALIZABLE one keeps it) with a read of
+// key's expiry as the snapshot shows it (zero: no row).
+func beginWithSnapshot(t *testing.T, c context.Context, f *fixture, db *sql.DB, iso sql.IsolationLevel, key string) (*sql.Tx, time.Time) {
+	t.Helper()
+	tx, err := db.BeginTx(c, &sql.TxOptions{Isolation: iso})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	var exp sql.NullTime
+	err = tx.QueryRowContext(c, `SELECT max(expires_at) FROM "`+f.table+`" WHERE key = $1`, key).Scan(&exp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx, exp.Time
+}
+
+// checkGuardStale checks that err is Guard's ErrStaleSnapshot, not a loss,
+// and that le is still held: Done open, Err nil, and a fenced transaction
+// that calls Guard first passes.
+func checkGuardStale(t *testing.T, c context.Context, db *sql.DB, le *Lease, iso sql.IsolationLevel, err error) {
+	t.Helper()
+	if !errors.Is(err, ErrStaleSnapshot) || errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Guard with a stale snapshot: %v, want ErrStaleSnapshot and not ErrLeaseLost", err)
+	}
+	select {
+	case <-le.Done():
+		t.Fatalf("the lease ended (Err %v) but it is held", le.Err())
+	default:
+	}
+	if le.Err() != nil {
+		t.Fatalf("Err: %v", le.Err())
+	}
+	tx, txErr := db.BeginTx(c, &sql.TxOptions{Isolation: iso})
+	if txErr != nil {
+		t.Fatal(txErr)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); err != nil {
+		t.Fatalf("Guard first in a new transaction: %v", err)
+	}
+}
+
+// Issue: Guard in a REPEATABLE READ or SERIALIZABLE transaction whose
+// snapshot predates the claim said ErrLeaseLost while the lease stayed
+// held (Done open, Err nil). It says ErrStaleSnapshot, and the lease is
+// unharmed.
+func TestGuardWithSnapshotOlderThanTheClaim(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := pgleasetest.DB(t, 3)
+	l := f.locker(db, WithLeaseDuration(time.Minute))
+	c := ctx(t)
+	for i, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		key := fmt.Sprintf("job-%d", i)
+		tx, _ := beginWithSnapshot(t, c, f, db, iso, key) // before the claim
+		le, err := l.Lock(c, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkGuardStale(t, c, db, le, iso, le.Guard(c, tx))
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The same for a snapshot taken while the lease was held, but older than
+// its latest renewal: once the server's clock passes the expiry the
+// snapshot shows, Guard says ErrStaleSnapshot, not ErrLeaseLost.
+func TestGuardWithSnapshotOlderThanTheLatestRenewal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := pgleasetest.DB(t, 3)
+	l := f.locker(db, WithLeaseDuration(2*time.Second))
+	c := ctx(t)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, seen := beginWithSnapshot(t, c, f, db, sql.LevelRepeatableRead, "job")
+	waitFor(t, 30*time.Second, func() bool {
+		var past bool
+		err := f.admin.QueryRowContext(c, `SELECT clock_timestamp() > $1`, seen).Scan(&past)
+		return err == nil && past
+	})
+	checkGuardStale(t, c, db, le, sql.LevelRepeatableRead, le.Guard(c, tx))
+}
+
+// failingRenewals refuses a Locker's renew statements, as a connection
+// lost would.
+type failingRenewals struct {
+	backend
+	renewSQL string
+}
+
+func (b *failingRenewals) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	if q == b.renewSQL {
+		return errors.New("renew refused by the test")
+	}
+	return b.backend.Query(ctx, q, args, each)
+}
+
+// When Guard does not see the lease and the check outside the transaction
+// gets no answer, Guard fails without claiming a loss it does not know of:
+// the lease stays held.
+func TestGuardMissWithoutAnAnswerIsNoLoss(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := pgleasetest.DB(t, 3)
+	l := f.locker(db, WithLeaseDuration(time.Minute))
+	c := ctx(t)
+	tx, _ := beginWithSnapshot(t, c, f, db, sql.LevelRepeatableRead, "job")
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.store.DB = &failingRenewals{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+	err = le.Guard(c, tx)
+	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrStaleSnapshot) {
+		t.Fatalf("Guard unseen, check unanswered: %v, want an error that is neither a loss nor a stale snapshot", err)
+	}
+	if le.Err() != nil {
+		t.Fatalf("Err: %v", le.Err())
+	}
+}

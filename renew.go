@@ -233,9 +233,12 @@ func goneReason(why lossReason, failedOver bool) (string, lossReason) {
 }
 
 // renewNow checks le out of beat, renewing it if it is still held and
-// ending it if not. Used when there is a reason to think it is gone.
-func (l *Locker) renewNow(le *Lease, why lossReason) {
+// ending it if not. Used when there is a reason to think it is gone. It
+// reports whether the server answered (le was then renewed or ended); false
+// also if le was no longer held.
+func (l *Locker) renewNow(le *Lease, why lossReason) bool {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		l.renew([]*Lease{le}, why, true)
+		return l.renew([]*Lease{le}, why, true)
 	}
+	return false
 }
