@@ -502,3 +502,48 @@ func TestClaimContextEndsAtTheLatestDeadline(t *testing.T) {
 		t.Fatal("a batch of one lost its caller's values")
 	}
 }
+
+// Ticks at both ends of the years Tick and NextTick take (1 and 9999) go
+// through a statement of several claims as they go alone: the claims
+// queued with them are not failed by them.
+func TestQueuedClaimsTakeTicksAtTheEndsOfTheRange(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.locker(pgleasetest.DB(t, 2))
+	count := countClaims(l)
+	c := ctx(t)
+	first := time.Date(1, 6, 1, 0, 0, 0, 0, time.UTC)
+	last := time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	free, err := l.takeSlot(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Go(func() { errs[0] = lockUnlock(c, l, "plain") })
+	wg.Go(func() { errs[1] = lockUnlock(c, l, "ticked", Tick(first), NextTick(last)) })
+	waitQueued(t, l, 2)
+	free()
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("claims sent together: plain %v, ticked %v", errs[0], errs[1])
+	}
+	if _, batches := count.counts(); len(batches) != 1 || batches[0] != 2 {
+		t.Fatalf("statements of several claims: %v, want one of 2", batches)
+	}
+	var tick, due time.Time
+	err = f.admin.QueryRowContext(c, `SELECT l.last_tick, j.due FROM "`+f.table+`" l JOIN "`+f.table+`_journal" j
+		ON j.key = l.key AND j.fence = l.fence AND j.event = 'granted' WHERE l.key = 'ticked'`).Scan(&tick, &due)
+	if err != nil || !tick.Equal(first) || !due.Equal(last) {
+		t.Fatalf("the key's last tick and its run's next tick: %v, %v (%v); want %v, %v", tick, due, err, first, last)
+	}
+}
+
+// lockUnlock claims key and releases it.
+func lockUnlock(c context.Context, l *Locker, key string, opts ...LockOption) error {
+	le, err := l.Lock(c, key, opts...)
+	if err != nil {
+		return err
+	}
+	return le.Unlock(c)
+}

@@ -50,13 +50,16 @@ func MinHold(d time.Duration) LockOption {
 // run still holds it (a run longer than its period), the claim fails with
 // ErrAlreadyLocked and that tick is skipped, not queued.
 //
-// t must not be zero nor more than MaxTickAhead past the local clock. The
-// server stores it with microsecond precision.
+// t must not be zero, must lie in the years 1 to 9999 (UTC) and not more
+// than MaxTickAhead past the local clock. The server stores it with
+// microsecond precision.
 func Tick(t time.Time) LockOption {
 	return func(c *lockConfig) {
-		switch {
+		switch err := checkTickYear(t); {
 		case t.IsZero():
 			c.err = fmt.Errorf("%w: zero tick", ErrInvalidOption)
+		case err != nil:
+			c.err = fmt.Errorf("%w: tick %v", ErrInvalidOption, err)
 		case time.Until(t) > MaxTickAhead:
 			c.err = fmt.Errorf("%w: tick %s is more than %v in the future", ErrInvalidOption,
 				t.UTC().Format(time.RFC3339Nano), MaxTickAhead)
@@ -72,15 +75,19 @@ func Tick(t time.Time) LockOption {
 // was registered with Locker.RegisterSchedule) and in the run's journal
 // row (Run.NextTick in pglease/journal): a tick that comes due and gets no
 // run is then reported by journal.Audit (AuditResult.Missed). The
-// scheduler adapters pass it for every run. t must be after the tick;
-// without Tick, the claim fails with ErrInvalidOption.
+// scheduler adapters pass it for every run. t must be after the tick and
+// in the years 1 to 9999 (UTC); without Tick, the claim fails with
+// ErrInvalidOption.
 func NextTick(t time.Time) LockOption {
 	return func(c *lockConfig) {
-		if t.IsZero() {
+		switch err := checkTickYear(t); {
+		case t.IsZero():
 			c.err = fmt.Errorf("%w: zero next tick", ErrInvalidOption)
-			return
+		case err != nil:
+			c.err = fmt.Errorf("%w: next tick %v", ErrInvalidOption, err)
+		default:
+			c.nextTick = t.Truncate(time.Microsecond)
 		}
-		c.nextTick = t.Truncate(time.Microsecond)
 	}
 }
 
@@ -90,6 +97,16 @@ func NextTick(t time.Time) LockOption {
 // the tick once. Without Tick, the claim fails with ErrInvalidOption.
 func CatchUp() LockOption {
 	return func(c *lockConfig) { c.catchUp = true }
+}
+
+// checkTickYear refuses a tick outside the years 1 to 9999 in UTC: the
+// years whose text form PostgreSQL reads back as it reads the binary form
+// (a claim sent with others carries its ticks as text).
+func checkTickYear(t time.Time) error {
+	if y := t.UTC().Year(); y < 1 || y > 9999 {
+		return fmt.Errorf("%s is outside the years 1 to 9999", t.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 func checkMinHold(d time.Duration) error {

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -127,5 +128,43 @@ func TestLockOptionsBadInput(t *testing.T) {
 	}
 	if f.dump() != before {
 		t.Fatal("bad input changed the table")
+	}
+}
+
+// Issue: a tick of year 0 or earlier passed Tick, and NextTick took any
+// year; a claim batched with others sends its ticks as text, which
+// PostgreSQL refuses outside years 1 to 9999. Both refuse such ticks
+// (years read in UTC) before any I/O, with a clear message; ticks at the
+// ends of the range pass.
+func TestTicksOutsideYears1To9999AreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2)
+	c := ctx(t)
+	now := time.Now()
+	eastOfUTC := time.FixedZone("UTC+1", 3600)
+	for name, opts := range map[string][]LockOption{
+		"tick in year 0":               {Tick(time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC))},
+		"tick in year -1":              {Tick(time.Date(-1, 6, 1, 0, 0, 0, 0, time.UTC))},
+		"tick in year 1, year 0 (UTC)": {Tick(time.Date(1, 1, 1, 0, 30, 0, 0, eastOfUTC))},
+		"next tick in year 10000":      {Tick(now), NextTick(time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC))},
+		"next tick in year 100000":     {Tick(now), NextTick(time.Date(100000, 1, 1, 0, 0, 0, 0, time.UTC))},
+	} {
+		_, err := l.Lock(c, "job", opts...)
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "outside the years 1 to 9999") {
+			t.Errorf("%s: %v, want ErrInvalidOption: outside the years 1 to 9999", name, err)
+		}
+	}
+	if _, ok := f.row("job"); ok {
+		t.Fatal("a refused tick wrote the key's row")
+	}
+	first := time.Date(1, 6, 1, 0, 0, 0, 0, time.UTC)
+	last := time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	le, err := l.Lock(c, "job", Tick(first), NextTick(last))
+	if err != nil {
+		t.Fatalf("ticks at the ends of the range: %v", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -135,6 +135,9 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	if next.IsZero() {
 		return time.Time{}, fmt.Errorf("%w: schedule %q has no tick after %s", ErrInvalidOption, js.Spec, now.Format(time.RFC3339))
 	}
+	if err := checkTickYear(next); err != nil {
+		return time.Time{}, fmt.Errorf("%w: schedule %q: next tick %v", ErrInvalidOption, js.Spec, err)
+	}
 	was, err := l.store.RegisterSchedule(ctx, key, js.Spec, next.Truncate(time.Microsecond), js.Grace)
 	spec, due, last := was.Schedule, was.NextDue, was.LastTick
 	if err != nil {

@@ -59,12 +59,13 @@ func TestScheduleBadInput(t *testing.T) {
 	l := f.replica(1)
 	g := grid(time.Second)
 	for name, js := range map[string]JobSchedule{
-		"empty spec":     {Schedule: g},
-		"nil schedule":   {Spec: "x"},
-		"negative grace": {Spec: "x", Schedule: g, Grace: -1},
-		"grace too long": {Spec: "x", Schedule: g, Grace: MaxGrace + 1},
-		"negative catch": {Spec: "x", Schedule: g, CatchUpWithin: -1},
-		"no next tick":   {Spec: "x", Schedule: at{}},
+		"empty spec":              {Schedule: g},
+		"nil schedule":            {Spec: "x"},
+		"negative grace":          {Spec: "x", Schedule: g, Grace: -1},
+		"grace too long":          {Spec: "x", Schedule: g, Grace: MaxGrace + 1},
+		"negative catch":          {Spec: "x", Schedule: g, CatchUpWithin: -1},
+		"no next tick":            {Spec: "x", Schedule: at{}},
+		"next tick in year 10000": {Spec: "x", Schedule: at{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}},
 	} {
 		if _, err := l.RegisterSchedule(ctx(t), "k", js); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v; want ErrInvalidOption", name, err)

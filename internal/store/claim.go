@@ -172,7 +172,9 @@ func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) 
 }
 
 // appendTime appends t as an array element, exact to the microsecond (the
-// server's precision), or NULL if !ok.
+// server's precision), or NULL if !ok. t must lie in the years 1 to 9999
+// (UTC), as Tick and NextTick make sure: other years' text here is not
+// PostgreSQL's (year 0 is "0000"), and the server refuses the statement.
 func appendTime(b []byte, t time.Time, ok bool) []byte {
 	if !ok {
 		return append(b, "NULL"...)
