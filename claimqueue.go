@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,9 @@ import (
 // (durably if any of them took a key), and a claim that waits in the
 // server — for a fenced transaction on the key it takes over — holds the
 // others' replies back with it, as it held their turn before. An error is
-// every claim's.
+// every claim's, but for a value the server refuses (a data exception):
+// then the statement took no effect, and each claim is sent again alone,
+// so that only the claim with the value fails.
 //
 // A claim sent from the queue, or on a busy Locker, whose caller stops
 // waiting (its context ends) once the statement is sent is finished, not
@@ -172,23 +175,41 @@ func (l *Locker) sendQueued() {
 func (l *Locker) sendBatch(batch []*queuedClaim, free func()) {
 	ctx, cancel := l.claimContext(batch)
 	if len(batch) == 1 {
-		c := batch[0]
-		c.res, c.err = l.store.Claim(ctx, c.args)
-		c.sent = true
+		l.claimAlone(ctx, batch[0])
 	} else {
-		args := make([]store.ClaimArgs, len(batch))
-		for i, c := range batch {
-			args[i] = c.args
-		}
-		res, err := l.store.ClaimMany(ctx, l.claimant, args)
-		for i, c := range batch {
-			c.res, c.err, c.sent = res[i], err, true
-		}
+		l.claimTogether(ctx, batch)
 	}
 	cancel()
 	free()
 	for _, c := range batch {
 		l.settle(c)
+	}
+}
+
+// claimAlone sends c in a statement of its own.
+func (l *Locker) claimAlone(ctx context.Context, c *queuedClaim) {
+	c.res, c.err = l.store.Claim(ctx, c.args)
+	c.sent = true
+}
+
+// claimTogether sends batch in one statement. If the server refuses a
+// value of one of its claims (a data exception: the statement took no
+// effect), each claim is sent again alone, so that the value fails its own
+// claim only, not the claims queued with it.
+func (l *Locker) claimTogether(ctx context.Context, batch []*queuedClaim) {
+	args := make([]store.ClaimArgs, len(batch))
+	for i, c := range batch {
+		args[i] = c.args
+	}
+	res, err := l.store.ClaimMany(ctx, l.claimant, args)
+	if strings.HasPrefix(entry.SQLState(err), "22") { // data_exception
+		for _, c := range batch {
+			l.claimAlone(ctx, c)
+		}
+		return
+	}
+	for i, c := range batch {
+		c.res, c.err, c.sent = res[i], err, true
 	}
 }
 

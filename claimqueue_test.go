@@ -547,3 +547,38 @@ func lockUnlock(c context.Context, l *Locker, key string, opts ...LockOption) er
 	}
 	return le.Unlock(c)
 }
+
+// A value the server refuses in a statement of several claims (a tick of
+// year 0, which only a caller past Tick's checks could send) fails no
+// other claim: the claims are sent again alone, and the free key queued
+// with it is acquired.
+func TestQueuedClaimWithARefusedValueFailsNoOther(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.locker(pgleasetest.DB(t, 2))
+	count := countClaims(l)
+	c := ctx(t)
+	free, err := l.takeSlot(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var plainErr, oddErr error
+	wg.Go(func() { plainErr = lockUnlock(c, l, "plain") })
+	wg.Go(func() {
+		odd := store.ClaimArgs{Claimant: l.claimant, Key: "odd", Token: 1, Tick: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC), HasTick: true}
+		_, _, oddErr = l.sendClaim(c, time.Now().Add(time.Minute), odd)
+	})
+	waitQueued(t, l, 2)
+	free()
+	wg.Wait()
+	if plainErr != nil {
+		t.Fatalf("the claim queued with a refused value: %v", plainErr)
+	}
+	if oddErr != nil { // alone, its tick is sent in binary, which the server takes
+		t.Fatalf("the claim with the value, sent again alone: %v", oddErr)
+	}
+	if singles, batches := count.counts(); len(batches) != 1 || singles != 2 {
+		t.Fatalf("statements: %d single, batches %v; want the batch, then each claim alone", singles, batches)
+	}
+}
