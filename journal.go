@@ -118,10 +118,12 @@ func (le *Lease) witnessTold(why lossReason) {
 
 // witnessLoss journals, once per lease, that its holder unlocked it after
 // losing it: the time its run really ended, when Unlock was called (the
-// store's JournalLost). The first
-// attempt is bounded by the release timeout; if it fails, the row is
-// retried in the background until it lands or the Locker closes (see
-// retryWitness), so that the journal's Audit sees the run end where it did.
+// store's JournalLost). The first attempt runs under ctx, Unlock's release
+// context: it takes what is left of the release timeout, so that Unlock
+// stays bounded by it (after a release that used it all, nothing). If it
+// fails, the row is retried in the background until it lands or the Locker
+// closes (see retryWitness), so that the journal's Audit sees the run end
+// where it did.
 func (le *Lease) witnessLoss(ctx context.Context, o Outcome, called time.Time) {
 	l := le.locker
 	if l.cfg.journalOff {
@@ -151,11 +153,10 @@ func (le *Lease) retryWitness(o Outcome, at time.Time) {
 }
 
 // writeWitness writes one lost row dated at (the store's JournalLost), with
-// OutcomeLost if the run records an outcome.
+// OutcomeLost if the run records an outcome, under ctx: the caller bounds
+// it (Unlock's release context, or a background attempt's budget).
 func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) error {
 	l := le.locker
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
-	defer cancel()
 	if err := l.store.JournalLost(ctx, le.key, l.holder, le.fence, le.token, o != "", at); err != nil {
 		return err
 	}

@@ -46,6 +46,14 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	called := time.Now()
 	le.unlockMu.Lock()
 	defer le.unlockMu.Unlock()
+	l := le.locker
+	// The release, and the witness of a loss, outlive ctx's cancellation
+	// (its values, such as a trace span, are kept): a scheduler cancels a
+	// run's context when it shuts down, possibly while the deferred Unlock
+	// is in flight, and a release cut short would leave the key blocked
+	// until the lease expires. Both share the release timeout.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	defer cancel()
 	switch st, err := le.beginUnlock(); st {
 	case stateLost:
 		le.witnessLoss(ctx, o, called)
@@ -53,13 +61,6 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 	case stateReleased:
 		return nil
 	}
-	l := le.locker
-	// The release outlives ctx's cancellation (its values, such as a trace
-	// span, are kept): a scheduler cancels a run's context when it shuts
-	// down, possibly while the deferred Unlock is in flight, and a release
-	// cut short would leave the key blocked until the lease expires.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
-	defer cancel()
 	ctx, end := l.obs.span(ctx, "release", le.key)
 	var released bool
 	free, err := l.takeSlot(ctx)

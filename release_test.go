@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,5 +321,71 @@ func TestWritesScopedByClaimToken(t *testing.T) {
 	<-le.Done()
 	if r, _ := f.row("job"); !r.Live || r.Released {
 		t.Fatalf("the other claim's lease must be untouched: %+v", r)
+	}
+}
+
+// hangStatements is a backend whose listed statements hang until their
+// context ends, as on a server that stopped answering; it counts the
+// attempts of each.
+type hangStatements struct {
+	backend
+	hang map[string]*atomic.Int32
+}
+
+func (h *hangStatements) wait(ctx context.Context, q string) bool {
+	n, ok := h.hang[q]
+	if ok {
+		n.Add(1)
+		<-ctx.Done()
+	}
+	return ok
+}
+
+func (h *hangStatements) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if h.wait(ctx, q) {
+		return 0, ctx.Err()
+	}
+	return h.backend.Exec(ctx, q, args...)
+}
+
+func (h *hangStatements) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	if h.wait(ctx, q) {
+		return ctx.Err()
+	}
+	return h.backend.Query(ctx, q, args, each)
+}
+
+// An Unlock whose release hangs past the local deadline returns the loss
+// within the release timeout: the witness of the run's end gets what is
+// left of it (here nothing) and is retried in the background, rather than
+// a release timeout of its own (Unlock used to take twice the timeout).
+func TestUnlockPastTheDeadlineStaysWithinTheReleaseTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const rt = 2 * time.Second
+	a := f.replica(2, WithLeaseDuration(time.Second), WithReleaseTimeout(rt))
+	le, err := a.Lock(ctx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := a.store.SQL()
+	hang := &hangStatements{backend: a.store.DB, hang: map[string]*atomic.Int32{}}
+	for _, q := range []string{s.Release, s.JournalLost, s.Renew, s.RenewInline, s.ReleaseLost} {
+		hang.hang[q] = new(atomic.Int32)
+	}
+	a.store.DB = hang
+	start := time.Now()
+	err = le.Unlock(context.Background())
+	took := time.Since(start)
+	if !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Unlock, its release stuck past the deadline: %v; want the loss", err)
+	}
+	if hang.hang[s.JournalLost].Load() == 0 {
+		t.Fatal("Unlock returned the loss without trying to journal the run's end")
+	}
+	// The release alone takes the whole timeout; half of it more absorbs a
+	// loaded machine's scheduling, and is well short of a second timeout.
+	if took > rt*3/2 {
+		t.Fatalf("Unlock took %v, release timeout %v", took, rt)
 	}
 }
