@@ -41,7 +41,8 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 
 	unlockMu  sync.Mutex    // serialises Unlock calls
-	witnessed bool          // the end of the run after a loss is journaled (under mu)
+	witnessed bool          // the run's end (when its holder stopped) is journaled (under mu)
+	stopped   time.Time     // when the first Unlock or Close began on it: see stopAt (under mu)
 	stopTie   func() bool   // undoes endWith, once the lease has ended
 	term      chan struct{} // closed when the Run term leading with it returns; nil outside Run (under mu)
 
@@ -151,7 +152,8 @@ func (le *Lease) Context() context.Context { return le.ctx }
 
 // Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
 // loss; ErrUnlocked once Unlock or Close has begun (then the loss, if the
-// release finds the lease already lost: Unlock returns it too).
+// release finds the lease already lost: Unlock returns it too; not if a
+// retry, after a failed release, finds it expired).
 func (le *Lease) Err() error {
 	le.mu.Lock()
 	defer le.mu.Unlock()
@@ -253,6 +255,28 @@ func (le *Lease) beginUnlock() (leaseState, error) {
 		le.cancel(ErrUnlocked)
 	}
 	return st, err
+}
+
+// stopAt is when the lease's holder stopped, as the journal dates the run's
+// end: when the first Unlock (or Close) that reached it was called — the
+// first to find it held closed Done then — given that this call's time is
+// t. Later calls (a retry after a failed release, a second Unlock) reuse it.
+func (le *Lease) stopAt(t time.Time) time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.stopped.IsZero() {
+		le.stopped = t
+	}
+	return le.stopped
+}
+
+// endJournaled records that a release journaled the run's end (a released
+// or a lost row, dated by stopAt): an Unlock after a loss has nothing left
+// to witness.
+func (le *Lease) endJournaled() {
+	le.mu.Lock()
+	le.witnessed = true
+	le.mu.Unlock()
 }
 
 // beginTerm marks the lease as led by a Run term until the channel it

@@ -25,12 +25,17 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //   - After a loss it returns the loss (an error wrapping ErrLeaseLost) and
 //     changes nothing; a late Unlock never touches another holder's lease.
 //   - If the server cannot be reached, the error says so; the lease is no
-//     longer renewed and expires by itself. Calling Unlock again retries.
+//     longer renewed and expires by itself. Calling Unlock again retries:
+//     nil if the retry releases the lease or finds it expired or released
+//     (no loss: its holder stopped at the first Unlock, when Done closed).
 //   - On a nil *Lease (a deferred Unlock placed before the claim's error
 //     check) it returns an error instead of panicking.
-//   - With the journal on (WithJournal), an Unlock after a loss journals
-//     when the holder stopped (a lost row), once: the end of a run that
-//     outlived its lease, which the journal's Audit needs to see an overlap.
+//   - With the journal on (WithJournal), a release that finds the lease
+//     gone dates the run's end (a lost row) at the first Unlock call, also
+//     on a retry (a released row is dated when it lands, the lease still
+//     held). An Unlock after a loss journals when the holder stopped (a
+//     lost row), once: the end of a run that outlived its lease, which the
+//     journal's Audit needs to see an overlap.
 func (le *Lease) Unlock(ctx context.Context) error {
 	if le == nil {
 		return errNilLease
@@ -40,38 +45,55 @@ func (le *Lease) Unlock(ctx context.Context) error {
 
 // unlock is Unlock, recording outcome o ("" for none) in the journal.
 func (le *Lease) unlock(ctx context.Context, o Outcome) error {
-	// The run ends when Unlock is called: Done closes then (beginUnlock),
-	// and the journal dates the run's end then, however long the release
-	// takes to get through.
+	// The run ends when Unlock is first called: Done closes then
+	// (beginUnlock), and the journal dates the run's end then (stopAt),
+	// however long the release takes to get through and however often it
+	// is retried.
 	called := time.Now()
 	le.unlockMu.Lock()
 	defer le.unlockMu.Unlock()
-	l := le.locker
 	// The release, and the witness of a loss, outlive ctx's cancellation
 	// (its values, such as a trace span, are kept): a scheduler cancels a
 	// run's context when it shuts down, possibly while the deferred Unlock
 	// is in flight, and a release cut short would leave the key blocked
 	// until the lease expires. Both share the release timeout.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), le.locker.cfg.releaseTimeout)
 	defer cancel()
-	switch st, err := le.beginUnlock(); st {
+	st, err := le.beginUnlock()
+	switch called = le.stopAt(called); st {
 	case stateLost:
 		le.witnessLoss(ctx, o, called)
 		return err
 	case stateReleased:
 		return nil
 	}
-	ctx, end := l.obs.span(ctx, "release", le.key)
-	var released bool
-	free, err := l.takeSlot(ctx)
-	if err == nil {
-		released, err = l.store.Release(ctx, l.releaseArgs(le, o, called))
-		free()
-	}
+	ctx, end := le.locker.obs.span(ctx, "release", le.key)
+	released, err := le.release(ctx, o, called)
 	end(rowsErr(released, err))
+	return le.settleRelease(ctx, st, o, called, released, err)
+}
+
+// release sends the release statement, dating the run's end at called.
+func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (bool, error) {
+	l := le.locker
+	free, err := l.takeSlot(ctx)
+	if err != nil {
+		return false, err
+	}
+	released, err := l.store.Release(ctx, l.releaseArgs(le, o, called))
+	free()
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(1)
+		le.endJournaled()
 	}
+	return released, err
+}
+
+// settleRelease ends the unlock of a lease found in state st (held, or
+// abandoned by a failed release) once its release came back, and returns
+// Unlock's error.
+func (le *Lease) settleRelease(ctx context.Context, st leaseState, o Outcome, called time.Time, released bool, err error) error {
+	l := le.locker
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
@@ -85,6 +107,14 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
 			l.table.WrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
+	case !released && st == stateAbandoned:
+		// A retry: the first release failed and said the lease would
+		// expire by itself. Its holder stopped at the first Unlock, when
+		// Done closed, before the deadline: no loss.
+		le.endUnlock(stateReleased)
+		l.log.InfoContext(ctx, "pglease: Unlock retried: the lease had already expired or been released",
+			withTrace(ctx, "key", le.key, "holder", l.holder, "fence", le.fence)...)
+		return nil
 	case !released:
 		le.finishLost(ctx, stateUnlocking, "at Unlock the lease was already expired, released or taken over", lossUnlock)
 		return le.lostErr()
@@ -123,17 +153,7 @@ func (l *Locker) waitTerms(leases []*Lease) {
 // terms leading with any of them have returned (see waitTerms); the
 // statement is bounded by the release timeout.
 func (l *Locker) releaseMany(leases []*Lease) error {
-	batch := leases[:0:0]
-	for _, le := range leases {
-		// Serialise with a concurrent Unlock of the same lease: it waits for
-		// this release and then finds the lease released.
-		le.unlockMu.Lock()
-		if st, _ := le.beginUnlock(); st == stateHeld || st == stateAbandoned {
-			batch = append(batch, le)
-		} else {
-			le.unlockMu.Unlock()
-		}
-	}
+	batch, retried := beginMany(leases)
 	defer func() {
 		for _, le := range batch {
 			le.unlockMu.Unlock()
@@ -149,31 +169,66 @@ func (l *Locker) releaseMany(leases []*Lease) error {
 	if !l.cfg.journalOff {
 		now := time.Now()
 		for i, le := range batch {
-			refs[i].At = le.serverTime(now)
+			refs[i].At = le.serverTime(le.stopAt(now))
 		}
 	}
 	released, err := l.store.ReleaseMany(ctx, l.holder, refs)
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(int64(len(batch))) // a released or a lost row each
+		for _, le := range batch {
+			le.endJournaled()
+		}
 	}
+	if err != nil {
+		for _, le := range batch {
+			le.endUnlock(stateAbandoned)
+		}
+		return fmt.Errorf("%w; %d leases are no longer renewed and expire by themselves",
+			l.table.WrapDB("close", err), len(batch))
+	}
+	return l.settleMany(ctx, batch, retried, released)
+}
+
+// beginMany begins the unlock of the leases held or abandoned (by a failed
+// release: retried) among leases, and returns them with their unlockMu
+// locked: a concurrent Unlock of one of them waits for Close's release and
+// then finds the lease released.
+func beginMany(leases []*Lease) (batch []*Lease, retried map[*Lease]bool) {
+	retried = make(map[*Lease]bool)
+	for _, le := range leases {
+		le.unlockMu.Lock()
+		switch st, _ := le.beginUnlock(); st {
+		case stateAbandoned:
+			retried[le] = true
+			fallthrough
+		case stateHeld:
+			batch = append(batch, le)
+		default:
+			le.unlockMu.Unlock()
+		}
+	}
+	return batch, retried
+}
+
+// settleMany ends the unlock of each lease of batch once Close's release
+// came back: released, or lost if it was gone — unless a failed release
+// had already abandoned it (retried): its holder stopped then, before the
+// deadline, so the lease expiring since is no loss (as for Unlock).
+func (l *Locker) settleMany(ctx context.Context, batch []*Lease, retried map[*Lease]bool, released map[string]int64) error {
 	var lost []error
 	for _, le := range batch {
 		switch f, ok := released[le.key]; {
-		case err != nil:
-			le.endUnlock(stateAbandoned)
 		case ok && f == le.fence:
 			le.endUnlock(stateReleased)
 			l.obs.released(le, 1)
+		case retried[le]:
+			le.endUnlock(stateReleased)
 		default:
 			le.finishLost(ctx, stateUnlocking, "at Close the lease was already expired, released or taken over", lossUnlock)
 			if err := le.lostErr(); err != nil {
 				lost = append(lost, err)
 			}
 		}
-	}
-	if err != nil {
-		return fmt.Errorf("%w; %d leases are no longer renewed and expire by themselves",
-			l.table.WrapDB("close", err), len(batch))
 	}
 	return errors.Join(lost...)
 }

@@ -389,3 +389,125 @@ func TestUnlockPastTheDeadlineStaysWithinTheReleaseTimeout(t *testing.T) {
 		t.Fatalf("Unlock took %v, release timeout %v", took, rt)
 	}
 }
+
+// gatedRelease is a backend whose release statement fails while fail is
+// set, as if the connection broke, and otherwise first calls before (if
+// set) and then runs.
+type gatedRelease struct {
+	backend
+	release string
+	fail    atomic.Bool
+	before  func()
+}
+
+func (s *gatedRelease) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if q == s.release && s.fail.Load() {
+		return 0, errors.New("simulated: connection reset by peer")
+	}
+	if q == s.release && s.before != nil {
+		s.before()
+	}
+	return s.backend.Exec(ctx, q, args...)
+}
+
+// endedAfter returns the journal rows of key's run with fence that are
+// dated after the grant of the run with fence next ("event at" each): an
+// end of the earlier run dated there reads, to Audit, as an overlap.
+func (f *fixture) endedAfter(key string, fence, next int64) []string {
+	f.t.Helper()
+	rows, err := f.admin.QueryContext(ctx(f.t), `SELECT j.event, j.occurred_at FROM "`+f.table+`_journal" AS j, "`+f.table+`_journal" AS g
+		WHERE j.key = $1 AND j.fence = $2 AND g.key = $1 AND g.fence = $3 AND g.event = 'granted' AND j.occurred_at > g.occurred_at`,
+		key, fence, next)
+	if err != nil {
+		f.t.Fatalf("read journal: %v", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var ev string
+		var at time.Time
+		if err := rows.Scan(&ev, &at); err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, ev+" "+at.Format("15:04:05.000000"))
+	}
+	return out
+}
+
+// Unlock again after a failed release (as Unlock's doc says to), once the
+// lease has expired and another holder has the key: the holder stopped at
+// the first Unlock, when Done closed, so the retry reports no loss (no
+// ERROR, ErrUnlocked stays) and journals the run's end at the first call,
+// not after the other holder's grant (Audit read that as an overlap).
+func TestUnlockRetryFindingTheLeaseExpiredIsNoLoss(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	logs := &logs{}
+	a := f.replica(2, WithHolder("A"), WithLogger(slogLogger(logs)))
+	fail := &gatedRelease{backend: a.store.DB, release: a.store.SQL().Release}
+	a.store.DB = fail
+	b := f.replica(2, WithHolder("B"))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail.fail.Store(true)
+	if err := la.Unlock(c); err == nil || errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("first Unlock, its release failing: %v; want the failure", err)
+	}
+	f.expire("job")
+	var lb *Lease
+	waitFor(t, 10*time.Second, func() bool { lb, err = b.Lock(c, "job"); return err == nil })
+	fail.fail.Store(false)
+	if err := la.Unlock(c); err != nil {
+		t.Fatalf("the retried Unlock, the lease expired meanwhile: %v; want nil", err)
+	}
+	if err := la.Unlock(c); err != nil {
+		t.Fatalf("a third Unlock: %v; want nil", err)
+	}
+	if !errors.Is(la.Err(), ErrUnlocked) {
+		t.Fatalf("Err after the retry: %v; want ErrUnlocked", la.Err())
+	}
+	if rec, ok := logs.find(levelError, "lease lost"); ok {
+		t.Fatalf("the retry logged a loss: %v", rec)
+	}
+	if late := f.endedAfter("job", la.Fence(), lb.Fence()); len(late) > 0 {
+		t.Fatalf("A's run (fence %d) journaled as ending after B's grant: %v", la.Fence(), late)
+	}
+}
+
+// A second Unlock after one whose release landed past the local deadline
+// (the first returned the loss; its release journaled the run's end, dated
+// at the first call) returns the same loss and journals nothing more: a
+// lost row dated at the second call would read, to Audit, as a run that
+// outlived its lease into the next holder's.
+func TestASecondUnlockAfterALateReleaseJournalsNothingMore(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	a := f.replica(2, WithLeaseDuration(time.Second), WithReleaseTimeout(10*time.Second), WithHolder("A"))
+	late := &gatedRelease{backend: a.store.DB, release: a.store.SQL().Release}
+	a.store.DB = late
+	b := f.replica(2, WithHolder("B"))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The release goes out once the deadline has passed.
+	late.before = func() { waitFor(t, 10*time.Second, func() bool { return errors.Is(la.Err(), ErrLeaseLost) }) }
+	if err := la.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("first Unlock, its release sent past the deadline: %v; want the loss", err)
+	}
+	lb := takeOver(t, c, b, "job", 10*time.Second, la)
+	before := f.journal("job")
+	if err := la.Unlock(c); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("second Unlock: %v; want the loss again", err)
+	}
+	if got := f.journal("job"); len(got) != len(before) {
+		t.Fatalf("the second Unlock journaled a row:\n before %v\n after  %v", before, got)
+	}
+	if late := f.endedAfter("job", la.Fence(), lb.Fence()); len(late) > 0 {
+		t.Fatalf("A's run (fence %d) journaled as ending after B's grant: %v", la.Fence(), late)
+	}
+}

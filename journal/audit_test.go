@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // heldRun starts a Do run on key that keeps running — ignoring its lease's
@@ -199,5 +200,49 @@ func TestAuditForceRelock(t *testing.T) {
 	}
 	if len(res.Findings) != 1 || res.Findings[0].OverlapsFence != 1 || res.Findings[0].Fence != 3 || res.Findings[0].Cause != CauseForceRelease {
 		t.Fatalf("findings: %+v", res.Findings)
+	}
+}
+
+// Unlock's doc: if the server cannot be reached, "calling Unlock again
+// retries". A retry made after the lease expired and another replica took
+// the key finds it gone: its holder stopped at the first Unlock (Done
+// closed then), so the retry reports no loss and the journal dates the
+// run's end at the first call. Audit finds nothing (it used to find a
+// past-deadline overlap: the end was dated at the retry).
+func TestAuditUnlockRetriedAfterExpiry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	// A release timeout well short of the lease: the first release fails
+	// before the deadline, not past it.
+	a := f.locker(proxy.DB(t, 2), pglease.WithLeaseDuration(3*time.Second), pglease.WithReleaseTimeout(300*time.Millisecond), pglease.WithHolder("A"))
+	b := f.replica(2, pglease.WithHolder("B"))
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Stall()
+	proxy.CloseConns()
+	if err := la.Unlock(c); err == nil || errors.Is(err, pglease.ErrLeaseLost) {
+		t.Fatalf("first Unlock through a stalled proxy: %v; want the failure", err)
+	}
+	proxy.Restore()
+	f.expireNow("job")
+	var lb *pglease.Lease
+	waitFor(t, 10*time.Second, func() bool { lb, err = b.Lock(c, "job"); return err == nil })
+	if err := la.Unlock(c); err != nil {
+		t.Fatalf("the retried Unlock: %v; want nil", err)
+	}
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Findings) > 0 {
+		t.Fatalf("Audit found %+v between A (fence %d), which stopped at its first Unlock, and B (fence %d)", res.Findings, la.Fence(), lb.Fence())
 	}
 }
