@@ -10,7 +10,9 @@ import (
 // This file holds the Locker's background clean-ups: statements that free
 // what a lease or a claim may still hold on the server when the code that
 // owned it could not (a lost reply, a local deadline). They run on the
-// Locker's wait group, so Close waits for them.
+// Locker's wait group, so Close waits for them (and, once it is closed, on
+// their caller's goroutine: a deadline timer's is held for Close, see
+// hold).
 
 // undoClaim releases, in the background, whatever a claim with this token
 // took, once the claim's outcome is known: the undo queues behind the
@@ -136,7 +138,8 @@ func (l *Locker) withTimeout(budget time.Duration, fn func(ctx context.Context) 
 }
 
 // background runs fn on the Locker's wait group, so Close waits for it; once
-// the Locker is closed it runs fn synchronously instead.
+// the Locker is closed it runs fn synchronously instead (a caller on a
+// goroutine of its own, a deadline timer, makes Close wait: see hold).
 func (l *Locker) background(fn func()) {
 	if !l.spawn(fn) {
 		fn()

@@ -181,13 +181,22 @@ func (le *Lease) deadlinePassed() {
 	if early { // renewed meanwhile; the timer was re-armed
 		return
 	}
+	// Close waits for what follows (once the Locker is closed, the release
+	// runs on this goroutine). The hold is taken before the lease can end,
+	// so Close, which ends every lease it found held, has not finished
+	// waiting yet. It is refused only after that, when a lease still held
+	// can only be one never handed out, which its claim releases.
+	done, ok := le.locker.hold()
+	defer done()
 	// Also while an Unlock is in flight: a release that cannot reach the
 	// server must not keep Done open past the deadline.
 	reason := "no successful renew before the local safety deadline; the server may expire the lease at any moment"
 	if le.finishLost(context.Background(), stateHeld, reason, lossDeadline) != nil {
 		// A renew may have reached the server with its reply lost: free
 		// the row rather than leave the key blocked for up to a lease.
-		le.locker.releaseInBackground(le)
+		if ok {
+			le.locker.releaseInBackground(le)
+		}
 		return
 	}
 	le.finishLost(context.Background(), stateUnlocking, reason, lossDeadline)

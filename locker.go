@@ -39,6 +39,10 @@ type Locker struct {
 	stop    context.CancelFunc
 	closed  bool
 	wg      sync.WaitGroup // the renewer and background clean-ups
+	// timers is the work of the leases' deadline timers, which run on
+	// goroutines of their own (see hold); drained: Close has waited for it.
+	timers  sync.WaitGroup
+	drained bool
 
 	prune pruner // the journal's retention (journal.go)
 
@@ -162,9 +166,25 @@ func (l *Locker) spawn(fn func()) bool {
 	return true
 }
 
+// hold makes Close wait, until release is called, for work on a goroutine
+// the Locker did not start (a lease's deadline timer: the release it starts
+// runs on that goroutine once the Locker is closed). Once Close has waited
+// for such work, it registers nothing and reports false: every lease Close
+// found held has ended by then.
+func (l *Locker) hold() (release func(), ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.drained {
+		return func() {}, false
+	}
+	l.timers.Add(1) // before Close's Wait, which sets drained (under mu) first
+	return l.timers.Done, true
+}
+
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups in flight (each given the release timeout from then),
+// background clean-ups in flight (each given the release timeout from then;
+// so is the release of a lease whose local deadline passes meanwhile),
 // closes the Done channels of the leases the Locker holds (ErrUnlocked as
 // the cause), waits for Election.Run's terms on them to return (at most the
 // release timeout, so that no next leader is granted while one still runs),
@@ -187,5 +207,10 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	l.wg.Wait()
-	return l.releaseMany(held)
+	err := l.releaseMany(held)
+	l.mu.Lock()
+	l.drained = true
+	l.mu.Unlock()
+	l.timers.Wait()
+	return err
 }

@@ -320,3 +320,60 @@ func TestReclaimWaitsForTheEvictedLeaseToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// hangReleaseLost is a backend whose ReleaseLost statement (the release of
+// a lease given up at its deadline) hangs until its context ends, counting
+// the statements started and still running.
+type hangReleaseLost struct {
+	backend
+	releaseLost       string
+	started, inFlight atomic.Int32
+}
+
+func (h *hangReleaseLost) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if q != h.releaseLost {
+		return h.backend.Exec(ctx, q, args...)
+	}
+	h.inFlight.Add(1)
+	defer h.inFlight.Add(-1)
+	h.started.Add(1)
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// A lease's local deadline passes while Close waits for a clean-up in
+// flight: the release that the deadline starts runs on the timer's
+// goroutine (the Locker is closed), and Close waits for it too — it leaves
+// no statement running on the caller's pool (it used to return while the
+// release still ran).
+func TestCloseWaitsForTheReleaseOfADeadlinePassedMeanwhile(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	// 3 connections: 2 claim slots, one for the clean-up, one for the release.
+	l := f.replica(3, WithLeaseDuration(time.Second), WithReleaseTimeout(3*time.Second))
+	h := &hangReleaseLost{backend: l.store.DB, releaseLost: l.store.SQL().ReleaseLost}
+	l.store.DB = h
+	le, err := l.Lock(ctx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A clean-up that Close waits for, until the deadline's release has
+	// started (or its own release timeout ends).
+	l.retryInBackground("a clean-up in flight", "other", 0, 0, func(ctx context.Context) error {
+		for h.started.Load() == 0 && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	})
+	_ = l.Close() // stops the renewer: the deadline passes during Close
+	if h.started.Load() == 0 {
+		t.Fatalf("the deadline's release never started (lease Err %v): the test proves nothing", le.Err())
+	}
+	if n := h.inFlight.Load(); n > 0 {
+		waitFor(t, 10*time.Second, func() bool { return h.inFlight.Load() == 0 }) // for the leak check
+		t.Fatalf("Close returned while %d release(s) of a lease lost at its deadline still ran on the Locker's pool", n)
+	}
+	if !errors.Is(le.Err(), ErrLeaseLost) {
+		t.Fatalf("lease Err after its deadline passed in Close: %v", le.Err())
+	}
+}
