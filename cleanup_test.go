@@ -214,6 +214,57 @@ func TestUndoLooksAgainForALateClaim(t *testing.T) {
 	}
 }
 
+// An undo waits for the key's claim lock, then reads what the claim
+// committed, under a default isolation of repeatable read too: a snapshot
+// taken before the wait would miss the claimed row, and that claim, which
+// nobody renews, would hold the key for a lease. The claim in flight is
+// played by hand: a transaction holding the key's claim lock inserts the
+// row, and commits once the undo waits for the lock.
+func TestUndoUnderRepeatableReadSeesTheClaimItWaitedFor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	l := f.locker(isolatedDB(t, "repeatable read"))
+	const key, token = "job", 77
+	claim, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Rollback()
+	if _, err := claim.ExecContext(c, l.store.SQL().AbandonLock, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claim.ExecContext(c, `INSERT INTO "`+f.table+`" (key, holder, token, fence, acquired_at, expires_at)
+		VALUES ($1, $2, $3, 1, now(), now() + interval '1 hour')`, key, l.Holder(), token); err != nil {
+		t.Fatal(err)
+	}
+	type undone struct {
+		n   int64
+		err error
+	}
+	done := make(chan undone, 1)
+	go func() {
+		n, err := l.store.Abandon(c, key, l.Holder(), token)
+		done <- undone{n, err}
+	}()
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND query = $1`,
+			l.store.SQL().AbandonLock).Scan(&n)
+		return err == nil && n == 1
+	})
+	if err := claim.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil || got.n != 1 {
+		t.Fatalf("undo after the claim committed: %d rows, %v; want 1", got.n, got.err)
+	}
+	if r, _ := f.row(key); !r.Released {
+		t.Fatalf("the undone claim still holds the key: %+v", r)
+	}
+}
+
 // slowUndo holds every undo transaction of a Locker's store (those that
 // take the key's claim lock) for hold before it reaches the server, or
 // until the undo's context ends: that attempt then fails, as one does on a

@@ -4,10 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/internal/store"
@@ -123,6 +127,81 @@ func TestMigrateOnANewerTableThatAllowsThisVersion(t *testing.T) {
 		t.Fatalf("Migrate on a newer table that recorded nothing: %v; want ErrSchemaTooNew", err)
 	}
 	exec(`DELETE FROM "`+table+`_version" WHERE version = $1`, next) // the cleanup's Drop accepts it again
+}
+
+// Replicas migrating at once serialise on the migration lock whatever the
+// database's default isolation: under repeatable read or serializable, a
+// Migrate that waited for the lock still sees the version rows committed
+// by the one before it (a snapshot taken before the wait would have it
+// apply them again: duplicate key on the version table). Half the replicas
+// use a pgx pool, half a *sql.DB; a fresh table and one a version behind.
+func TestConcurrentMigrateUnderStricterDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		for _, from := range []int{0, SchemaVersion() - 1} {
+			t.Run(fmt.Sprintf("%s/from%d", strings.ReplaceAll(iso, " ", "_"), from), func(t *testing.T) {
+				tbl := unmigrated(t)
+				c := ctx(t)
+				if from > 0 {
+					migrateTo(t, pgleasetest.DB(t, 1), tbl, from)
+				}
+				var wg sync.WaitGroup
+				errs := make(chan error, 6)
+				for i := 0; i < 6; i++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if i%2 == 0 {
+							errs <- Migrate(c, isolatedPool(t, iso), WithTable(tbl))
+						} else {
+							errs <- Migrate(c, isolatedDB(t, iso), WithTable(tbl))
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					if err != nil {
+						t.Errorf("concurrent Migrate under %s: %v", iso, err)
+					}
+				}
+				if v, err := SchemaVersionOf(c, pgleasetest.DB(t, 1), WithTable(tbl)); err != nil || v != SchemaVersion() {
+					t.Fatalf("version after: %d %v", v, err)
+				}
+			})
+		}
+	}
+}
+
+// isolatedDB is a *sql.DB (pgx's driver) of one connection whose
+// transactions default to the isolation level iso.
+func isolatedDB(t *testing.T, iso string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", pgleasetest.URL()+"&default_transaction_isolation="+url.PathEscape(iso))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// isolatedPool is a pgx pool of one connection whose transactions default
+// to the isolation level iso.
+func isolatedPool(t *testing.T, iso string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
 
 func TestSchemaSQLAndQualifiedTable(t *testing.T) {

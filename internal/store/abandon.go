@@ -8,7 +8,8 @@ import "context"
 // first waits for the key's claim lock (the advisory lock of class the
 // table's lock class and key hashtext(key)), which the claim holds until
 // it commits or rolls back — also while it is queued behind a fenced
-// transaction — so the second sees the claim's outcome and cannot run
+// transaction — so the second, whose snapshot is taken after that wait
+// (InTx is READ COMMITTED), sees the claim's outcome and cannot run
 // before it (a ghost claim nobody renews would block the key for a lease).
 // A released row is notified as releaseSQL's are.
 //

@@ -43,7 +43,11 @@ type Backend interface {
 	Query(ctx context.Context, sql string, args []any, each func(scan func(dest ...any) error) error) error
 	// Exec runs a statement and returns the number of rows it affected.
 	Exec(ctx context.Context, sql string, args ...any) (int64, error)
-	// InTx runs fn in one transaction, committed when fn returns nil.
+	// InTx runs fn in one transaction, committed when fn returns nil. The
+	// transaction is READ COMMITTED whatever the server's default
+	// (default_transaction_isolation): its callers take a lock, then read
+	// what the holder of that lock committed, which a statement sees only
+	// if it takes its own snapshot (schemaTx, Abandon).
 	InTx(ctx context.Context, fn func(b Backend) error) error
 	// ListenConfig returns the settings of a connection that can LISTEN,
 	// to open one outside the pool; nil if the driver cannot (lib/pq).

@@ -17,6 +17,11 @@ type pgxLike interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// txStarter is what *pgxpool.Pool and *pgx.Conn have that pgx.Tx lacks.
+type txStarter interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
 type pgxBackend struct{ q pgxLike }
 
 func (b pgxBackend) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
@@ -60,8 +65,16 @@ func (b pgxBackend) Exec(ctx context.Context, q string, args ...any) (int64, err
 	return tag.RowsAffected(), nil
 }
 
+// InTx begins the transaction READ COMMITTED (see Backend.InTx); in a
+// transaction already (a pgx.Tx) it is a savepoint of that transaction.
 func (b pgxBackend) InTx(ctx context.Context, fn func(Backend) error) error {
-	tx, err := b.q.Begin(ctx)
+	var tx pgx.Tx
+	var err error
+	if c, ok := b.q.(txStarter); ok {
+		tx, err = c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	} else {
+		tx, err = b.q.Begin(ctx)
+	}
 	if err != nil {
 		return err
 	}

@@ -71,12 +71,13 @@ func (b sqlBackend) Exec(ctx context.Context, q string, args ...any) (int64, err
 	return res.RowsAffected()
 }
 
+// InTx begins the transaction READ COMMITTED (see Backend.InTx).
 func (b sqlBackend) InTx(ctx context.Context, fn func(Backend) error) error {
 	db, ok := b.q.(*sql.DB)
 	if !ok {
 		return errors.New("pglease: nested transaction")
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return err
 	}

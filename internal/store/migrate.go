@@ -187,6 +187,8 @@ func (s *Store) Version(ctx context.Context) (int, error) {
 }
 
 // schemaTx runs fn in one transaction holding the table's migration lock.
+// The transaction is READ COMMITTED (InTx): fn's statements read what the
+// previous holder of the lock committed.
 func (s *Store) schemaTx(ctx context.Context, fn func(tx Backend) error) error {
 	return s.DB.InTx(ctx, func(tx Backend) error {
 		if _, err := tx.Exec(ctx, s.sql.MigrateLock, s.names.Quoted); err != nil {
