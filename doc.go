@@ -116,8 +116,9 @@
 //
 // # Waiting
 //
-// Releases notify "<fence> <key>" on a channel derived from the table name,
-// in the releasing statement. Each Locker opens one listening connection,
+// Releases notify "<fence> <key>" on a channel derived from the table name
+// as spelled (so every replica must spell it alike: see WithTable), in the
+// releasing statement. Each Locker opens one listening connection,
 // outside its pool, while a caller waits (Acquire, Campaign, Observe), proves
 // it delivers with a probe, and wakes that key's waiters. Waiters also wake
 // at the current lease's expiry, which the claim's reply gives on the

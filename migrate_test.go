@@ -173,6 +173,39 @@ func TestConcurrentMigrateUnderStricterDefaultIsolation(t *testing.T) {
 	}
 }
 
+// Replicas spelling one table two ways ("public.t" and "t") and migrating
+// it at once take the same migration lock: one creates the table, the
+// others find it done (different locks let two create it together:
+// duplicate key on pg_type's name index).
+func TestConcurrentMigrateOfOneTableSpelledTwoWays(t *testing.T) {
+	t.Parallel()
+	for round := 0; round < 4; round++ {
+		tbl := unmigrated(t)
+		c := ctx(t)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for i := 0; i < 8; i++ {
+			name := tbl
+			if i%2 == 0 {
+				name = "public." + tbl
+			}
+			db := pgleasetest.DB(t, 1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- Migrate(c, db, WithTable(name))
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("round %d: concurrent Migrate: %v", round, err)
+			}
+		}
+	}
+}
+
 // isolatedDB is a *sql.DB (pgx's driver) of one connection whose
 // transactions default to the isolation level iso.
 func isolatedDB(t *testing.T, iso string) *sql.DB {

@@ -126,6 +126,16 @@ func WithSafetyMargin(d time.Duration) Option {
 // WithTable sets the lease table: "name" or "schema.name" (default
 // DefaultTable). It is always quoted, so it is case-sensitive; anything but
 // letters, digits and underscores is refused.
+//
+// Every replica, and the pglease command, must spell the table the same
+// way: "jobs" and "public.jobs" are one table to PostgreSQL, not to
+// pglease, which derives the table's notification channel and its claims'
+// advisory lock class from the name as spelled. Spelled two ways, a
+// release does not wake the waiters of the other spelling (nor tell an
+// evicted holder), who take the key only at its expiry or their next poll;
+// and the undo of a claim whose reply was lost does not wait for that claim
+// to finish, which may then keep the key, renewed by nobody, until it
+// expires. Migrate alone serialises on the table however it is spelled.
 func WithTable(name string) TableOption { return tableOption(name) }
 
 // WithHolder sets the holder id recorded in the table (default: host name,

@@ -9,10 +9,16 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// migrateLockSQL serialises Migrate and Drop across replicas for the rest
-// of their transaction (a transaction-scoped advisory lock: released at
-// COMMIT, no connection pinned afterwards). $1 is the quoted table name.
-const migrateLockSQL = `SELECT pg_advisory_xact_lock(1885827941, hashtext($1))`
+// migrateLockSQL serialises Migrate and Drop of one table across replicas
+// for the rest of their transaction (a transaction-scoped advisory lock:
+// released at COMMIT, no connection pinned afterwards). Its key is the
+// table's name resolved on the server, so that every spelling of one table
+// ("t", "public.t") takes the same lock: an unqualified name is completed
+// with the schema that CREATE TABLE puts it in, current_schema().
+//
+//	$1 the schema as given, '' for an unqualified name; $2 the table
+const migrateLockSQL = `SELECT pg_advisory_xact_lock(1885827941,
+	hashtext(format('%I.%I', coalesce(nullif($1::text, ''), current_schema()::text, ''), $2::text)))`
 
 // versionTableSQL creates the version table: one row per migration
 // applied.
@@ -191,7 +197,7 @@ func (s *Store) Version(ctx context.Context) (int, error) {
 // previous holder of the lock committed.
 func (s *Store) schemaTx(ctx context.Context, fn func(tx Backend) error) error {
 	return s.DB.InTx(ctx, func(tx Backend) error {
-		if _, err := tx.Exec(ctx, s.sql.MigrateLock, s.names.Quoted); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.MigrateLock, s.names.Schema, s.names.Table); err != nil {
 			return err
 		}
 		return fn(tx)

@@ -19,8 +19,12 @@ const (
 	DefaultChannel   = "pglease_c0533ac085fea582"
 )
 
-// Names are a table's quoted names, its lock class and its channel.
+// Names are a table's names, as given and quoted, its lock class and its
+// channel.
 type Names struct {
+	// Schema and Table are the name's parts as given, unquoted: Schema is
+	// empty for an unqualified name.
+	Schema, Table string
 	// Quoted is the lease table's quoted name: `"table"` or
 	// `"schema"."table"`.
 	Quoted string
@@ -35,7 +39,8 @@ type Names struct {
 	JournalKeyIdx, NaturalKeyIdx string
 	// LockClass is the first key of the table's claims' advisory locks,
 	// and Channel the channel releases are notified on: both derived from
-	// Quoted, so that every replica using the table agrees on them.
+	// Quoted, the name as spelled, so that replicas agree on them only if
+	// they spell the table alike (pglease.WithTable says why that matters).
 	LockClass int32
 	Channel   string
 }
@@ -55,7 +60,13 @@ func NewNames(parts ...string) Names {
 	h.Write([]byte(quoted))
 	sum := h.Sum64()
 	last := parts[len(parts)-1]
+	schema := ""
+	if len(parts) > 1 {
+		schema = parts[0]
+	}
 	return Names{
+		Schema:        schema,
+		Table:         last,
 		Quoted:        quoted,
 		Prefix:        quoted[:len(quoted)-1],
 		Version:       ident("_version"),
