@@ -101,9 +101,11 @@ var ErrUnknownKey = errors.New("pglease: no lease row for this key")
 // ForceRelease waits for the holder's open fenced transactions to end (they
 // lock the row). Bound the wait with a deadline on ctx: the server then
 // stops waiting before it (lock_timeout, a quarter of the time left and at
-// least 100 ms earlier) and the error says that nothing was released. A
-// lease that is not live (released, expired) keeps its fence and only
-// loses a pending minimum hold: WasLive reports which.
+// least 100 ms earlier) and the error says that nothing was released. The
+// lease is judged, and the eviction dated, on the server clock once the
+// row is free: a lease that is not live then (released, or expired, also
+// while ForceRelease waited) keeps its fence and only loses a pending
+// minimum hold: WasLive reports which.
 func ForceRelease[D DB](ctx context.Context, db D, key string, opts ...TableOption) (ForceReleaseResult, error) {
 	if err := entry.CheckKey(key); err != nil {
 		return ForceReleaseResult{}, err

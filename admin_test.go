@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"slices"
 	"strings"
@@ -131,6 +132,111 @@ func TestForceReleaseBoundedBehindFencedTransaction(t *testing.T) {
 	if r, _ := f.row("job"); r.Released || r.Fence != le.Fence() {
 		t.Fatalf("the abandoned force release took effect later: %+v", r)
 	}
+}
+
+// ForceRelease dates an eviction after the fenced writes it waited for:
+// the holder's fenced transaction reads the server clock as its last
+// write, once the force release waits for the row, and commits; the
+// eviction (released_at, the journal's force-released row) comes later.
+func TestForceReleaseIsDatedAfterTheFencedWritesItWaitedFor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := pgleasetest.DB(t, 3)
+	c := ctx(t)
+	le, err := f.locker(db).Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); err != nil {
+		t.Fatal(err)
+	}
+	var wrote time.Time
+	r := forceReleaseBehind(t, f, tx, "job", func() error {
+		return tx.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&wrote)
+	})
+	if !r.WasLive || r.NewFence <= r.OldFence {
+		t.Fatalf("the live lease was not evicted: %+v", r)
+	}
+	var released, evicted time.Time
+	if err := f.admin.QueryRowContext(c, `SELECT l.released_at, j.occurred_at FROM "`+f.table+`" AS l
+		JOIN "`+f.table+`_journal" AS j ON j.key = l.key AND j.event = 'force-released' WHERE l.key = 'job'`).Scan(&released, &evicted); err != nil {
+		t.Fatal(err)
+	}
+	if !released.After(wrote) || !evicted.After(wrote) {
+		t.Fatalf("eviction dated %v (released_at %v), before the fenced write at %v", evicted, released, wrote)
+	}
+}
+
+// ForceRelease judges a lease on the clock of when it got the row: a lease
+// that expires while it waits for the holder's fenced transaction (which
+// moves the expiry to its own time, then commits) is not live then. It
+// keeps its fence, and the journal dates its end at the expiry.
+func TestForceReleaseJudgesTheLeaseWhenItGetsTheRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	if _, err := f.admin.ExecContext(c, `INSERT INTO "`+f.table+`" (key, holder, token, fence, acquired_at, expires_at)
+		VALUES ('job', 'h', 1, 7, clock_timestamp(), clock_timestamp() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	db := pgleasetest.DB(t, 1)
+	tx, err := db.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR KEY SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	r := forceReleaseBehind(t, f, tx, "job", func() error {
+		_, err := tx.ExecContext(c, `UPDATE "`+f.table+`" SET expires_at = clock_timestamp() WHERE key = 'job'`)
+		return err
+	})
+	if r.WasLive || r.OldFence != 7 || r.NewFence != 7 {
+		t.Fatalf("a lease expired when ForceRelease got the row: %+v; want not live, fence 7 kept", r)
+	}
+	var event string
+	var atExpiry bool
+	if err := f.admin.QueryRowContext(c, `SELECT j.event, j.occurred_at = l.expires_at FROM "`+f.table+`" AS l
+		JOIN "`+f.table+`_journal" AS j ON j.key = l.key WHERE l.key = 'job'`).Scan(&event, &atExpiry); err != nil {
+		t.Fatal(err)
+	}
+	if event != "expired" || !atExpiry {
+		t.Fatalf("journal: %s (at the expiry: %v); want expired, at the expiry", event, atExpiry)
+	}
+}
+
+// forceReleaseBehind force-releases key while tx, a transaction holding
+// key's row (FOR KEY SHARE, as a fenced one does), is open: once the force
+// release waits for the row, it runs last in tx and commits tx.
+func forceReleaseBehind(t *testing.T, f *fixture, tx *sql.Tx, key string, last func() error) ForceReleaseResult {
+	t.Helper()
+	type result struct {
+		r   ForceReleaseResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := ForceRelease(ctx(t), f.admin, key, WithTable(f.table))
+		done <- result{r, err}
+	}()
+	waitFor(t, 20*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%FOR UPDATE OF l%'`) == 1 })
+	if err := last(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	return got.r
 }
 
 // Force-releasing a lease that is not live evicts nobody and keeps the fence.

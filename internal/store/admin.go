@@ -21,7 +21,12 @@ import (
 //
 // It waits for open fenced transactions on the key (FOR UPDATE conflicts
 // with their FOR KEY SHARE): the evicted holder's writes in flight commit
-// before the eviction, never after.
+// before the eviction, never after. The clock is read once the row is
+// locked: now selects from old, so it runs only when old's FOR UPDATE has
+// returned the row as it stands after the wait, and it is read once (a
+// CTE with a volatile function is evaluated once). A lease that expired
+// during the wait is judged expired, and an eviction is dated after the
+// holder's last fenced write.
 //
 //	$1 key
 //
@@ -30,24 +35,24 @@ import (
 // Durability: durable. The operator is told the holder was evicted; a lost
 // eviction would bring that holder back.
 const forceReleaseSQL = `
-WITH now AS (SELECT clock_timestamp() AS ts),
-old AS (
-	SELECT l.key, l.holder, l.fence, l.token, l.expires_at, l.released_at,
-	       (l.released_at IS NULL AND l.expires_at > now.ts) AS live
-	FROM "pglease_leases" AS l, now WHERE l.key = $1 FOR UPDATE OF l
+WITH old AS (
+	SELECT l.key, l.holder, l.fence, l.token, l.expires_at, l.released_at
+	FROM "pglease_leases" AS l WHERE l.key = $1 FOR UPDATE OF l
 ),
+now AS (SELECT old.*, clock_timestamp() AS ts FROM old),
+seen AS (SELECT now.*, (now.released_at IS NULL AND now.expires_at > now.ts) AS live FROM now),
 r AS (
-	UPDATE "pglease_leases" AS l SET released_at = coalesce(l.released_at, now.ts), hold_until = NULL,
-		fence = CASE WHEN old.live THEN greatest(l.fence + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1) ELSE l.fence END
-	FROM old, now WHERE l.key = old.key
-	RETURNING l.key, old.fence AS old_fence, l.fence, old.holder, old.live
+	UPDATE "pglease_leases" AS l SET released_at = coalesce(l.released_at, seen.ts), hold_until = NULL,
+		fence = CASE WHEN seen.live THEN greatest(l.fence + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1) ELSE l.fence END
+	FROM seen WHERE l.key = seen.key
+	RETURNING l.key, seen.fence AS old_fence, l.fence, seen.holder, seen.live
 ),
 journal AS (
 	INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, expires_at)
-	SELECT old.key, old.fence, old.holder, old.token,
-	       CASE WHEN old.live THEN 'force-released' ELSE 'expired' END,
-	       CASE WHEN old.live THEN now.ts ELSE old.expires_at END, old.expires_at
-	FROM old, now WHERE old.live OR old.released_at IS NULL
+	SELECT seen.key, seen.fence, seen.holder, seen.token,
+	       CASE WHEN seen.live THEN 'force-released' ELSE 'expired' END,
+	       CASE WHEN seen.live THEN seen.ts ELSE seen.expires_at END, seen.expires_at
+	FROM seen WHERE seen.live OR seen.released_at IS NULL
 )
 SELECT r.holder, r.old_fence, r.fence, r.live, pg_notify('pglease_c0533ac085fea582', r.old_fence || ' ' || r.key)::text FROM r`
 
