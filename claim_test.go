@@ -674,3 +674,68 @@ func TestEndedAtTheDeadlineBeforeTheTimer(t *testing.T) {
 		t.Fatal("a cancelled context: not ended")
 	}
 }
+
+// TestContendedClaimsUnderAStricterDefaultIsolation: on a database whose
+// default isolation is REPEATABLE READ or SERIALIZABLE, claims racing for
+// one key (alone, and queued together in one statement) get the key or
+// ErrAlreadyLocked, never the server's serialization failure (40001), and
+// never two holders at once. Three Lockers (two pgx pools, one *sql.DB)
+// of three goroutines each.
+func TestContendedClaimsUnderAStricterDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		t.Run(strings.ReplaceAll(iso, " ", "-"), func(t *testing.T) {
+			f := newFixture(t)
+			c := ctx(t)
+			lockers := []*Locker{f.locker(isolatedDB(t, iso, 2))}
+			for range 2 {
+				l, err := New(isolatedPool(t, iso, 2), WithTable(f.table))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = l.Close() })
+				lockers = append(lockers, l)
+			}
+			var held, overlaps, wins atomic.Int64
+			errs := make(chan error, 9*60)
+			var wg sync.WaitGroup
+			for _, l := range lockers {
+				for range 3 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range 60 {
+							le, err := l.Lock(c, "hot")
+							if errors.Is(err, ErrAlreadyLocked) {
+								continue
+							}
+							if err != nil {
+								errs <- err
+								continue
+							}
+							if held.Add(1) > 1 {
+								overlaps.Add(1)
+							}
+							wins.Add(1)
+							held.Add(-1)
+							if err := le.Unlock(c); err != nil {
+								errs <- fmt.Errorf("unlock: %w", err)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("%v", err)
+			}
+			if overlaps.Load() != 0 {
+				t.Errorf("%d acquisitions while another goroutine held the key", overlaps.Load())
+			}
+			if wins.Load() == 0 {
+				t.Error("no claim took the key")
+			}
+		})
+	}
+}

@@ -224,7 +224,7 @@ func TestUndoUnderRepeatableReadSeesTheClaimItWaitedFor(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
-	l := f.locker(isolatedDB(t, "repeatable read"))
+	l := f.locker(isolatedDB(t, "repeatable read", 1))
 	const key, token = "job", 77
 	claim, err := f.admin.BeginTx(c, nil)
 	if err != nil {

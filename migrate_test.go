@@ -152,9 +152,9 @@ func TestConcurrentMigrateUnderStricterDefaultIsolation(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						if i%2 == 0 {
-							errs <- Migrate(c, isolatedPool(t, iso), WithTable(tbl))
+							errs <- Migrate(c, isolatedPool(t, iso, 1), WithTable(tbl))
 						} else {
-							errs <- Migrate(c, isolatedDB(t, iso), WithTable(tbl))
+							errs <- Migrate(c, isolatedDB(t, iso, 1), WithTable(tbl))
 						}
 					}()
 				}
@@ -208,26 +208,28 @@ func TestConcurrentMigrateOfOneTableSpelledTwoWays(t *testing.T) {
 
 // isolatedDB is a *sql.DB (pgx's driver) of one connection whose
 // transactions default to the isolation level iso.
-func isolatedDB(t *testing.T, iso string) *sql.DB {
+// isolatedDB and isolatedPool are pools of conns connections whose default
+// transaction isolation is iso.
+func isolatedDB(t *testing.T, iso string, conns int) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("pgx", pgleasetest.URL()+"&default_transaction_isolation="+url.PathEscape(iso))
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(conns)
 	t.Cleanup(func() { db.Close() })
 	return db
 }
 
 // isolatedPool is a pgx pool of one connection whose transactions default
 // to the isolation level iso.
-func isolatedPool(t *testing.T, iso string) *pgxpool.Pool {
+func isolatedPool(t *testing.T, iso string, conns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 1
+	cfg.MaxConns = conns
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -122,8 +122,10 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 		next = a.NextTick
 	}
 	c.args = [8]any{a.Key, a.holder, a.Token, a.leaseUS, tick, a.delayUS, next, a.CatchUp}
-	err := s.DB.QueryRow(ctx, s.sql.Claim, c.args[:],
-		&c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled)
+	err := againIfSerialization(ctx, func() error {
+		return s.DB.QueryRow(ctx, s.sql.Claim, c.args[:],
+			&c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled)
+	})
 	if errors.Is(err, ErrNoRows) {
 		return ClaimResult{Outcome: Busy}, nil
 	}
@@ -153,10 +155,18 @@ func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) 
 		c.holder, c.leaseUS, c.delayUS,
 	}
 	out := make([]ClaimResult, len(claims))
-	for i := range out {
-		out[i].Outcome = Busy
-	}
-	err := s.DB.Query(ctx, s.sql.ClaimMany, args, func(scan func(...any) error) error {
+	err := againIfSerialization(ctx, func() error {
+		for i := range out {
+			out[i] = ClaimResult{Outcome: Busy}
+		}
+		return s.claimMany(ctx, args, out)
+	})
+	return out, err
+}
+
+// claimMany sends ClaimMany's statement, filling out from its rows.
+func (s *Store) claimMany(ctx context.Context, args []any, out []ClaimResult) error {
+	return s.DB.Query(ctx, s.sql.ClaimMany, args, func(scan func(...any) error) error {
 		c := &claimCall{}
 		var i int64
 		if err := scan(&i, &c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled); err != nil {
@@ -168,8 +178,27 @@ func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) 
 		out[i-1] = c.result()
 		return nil
 	})
-	return out, err
 }
+
+// againIfSerialization runs a statement sent on its own (a transaction of
+// its own) again while it fails with a serialization failure (SQLSTATE
+// 40001), at most maxSerializationRuns times in all. On a database whose
+// default isolation is REPEATABLE READ or SERIALIZABLE, a claim that meets
+// a row another claim changed since its snapshot fails whole, having
+// changed nothing, where READ COMMITTED would have waited and read the row
+// again; a new run takes a new snapshot, and then finds the key held (or
+// takes it). Each failure means that another transaction changed the row
+// meanwhile, so runs again make progress.
+func againIfSerialization(ctx context.Context, run func() error) error {
+	err := run()
+	for n := 1; n < maxSerializationRuns && SQLState(err) == "40001" && ctx.Err() == nil; n++ {
+		err = run()
+	}
+	return err
+}
+
+// maxSerializationRuns bounds againIfSerialization.
+const maxSerializationRuns = 20
 
 // appendTime appends t as an array element, exact to the microsecond (the
 // server's precision), or NULL if !ok. t must lie in the years 1 to 9999
