@@ -457,6 +457,15 @@ func TestUnlockRetryFindingTheLeaseExpiredIsNoLoss(t *testing.T) {
 		t.Fatalf("first Unlock, its release failing: %v; want the failure", err)
 	}
 	f.expire("job")
+	// The journal dates A's stop at its estimate of the server's clock at
+	// the first Unlock, which errs late by the transit of A's claim (a
+	// loaded machine can make that long): B claims once the server's clock
+	// has passed it, so that the order checked below is that of the events.
+	stop := la.serverTime(la.stopAt(time.Time{}))
+	waitFor(t, 10*time.Second, func() bool {
+		var now time.Time
+		return f.admin.QueryRowContext(c, `SELECT clock_timestamp()`).Scan(&now) == nil && now.After(stop)
+	})
 	var lb *Lease
 	waitFor(t, 10*time.Second, func() bool { lb, err = b.Lock(c, "job"); return err == nil })
 	fail.fail.Store(false)
