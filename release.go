@@ -121,8 +121,8 @@ func (le *Lease) settleRelease(ctx context.Context, st leaseState, o Outcome, ca
 	}
 	le.endUnlock(stateReleased)
 	l.obs.released(le, 1)
-	// If the deadline passed while the release was in flight, Done already
-	// reported a loss; say the same here.
+	// If the deadline passed while the release was in flight, the lease was
+	// given up locally meanwhile (Err reports that loss); say the same here.
 	return le.lostErr()
 }
 
