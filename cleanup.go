@@ -68,7 +68,9 @@ func (l *Locker) releaseInBackground(le *Lease) {
 		if !l.cfg.journalOff {
 			at = le.serverTime(le.Deadline())
 		}
+		ctx, end := l.obs.span(ctx, "release", le.key)
 		err := l.store.ReleaseLost(ctx, le.key, l.holder, le.fence, le.token, at)
+		end(err)
 		if err == nil && !l.cfg.journalOff {
 			l.obs.journaled(1)
 		}

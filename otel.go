@@ -68,8 +68,10 @@ func WithMeterProvider(mp metric.MeterProvider) FenceTableOption {
 
 // WithTracerProvider starts a client span with tp for each claim, renew,
 // release and guard statement; the statement runs under it, and claim,
-// release and guard spans are children of the caller's span. Default: no
-// span. Spans are named "<operation> <table>" (the db.query.summary) and
+// Unlock's release and guard spans are children of the caller's span (the
+// releases of Close, one statement for all its leases and with no key
+// attribute, and of a lease given up at its local deadline are roots).
+// Default: no span. Spans are named "<operation> <table>" (the db.query.summary) and
 // carry db.system.name=postgresql, db.operation.name (claim, renew,
 // release, guard), db.collection.name (the table) and pglease.key; a failed
 // statement (a guard or release that finds the lease gone included) sets an

@@ -547,6 +547,35 @@ func TestTraces(t *testing.T) {
 	}
 }
 
+// TestCloseReleaseHasASpan: Close's release of all its leases, one
+// statement, runs under a release span of its own (no key: it carries
+// several), a root span.
+func TestCloseReleaseHasASpan(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rec, tp := newSpans(t)
+	a := f.replica(2, WithTracerProvider(tp))
+	c := ctx(t)
+	for _, k := range []string{"a", "b"} {
+		if _, err := a.Lock(c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, ok := findSpan(rec, "release "+f.table)
+	if !ok {
+		t.Fatal("no release span for Close")
+	}
+	if at := spanAttrs(s); at["pglease.key"] != "" || at["db.operation.name"] != "release" {
+		t.Errorf("Close's release span: %v", at)
+	}
+	if s.Parent().IsValid() || s.Status().Code != codes.Unset {
+		t.Errorf("Close's release span: parent %v, status %v; want a root span, no error", s.Parent(), s.Status())
+	}
+}
+
 func TestTraceErrors(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

@@ -172,7 +172,9 @@ func (l *Locker) releaseMany(leases []*Lease) error {
 			refs[i].At = le.serverTime(le.stopAt(now))
 		}
 	}
+	ctx, end := l.obs.span(ctx, "release", "")
 	released, err := l.store.ReleaseMany(ctx, l.holder, refs)
+	end(err)
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(int64(len(batch))) // a released or a lost row each
 		for _, le := range batch {
