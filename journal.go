@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pglease/internal/ctxsleep"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -165,16 +166,22 @@ func (le *Lease) writeWitness(ctx context.Context, o Outcome, at time.Time) erro
 }
 
 // Pruning. pruneEvery is how often each Locker tries to become the pruner,
-// the first time that long after New (so a short-lived Locker never prunes);
-// pruneBatch is how many rows one DELETE removes.
+// the first time at its first claim that takes a key (a fleet of
+// short-lived Lockers — New, one Do, Close — prunes too: the ledger lets
+// one of them per interval); pruneBatch is how many rows one DELETE
+// removes.
 const (
 	pruneEvery = 10 * time.Minute
 	pruneBatch = 500
 )
 
 // pruner is a Locker's pruning state: how often it tries (pruneEvery; tests
-// shorten it), when it last tried, and whether a pruning is running.
+// shorten it), when it last tried (zero: never), and whether a pruning is
+// running. Its store is its own, over the DB given to New: a test that wraps
+// the Locker's statements (store.DB) after its first claim, to count or
+// hold them back, neither sees the pruning nor races with it.
 type pruner struct {
+	store   *store.Store
 	mu      sync.Mutex
 	every   time.Duration
 	last    time.Time
@@ -185,7 +192,7 @@ type pruner struct {
 func (p *pruner) start(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.running || now.Sub(p.last) < p.every {
+	if p.running || (!p.last.IsZero() && now.Sub(p.last) < p.every) {
 		return false
 	}
 	p.running, p.last = true, now
@@ -217,19 +224,29 @@ func (l *Locker) maybePrune() {
 }
 
 // pruneJournal takes the pruning ledger for this interval if no other
-// Locker has, then deletes old rows batch by batch until none is left or
-// the Locker closes. Each statement borrows a connection and returns it.
+// Locker has, then deletes old rows batch by batch until none is left. Close
+// lets it go on for the release timeout, then cuts it short (the next
+// interval's pruner goes on): a Locker closed right after its first claim
+// prunes too. Each statement is bounded by the release timeout and borrows a
+// connection in a claim slot, leaving the renewer its own (see DB).
 func (l *Locker) pruneJournal() {
+	ctx, done := l.untilAfterClose(l.cfg.releaseTimeout)
+	defer done()
 	stmt := func(fn func(ctx context.Context) error) error {
-		ctx, cancel := context.WithTimeout(l.ctx, l.cfg.releaseTimeout)
+		ctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)
 		defer cancel()
+		free, err := l.takeSlot(ctx)
+		if err != nil {
+			return err
+		}
+		defer free()
 		return fn(ctx)
 	}
-	err := stmt(func(ctx context.Context) error { return l.store.ClaimPruning(ctx, l.prune.interval()) })
-	for err == nil && l.ctx.Err() == nil {
+	err := stmt(func(ctx context.Context) error { return l.prune.store.ClaimPruning(ctx, l.prune.interval()) })
+	for err == nil {
 		var n int64
 		err = stmt(func(ctx context.Context) (err error) {
-			n, err = l.store.Prune(ctx, l.cfg.retention, pruneBatch)
+			n, err = l.prune.store.Prune(ctx, l.cfg.retention, pruneBatch)
 			return err
 		})
 		l.obs.pruned(n)
@@ -237,8 +254,26 @@ func (l *Locker) pruneJournal() {
 			break
 		}
 	}
-	if err != nil && !errors.Is(err, errNoRows) && l.ctx.Err() == nil {
+	if err != nil && !errors.Is(err, errNoRows) && ctx.Err() == nil {
 		l.log.Warn("pglease: pruning the journal failed; the next attempt is in "+l.prune.interval().String(),
 			"holder", l.holder, "error", l.table.WrapDB("prune journal", err))
+	}
+}
+
+// untilAfterClose returns a context that ends grace after Close, or at done;
+// done returns once nothing it started runs.
+func (l *Locker) untilAfterClose(grace time.Duration) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	stop := context.AfterFunc(l.ctx, func() {
+		defer close(ended)
+		ctxsleep.For(ctx, grace)
+		cancel()
+	})
+	return ctx, func() {
+		cancel()
+		if !stop() {
+			<-ended
+		}
 	}
 }

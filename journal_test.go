@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // jrow is one journal row, as the tests compare them.
@@ -242,26 +244,19 @@ func TestJournalPrune(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	c := ctx(t)
+	f.seedJournal("old", 30*24*time.Hour, 100, 1333) // 1,234 rows: three batches
 	l := f.replica(2, WithJournalRetention(24*time.Hour))
-	if err := l.Do(c, "old", func(context.Context, *Lease) error { return nil }); err != nil { // its lease row
-		t.Fatal(err)
-	}
-	if _, err := f.admin.ExecContext(c, `INSERT INTO "`+f.table+`_journal" (key, fence, holder, token, event, occurred_at)
-		SELECT 'old', g, 'h', 1, 'granted', clock_timestamp() - interval '30 days' FROM generate_series(100, 1333) g`); err != nil {
-		t.Fatal(err)
-	}
 	other := f.replica(2, WithJournalRetention(24*time.Hour))
 	l.prune.mu.Lock()
-	l.prune.every, l.prune.last = time.Hour, time.Time{} // due at the first claim
+	l.prune.every = time.Hour
 	l.prune.mu.Unlock()
-	if _, err := l.Lock(c, "new"); err != nil {
+	if _, err := l.Lock(c, "new"); err != nil { // its first claim: prunes
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, func() bool { return len(f.journal("old")) == 2 }) // 1,234 old rows gone
+	waitFor(t, 30*time.Second, func() bool { return len(f.journal("old")) == 0 })
 	if got := f.journal("new"); len(got) != 1 {
 		t.Fatalf("a recent row was pruned: %v", got)
 	}
-	wantJournal(t, f.journal("old"), jrow{"granted", 1, l.holder, ""}, jrow{"released", 1, l.holder, "ok"})
 	// The ledger was taken for the hour: another Locker does not win it.
 	var one int
 	err := other.store.DB.QueryRow(c, other.store.SQL().ClaimPruning, []any{time.Hour.Microseconds()}, &one)
@@ -271,6 +266,115 @@ func TestJournalPrune(t *testing.T) {
 	if err := l.store.DB.QueryRow(c, l.store.SQL().ClaimPruning, []any{int64(0)}, &one); err != nil {
 		t.Fatalf("the ledger is free once the interval has passed: %v", err)
 	}
+}
+
+// A fleet of short-lived processes (cron on every host: New, one run,
+// Close) prunes the journal: a Locker tries at its first claim that takes a
+// key, and Close lets the pruning finish, so once the Lockers have closed
+// the rows past the retention are gone and the recent ones are kept.
+func TestShortLivedLockersPruneTheJournal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seedJournal("old", 30*24*time.Hour, 100, 199) // past the 24 h retention
+	f.seedJournal("old", time.Hour, 200, 209)       // within it
+	runShortLived(t, f, 3)
+	if n := f.journalOlderThan(24 * time.Hour); n != 0 {
+		t.Fatalf("%d journal rows past the retention after 3 short-lived Lockers closed: never pruned", n)
+	}
+	if n := len(f.journal("old")); n != 10 {
+		t.Fatalf("%d rows of 'old' left; want its 10 recent ones", n)
+	}
+}
+
+// Short-lived Lockers prune at most once per interval between them: the
+// ones that start within the interval of the last pruning leave the
+// ledger and the old rows alone; the first one after it prunes.
+func TestShortLivedLockersPruneOncePerInterval(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seedJournal("old", 30*24*time.Hour, 100, 199)
+	runShortLived(t, f, 1)
+	pruned := f.lastPruned()
+	if pruned == "-infinity" {
+		t.Fatal("a short-lived Locker did not take the pruning ledger")
+	}
+	f.seedJournal("old", 30*24*time.Hour, 300, 399)
+	runShortLived(t, f, 4) // concurrently, within the interval
+	if n := f.journalOlderThan(24 * time.Hour); n != 100 {
+		t.Fatalf("%d old rows left; want the 100 written after the interval's pruning", n)
+	}
+	if got := f.lastPruned(); got != pruned {
+		t.Fatalf("the pruning ledger was taken again within the interval: %v, then %v", pruned, got)
+	}
+	if _, err := f.admin.ExecContext(ctx(t), `UPDATE "`+f.table+`_journal_pruned"
+		SET last_pruned_at = last_pruned_at - interval '11 minutes'`); err != nil { // the interval passes
+		t.Fatal(err)
+	}
+	runShortLived(t, f, 1)
+	if n := f.journalOlderThan(24 * time.Hour); n != 0 {
+		t.Fatalf("%d old rows left after the interval passed", n)
+	}
+}
+
+// runShortLived runs n short-lived Lockers concurrently, each over a pool of
+// its own with a 24 h journal retention: New, one Lock and Unlock, Close.
+func runShortLived(t *testing.T, f *fixture, n int) {
+	t.Helper()
+	c := ctx(t)
+	errs := make(chan error, n)
+	for i := range n {
+		db := pgleasetest.DB(t, 2)
+		go func() {
+			l, err := New(db, WithTable(f.table), WithJournalRetention(24*time.Hour))
+			if err == nil {
+				var le *Lease
+				if le, err = l.Lock(c, fmt.Sprintf("cron-%d", i)); err == nil {
+					err = le.Unlock(c)
+				}
+				err = errors.Join(err, l.Close())
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// seedJournal gives key a lease row (claimed without the journal, so
+// without pruning) and journal rows of fences from..to, age old.
+func (f *fixture) seedJournal(key string, age time.Duration, from, to int) {
+	f.t.Helper()
+	c := ctx(f.t)
+	if err := f.replica(2, WithJournal(false)).Do(c, key, func(context.Context, *Lease) error { return nil }); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `INSERT INTO "`+f.table+`_journal" (key, fence, holder, token, event, occurred_at)
+		SELECT $1, g, 'h', 1, 'granted', clock_timestamp() - $2::bigint * interval '1 microsecond'
+		FROM generate_series($3::int, $4::int) g`, key, age.Microseconds(), from, to); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// journalOlderThan counts the journal rows older than age.
+func (f *fixture) journalOlderThan(age time.Duration) (n int) {
+	f.t.Helper()
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT count(*) FROM "`+f.table+`_journal"
+		WHERE occurred_at < clock_timestamp() - $1::bigint * interval '1 microsecond'`, age.Microseconds()).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// lastPruned reads the pruning ledger (-infinity: never pruned).
+func (f *fixture) lastPruned() (at string) {
+	f.t.Helper()
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT last_pruned_at::text FROM "`+f.table+`_journal_pruned"`).Scan(&at); err != nil {
+		f.t.Fatal(err)
+	}
+	return at
 }
 
 // The journal's growth per run, logged for docs/operating.md.

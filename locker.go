@@ -83,7 +83,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		narrow: make(chan struct{}, 1),
 	}
 	l.claimant = store.NewClaimant(l.holder, cfg.duration, cfg.failoverDelay)
-	l.prune.every, l.prune.last = pruneEvery, time.Now()
+	l.prune.every, l.prune.store = pruneEvery, t.Store(b, !cfg.journalOff)
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil
@@ -183,7 +183,8 @@ func (l *Locker) hold() (release func(), ok bool) {
 
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups in flight (each given the release timeout from then;
+// background clean-ups and the journal's pruning in flight (each given the
+// release timeout from then;
 // so is the release of a lease whose local deadline passes meanwhile),
 // closes the Done channels of the leases the Locker holds (ErrUnlocked as
 // the cause), waits for Election.Run's terms on them to return (at most the

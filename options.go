@@ -233,13 +233,16 @@ func WithJournal(on bool) Option {
 // WithJournalRetention sets how long journal rows are kept (default
 // DefaultJournalRetention; between a minute and ten years). Older rows are
 // deleted in the background, in batches of a few hundred, by one Locker at
-// a time: after one of its claims, a Locker whose last pruning attempt (or
-// whose creation) is more than ten minutes old tries to take the journal's
-// one-row pruning ledger; the first Locker in an interval wins (an UPDATE ... WHERE
-// last_pruned_at < now - interval) and deletes old rows batch by batch, each
-// in its own short transaction, until none is left or the Locker closes.
-// Lockers sharing a table should use the same retention: each prunes with
-// its own.
+// a time: after its first claim that takes a key, and then after such a
+// claim once its last attempt is more than ten minutes old, a Locker tries
+// to take the journal's one-row pruning ledger; the first Locker in a
+// ten-minute interval wins (an UPDATE ... WHERE last_pruned_at < now -
+// interval) and deletes old rows batch by batch, each in its own short
+// transaction, until none is left. Close lets a pruning in flight go on for
+// the release timeout, then cuts it short (the next interval's winner goes
+// on), so a fleet of short-lived processes (New, one Do, Close) prunes too.
+// A Locker that never takes a key never prunes. Lockers sharing a table
+// should use the same retention: each prunes with its own.
 func WithJournalRetention(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d < time.Minute || d > 10*365*24*time.Hour {
