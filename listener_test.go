@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -144,6 +146,56 @@ func TestListenerWakesWaiterOnRelease(t *testing.T) {
 	}
 	if !woken(w, 10*time.Second) {
 		t.Fatal("the release's notification did not wake the waiter")
+	}
+}
+
+// A pgx pool whose connections get a setting only from its BeforeConnect
+// hook (a rotating password, an IAM token; here the port) gets a live
+// listener too: the listening connection goes through the hook, and the
+// release's notification wakes the waiter (nothing else wakes it), with no
+// reconnection logged.
+func TestListenerConnectsThroughThePoolsBeforeConnect(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := cfg.ConnConfig.Port
+	cfg.ConnConfig.Port, cfg.MaxConns = 1, 2 // nothing listens on port 1
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error { cc.Port = port; return nil }
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	h := &logs{}
+	l, err := New(pool, WithTable(f.table), WithLogger(slog.New(h)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	c := ctx(t)
+	job, err := f.replica(2).Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := l.lis.wait("job")
+	defer w.stop()
+	warned := func() (map[string]string, bool) { return h.find(slog.LevelWarn, "listener") }
+	waitFor(t, 20*time.Second, func() bool { _, ok := warned(); return ok || l.lis.isLive() })
+	if m, ok := warned(); ok {
+		t.Fatalf("the listener did not connect through the pool's BeforeConnect: %v", m)
+	}
+	live(t, l, w)
+	if err := job.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(w, 10*time.Second) {
+		t.Fatal("the release's notification did not wake the waiter")
+	}
+	if m, ok := warned(); ok {
+		t.Fatalf("the listener warned: %v", m)
 	}
 }
 

@@ -193,6 +193,14 @@ func WithMinHold(d time.Duration) Option {
 // releases (default ListenWhenWaiting; see ListenMode). With ListenNever,
 // waiters poll (WithPollInterval) and wake at the expiry of the lease they
 // wait for.
+//
+// The listening connection is opened outside the pool, with the pool's
+// settings: over a *pgxpool.Pool, its ConnConfig passed through its
+// BeforeConnect hook (so credentials the hook supplies, a rotating password
+// or an IAM token, are used); the pool's other hooks (AfterConnect,
+// PrepareConn, AfterRelease, BeforeClose) do not run on it: it only
+// LISTENs. Over a *sql.DB (pgx's stdlib), the settings one of its live
+// connections was opened with, as its BeforeConnect option left them.
 func WithListen(m ListenMode) Option {
 	return optionFunc(func(c *config) {
 		if m < ListenWhenWaiting || m > ListenNever {

@@ -50,7 +50,8 @@ type Backend interface {
 	// if it takes its own snapshot (schemaTx, Abandon).
 	InTx(ctx context.Context, fn func(b Backend) error) error
 	// ListenConfig returns the settings of a connection that can LISTEN,
-	// to open one outside the pool; nil if the driver cannot (lib/pq).
+	// to open one outside the pool (a pgx pool's passed through its
+	// BeforeConnect hook); nil if the driver cannot (lib/pq).
 	ListenConfig(ctx context.Context) (*pgx.ConnConfig, error)
 }
 

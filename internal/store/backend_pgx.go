@@ -85,9 +85,21 @@ func (b pgxBackend) InTx(ctx context.Context, fn func(Backend) error) error {
 	return tx.Commit(ctx)
 }
 
-func (b pgxBackend) ListenConfig(context.Context) (*pgx.ConnConfig, error) {
-	if p, ok := b.q.(*pgxpool.Pool); ok {
-		return p.Config().ConnConfig.Copy(), nil
+// ListenConfig is a copy of the pool's connection settings passed through
+// its BeforeConnect hook, as the pool's own connections are: settings the
+// hook supplies (a rotating password, an IAM token, the host) reach the
+// listener too. The pool's other hooks (AfterConnect, PrepareConn, ...)
+// prepare connections for the pool's queries and do not run on it.
+func (b pgxBackend) ListenConfig(ctx context.Context) (*pgx.ConnConfig, error) {
+	p, ok := b.q.(*pgxpool.Pool)
+	if !ok {
+		return nil, nil
 	}
-	return nil, nil
+	pc := p.Config() // a copy
+	if pc.BeforeConnect != nil {
+		if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
+			return nil, err
+		}
+	}
+	return pc.ConnConfig, nil
 }
