@@ -41,12 +41,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 		if err == nil || errors.Is(err, ErrAlreadyLocked) {
 			w.woken = false // the wake-up is used: the key is ours, or taken again
 		}
-		if err == nil {
-			l.obs.waited(ctx, key, time.Since(start), true)
-			return le, nil
-		}
-		if final(err) {
-			return nil, err
+		if err == nil || final(err) {
+			l.obs.waited(ctx, key, time.Since(start), err == nil)
+			return le, err
 		}
 		if !errors.Is(err, ErrAlreadyLocked) && ctx.Err() == nil {
 			failures++

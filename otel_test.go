@@ -938,3 +938,55 @@ func TestMetricsForcedLoss(t *testing.T) {
 	}
 	m.waitSum("pglease.lease.held", map[string]string{"pglease.table": f.table}, 0)
 }
+
+// closeDuringClaim is a backend whose claim, once its reply is in, closes
+// the Locker (Close waits for the claim, which then finds it closed).
+type closeDuringClaim struct {
+	backend
+	claim string
+	l     *Locker
+}
+
+func (c *closeDuringClaim) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	err := c.backend.QueryRow(ctx, sql, args, dest...)
+	if sql == c.claim {
+		go func() { _ = c.l.Close() }()
+		for !c.l.isClosed() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return err
+}
+
+// Waits that end in an error waiting cannot fix are waits too, not
+// acquired: an Acquire of a tick another replica ran (ErrAlreadyRun), and
+// one whose Locker closed during its claim (ErrClosed).
+func TestMetricsWaitEndingInAFinalError(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	m := newMeters(t)
+	gave := map[string]string{"pglease.table": f.table, "pglease.wait.acquired": "false"}
+	c := ctx(t)
+	tick := time.Now().Truncate(time.Second)
+	ran, err := f.replica(2).Lock(c, "job", Tick(tick))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ran.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	a := f.replica(2, WithMeterProvider(m.mp))
+	if _, err := a.Acquire(c, "job", Tick(tick)); !errors.Is(err, ErrAlreadyRun) {
+		t.Fatalf("Acquire of a tick already run: %v", err)
+	}
+	if n, _ := m.hist("pglease.wait.duration", gave); n != 1 {
+		t.Fatalf("waits ended by ErrAlreadyRun: %d recorded, want 1", n)
+	}
+	a.store.DB = &closeDuringClaim{backend: a.store.DB, claim: a.store.SQL().Claim, l: a}
+	if _, err := a.Acquire(c, "other"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Acquire whose Locker closed during its claim: %v", err)
+	}
+	if n, _ := m.hist("pglease.wait.duration", gave); n != 2 {
+		t.Fatalf("waits ended by ErrAlreadyRun, then ErrClosed: %d recorded, want 2", n)
+	}
+}
