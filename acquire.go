@@ -33,12 +33,16 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	if err != nil {
 		return nil, err
 	}
-	w := l.lis.wait(key)
-	defer w.stop()
+	var w *waiter // registered once a claim did not take the key
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
 	start := time.Now()
 	for failures := 0; ; {
 		le, err := l.lockOnce(ctx, key, lc)
-		if err == nil || errors.Is(err, ErrAlreadyLocked) {
+		if w != nil && (err == nil || errors.Is(err, ErrAlreadyLocked)) {
 			w.woken = false // the wake-up is used: the key is ours, or taken again
 		}
 		if err == nil || final(err) {
@@ -51,11 +55,30 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 		} else {
 			failures = 0
 		}
+		if w == nil {
+			w = l.startWaiting(key)
+		}
 		if err := l.sleepUntilRetry(ctx, w, l.retryIn(err, failures)); err != nil {
 			l.obs.waited(ctx, key, time.Since(start), false)
 			return nil, fmt.Errorf("pglease: acquire %q: %w", key, err)
 		}
 	}
+}
+
+// startWaiting registers a claimer of key, which starts the listener if
+// none runs. Acquire calls it only once a claim did not take the key, so
+// that a key taken at once costs no listening connection. A release
+// between that claim and the registration was notified to nobody here: if
+// LISTEN is already in effect, the waiter wakes itself to claim again at
+// once (a release after the registration is notified to a waiter of this
+// Locker); otherwise the listener wakes every waiter when it goes live
+// (setLive), and until then they poll.
+func (l *Locker) startWaiting(key string) *waiter {
+	w := l.lis.wait(key)
+	if l.lis.isLive() {
+		w.wake()
+	}
+	return w
 }
 
 // final reports errors that waiting cannot fix.

@@ -4,12 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -425,4 +431,176 @@ func TestAWaiterLeavingMidClaimDoesNotStrandTheKey(t *testing.T) {
 			_ = r.le.Unlock(c)
 		}
 	}
+}
+
+// dials counts the connections dialled through dial.
+type dials struct{ n atomic.Int64 }
+
+func (d *dials) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.n.Add(1)
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, addr)
+}
+
+// dialCountedLocker returns a Locker of f's table over a pool of two
+// connections (pgx's database/sql driver, or a pgxpool) whose connections
+// are dialled through d — and so are its listener's, which connects with
+// the pool's settings. The pool is full and warm when it returns: from
+// then on, a dial is the listener's.
+func dialCountedLocker(t *testing.T, f *fixture, driver string, d *dials) *Locker {
+	t.Helper()
+	c := ctx(t)
+	var l *Locker
+	var err error
+	if driver == "pgxpool" {
+		cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DialFunc, cfg.MaxConns = d.dial, 2
+		p, err := pgxpool.NewWithConfig(c, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		a, err1 := p.Acquire(c)
+		b, err2 := p.Acquire(c)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		a.Release()
+		b.Release()
+		l, err = New(p, WithTable(f.table))
+	} else {
+		cfg, err := pgx.ParseConfig(pgleasetest.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DialFunc = d.dial
+		s := stdlib.OpenDB(*cfg)
+		s.SetMaxOpenConns(2)
+		s.SetMaxIdleConns(2)
+		t.Cleanup(func() { s.Close() })
+		a, err1 := s.Conn(c)
+		b, err2 := s.Conn(c)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = a.Close(), b.Close()
+		l, err = New(s, WithTable(f.table))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	if n := d.n.Load(); n != 2 {
+		t.Fatalf("%d dials to warm a pool of 2", n)
+	}
+	return l
+}
+
+// An Acquire whose first claim takes the key never waits: it opens no
+// connection (the listener starts only once a claim finds the key taken),
+// as Lock opens none. The control: an Acquire that waits dials its
+// listener.
+func TestAcquireOfAFreeKeyOpensNoConnection(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"stdlib", "pgxpool"} {
+		t.Run(driver, func(t *testing.T) {
+			f := newFixture(t)
+			d := &dials{}
+			l := dialCountedLocker(t, f, driver, d)
+			c := ctx(t)
+			const n = 30
+			for i := range n {
+				le, err := l.Acquire(c, fmt.Sprintf("free-%d", i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := le.Unlock(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			free := d.n.Load() - 2
+			holder := f.replica(2)
+			held, err := holder.Lock(c, "held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				le, err := l.Acquire(c, "held")
+				if err == nil {
+					err = le.Unlock(c)
+				}
+				got <- err
+			}()
+			waitFor(t, 20*time.Second, func() bool { return d.n.Load() > 2+free })
+			if err := held.Unlock(c); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			if free != 0 {
+				t.Fatalf("%d Acquire calls of free keys dialled %d connections, want none", n, free)
+			}
+		})
+	}
+}
+
+// afterFirstClaim is a backend that runs then once, after the first claim
+// statement's reply.
+type afterFirstClaim struct {
+	backend
+	claim string
+	once  sync.Once
+	then  func()
+}
+
+func (a *afterFirstClaim) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	err := a.backend.QueryRow(ctx, sql, args, dest...)
+	if sql == a.claim {
+		a.once.Do(a.then)
+	}
+	return err
+}
+
+// An Acquire registers as a waiter only after its first claim found the
+// key taken; a release notified in between (here: after that claim's
+// reply, and dispatched by the Locker's live listener — an observer of the
+// key saw it — before Acquire registered) reaches no waiter of the
+// Locker, yet the waiter claims again at once instead of sleeping until
+// its next look (a minute: poll interval and heartbeat).
+func TestAcquireCatchesAReleaseNotifiedBeforeItWaits(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	opts := []Option{WithLeaseDuration(3 * time.Minute), WithPollInterval(time.Minute)}
+	holder, l := f.replica(2, opts...), f.replica(2, opts...)
+	c := ctx(t)
+	held, err := holder.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := l.lis.watch("job") // keeps the listener live, and sees the release
+	defer obs.stop()
+	live(t, l, obs)
+	l.store.DB = &afterFirstClaim{backend: l.store.DB, claim: l.store.SQL().Claim, then: func() {
+		if err := held.Unlock(c); err != nil {
+			t.Error(err)
+		}
+		if !woken(obs, 10*time.Second) {
+			t.Error("the release was not dispatched by the listener")
+		}
+	}}
+	ac, cancel := context.WithTimeout(c, 15*time.Second)
+	defer cancel()
+	le, err := l.Acquire(ac, "job")
+	if err != nil {
+		t.Fatalf("Acquire after a release notified between its first claim and its wait: %v", err)
+	}
+	if le.Fence() <= held.Fence() {
+		t.Fatalf("fence %d after %d", le.Fence(), held.Fence())
+	}
+	_ = le.Unlock(c)
 }

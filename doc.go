@@ -119,8 +119,9 @@
 // Releases notify "<fence> <key>" on a channel derived from the table name
 // as spelled (so every replica must spell it alike: see WithTable), in the
 // releasing statement. Each Locker opens one listening connection,
-// outside its pool, while a caller waits (Acquire, Campaign, Observe), proves
-// it delivers with a probe, and wakes that key's waiters. Waiters also wake
+// outside its pool, while a caller waits (Acquire, Campaign, Observe; an
+// Acquire whose first claim takes the key never waits), proves it
+// delivers with a probe, and wakes that key's waiters. Waiters also wake
 // at the current lease's expiry, which the claim's reply gives on the
 // server clock, and at a jittered poll; so without notifications (lib/pq,
 // PgBouncer in transaction pooling mode, ListenNever) waiting still works,

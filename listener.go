@@ -26,6 +26,13 @@ import (
 // checks at once a lease of this Locker on that key (an eviction ends it now
 // rather than at the next beat).
 //
+// Acquire becomes a waiter only once a claim found the key taken, so that a
+// key taken at once costs no connection. No release is lost in between: a
+// release notified before the waiter registered is found by a claim made
+// after it — at once if LISTEN was already in effect (startWaiting), else
+// when the listener goes live, which wakes every waiter (setLive); later
+// releases are notified to a waiter of the key.
+//
 // Notifications only make waiting faster, never correct: a waiter also wakes
 // when the lease it waits for expires (the claim's reply says when, on the
 // server clock) and at a jittered poll interval. So when the listener cannot
@@ -82,6 +89,7 @@ type listener struct {
 	waiters map[string]map[*waiter]struct{}
 	users   int                // waiters, plus held leases with ListenAlways
 	cancel  context.CancelFunc // stops the running loop; nil when none runs
+	runCtx  context.Context    // the running loop's context
 	live    bool               // LISTEN in effect and a probe came back
 	probe   string             // payload of the probe in flight
 	probeC  chan struct{}
@@ -174,7 +182,7 @@ func (ls *listener) retain() {
 	}
 	ctx, cancel := context.WithCancel(ls.l.ctx)
 	if ls.l.spawn(func() { ls.run(ctx) }) {
-		ls.cancel = cancel
+		ls.cancel, ls.runCtx = cancel, ctx
 	} else {
 		cancel()
 	}
@@ -189,7 +197,7 @@ func (ls *listener) unretain() {
 	ls.users--
 	if ls.users == 0 && ls.cancel != nil {
 		ls.cancel()
-		ls.cancel = nil
+		ls.cancel, ls.runCtx = nil, nil
 		ls.live = false
 	}
 }
@@ -210,7 +218,7 @@ func (ls *listener) isLive() bool {
 func (ls *listener) run(ctx context.Context) {
 	for delay := 100 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
 		err := ls.session(ctx)
-		ls.setLive(false)
+		ls.setLive(ctx, false)
 		switch {
 		case ctx.Err() != nil || errors.Is(err, errCannotListen):
 			return
@@ -270,7 +278,7 @@ func (ls *listener) session(ctx context.Context) error {
 	if err := ls.checkDelivery(ctx, conn); err != nil {
 		return err
 	}
-	ls.setLive(true)
+	ls.setLive(ctx, true)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenHealthEvery)
 		n, err := conn.WaitForNotification(wctx)
@@ -343,9 +351,16 @@ func (ls *listener) checkDelivery(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-func (ls *listener) setLive(live bool) {
+// setLive records whether the run of ctx gets notifications, unless
+// unretain stopped that run (and set live false): a newer run may have
+// started since, and only its own session says whether it is live.
+func (ls *listener) setLive(ctx context.Context, live bool) {
 	ls.mu.Lock()
-	ls.live = live && ls.cancel != nil
+	if ctx != ls.runCtx {
+		ls.mu.Unlock()
+		return
+	}
+	ls.live = live
 	var all []*waiter
 	if ls.live {
 		for _, m := range ls.waiters {
