@@ -93,6 +93,9 @@ type listener struct {
 	live    bool               // LISTEN in effect and a probe came back
 	probe   string             // payload of the probe in flight
 	probeC  chan struct{}
+	// notBefore is when the next listening connection may be opened: after
+	// a failure, a run (this one or the next waiter's) waits until then.
+	notBefore time.Time
 
 	warned bool // a failed probe or a pooled connection was logged (once per Locker)
 }
@@ -214,9 +217,14 @@ func (ls *listener) isLive() bool {
 //
 // A connection that does not deliver (the probe did not come back), or
 // that goes through a pooler, is not retried for notDeliveringPause, and
-// said once per Locker.
+// said once per Locker. The pause, like the backoff, is the Locker's
+// (notBefore), not this run's: a run ends with its last waiter, and the
+// next waiter's run waits for it too.
 func (ls *listener) run(ctx context.Context) {
-	for delay := 100 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		if !ctxsleep.For(ctx, ls.pause()) {
+			return
+		}
 		err := ls.session(ctx)
 		ls.setLive(ctx, false)
 		switch {
@@ -232,10 +240,17 @@ func (ls *listener) run(ctx context.Context) {
 			ls.l.log.Warn("pglease: listener connection lost, waiters poll meanwhile; reconnecting",
 				"holder", ls.l.holder, "error", err)
 		}
-		if !ctxsleep.For(ctx, delay) {
-			return
-		}
+		ls.mu.Lock()
+		ls.notBefore = time.Now().Add(delay)
+		ls.mu.Unlock()
 	}
+}
+
+// pause is how long to wait before opening a listening connection.
+func (ls *listener) pause() time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return max(0, time.Until(ls.notBefore))
 }
 
 // warnOnce reports whether the not-delivering (or pooler) warning is still

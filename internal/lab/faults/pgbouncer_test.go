@@ -3,14 +3,19 @@ package faults
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/lab/pgbouncer"
@@ -303,4 +308,107 @@ func TestPgBouncerWaitersPoll(t *testing.T) {
 			t.Errorf("directly on PostgreSQL the handoff after Unlock took %v: the notification did not wake the waiter", o.handoff.Round(time.Millisecond))
 		}
 	})
+}
+
+// Through PgBouncer in transaction pooling the default mode tries a
+// listening connection once a minute while someone waits (ListenNever's
+// doc), however often waiters come and go: the pause after the listener
+// found the pooler is the Locker's, and the next waiter's listener waits
+// for it too. The waiter's pool (two connections, full and warm) and its
+// listener, which connects with the pool's settings, dial through a
+// counter: after the first waiter's listener found the pooler (its WARN),
+// five more waits dial nothing.
+func TestPgBouncerListenerTriedOnceAMinute(t *testing.T) {
+	if _, err := pgbouncer.FindBinary(); err != nil {
+		t.Fatalf("PgBouncer is required for this test: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := startBouncer(ctx, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	table := pgleasetest.Table(t)
+	direct := pgleasetest.DB(t, 2)
+	if err := pglease.Migrate(ctx, direct, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pglease.New(direct, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	var dials atomic.Int64
+	db := warmDialCounted(ctx, t, b.URL("postgres", "default_query_exec_mode=exec"), &dials)
+	rec := NewRecorder(nil)
+	w, err := pglease.New(db, pglease.WithTable(table), pglease.WithPollInterval(100*time.Millisecond),
+		pglease.WithLogger(slogFor(rec, "waiter")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	listenWarned := func() bool {
+		for _, e := range rec.Events() {
+			if e.Kind == EvListenWarn {
+				return true
+			}
+		}
+		return false
+	}
+	// wait makes w wait for "job" until the holder's Unlock, which comes
+	// once unlock returns.
+	wait := func(unlock func()) {
+		le, err := holder.Lock(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { unlock(); _ = le.Unlock(ctx) }()
+		got, err := w.Acquire(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = got.Unlock(ctx)
+	}
+	wait(func() {
+		for deadline := time.Now().Add(30 * time.Second); !listenWarned() && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	if !listenWarned() {
+		t.Fatal("the first waiter's listener did not find the pooler within 30 s")
+	}
+	first := dials.Load()
+	for range 5 {
+		wait(func() { time.Sleep(300 * time.Millisecond) })
+	}
+	if n := dials.Load() - first; n != 0 {
+		t.Errorf("5 waits after the listener found the pooler dialled PgBouncer %d times; documented: a listener attempt a minute", n)
+	}
+}
+
+// warmDialCounted opens a pool of two connections to url (pgx's
+// database/sql driver) that dials through a counter, and opens both.
+func warmDialCounted(ctx context.Context, t *testing.T, url string, dials *atomic.Int64) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(2)
+	db.SetMaxIdleConns(2)
+	t.Cleanup(func() { db.Close() })
+	a, err1 := db.Conn(ctx)
+	b, err2 := db.Conn(ctx)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = a.Close(), b.Close()
+	return db
 }
