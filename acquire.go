@@ -19,7 +19,9 @@ import (
 //     key per Locker wakes, after 0–2 ms of jitter so that the replicas do
 //     not claim in step;
 //   - the current lease's expiry, as the server reported it (a holder that
-//     vanished is replaced a few milliseconds after its lease expires);
+//     vanished is replaced a few milliseconds after its lease expires), or
+//     the end of the minimum hold of a key released under one (the release
+//     is notified: the waiter woken learns the hold's end from its claim);
 //   - the poll interval (WithPollInterval, ±20 %) when notifications are
 //     not known to work, else one heartbeat as a safety net.
 //
@@ -42,8 +44,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	start := time.Now()
 	for failures := 0; ; {
 		le, err := l.lockOnce(ctx, key, lc)
-		if w != nil && (err == nil || errors.Is(err, ErrAlreadyLocked)) {
-			w.woken = false // the wake-up is used: the key is ours, or taken again
+		if w != nil && usedWakeUp(err) {
+			w.woken = false
 		}
 		if err == nil || final(err) {
 			l.obs.waited(ctx, key, time.Since(start), err == nil)
@@ -79,6 +81,18 @@ func (l *Locker) startWaiting(key string) *waiter {
 		w.wake()
 	}
 	return w
+}
+
+// usedWakeUp reports whether a claim used a waiter's wake-up: it took the
+// key, or found it taken again. A key blocked by its minimum hold is taken
+// by nobody: the woken waiter claims again when the hold ends (its claim's
+// FreeIn), and hands the wake-up on if it leaves before (waiter.stop).
+func usedWakeUp(err error) bool {
+	var held *AlreadyLockedError
+	if errors.As(err, &held) && held.Reason == LockedMinHold {
+		return false
+	}
+	return err == nil || errors.Is(err, ErrAlreadyLocked)
 }
 
 // final reports errors that waiting cannot fix.

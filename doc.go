@@ -122,8 +122,9 @@
 // outside its pool, while a caller waits (Acquire, Campaign, Observe; an
 // Acquire whose first claim takes the key never waits), proves it
 // delivers with a probe, and wakes that key's waiters. Waiters also wake
-// at the current lease's expiry, which the claim's reply gives on the
-// server clock, and at a jittered poll; so without notifications (lib/pq,
+// at the current lease's expiry or the end of a released key's minimum
+// hold, which the claim's reply gives on the server clock, and at a
+// jittered poll; so without notifications (lib/pq,
 // PgBouncer in transaction pooling mode, ListenNever) waiting still works,
 // only slower.
 //

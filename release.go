@@ -14,8 +14,9 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 // Unlock ends the lease with one statement scoped to its key, holder, fence
 // and claim token, stops renewing it and closes
 // Done. The row is kept, so the next claim gets a higher fence. Waiters
-// (Acquire, Campaign) are notified at once — unless a minimum hold (MinHold)
-// keeps the key blocked; they then wake when it ends.
+// (Acquire, Campaign) are notified at once; if a minimum hold (MinHold)
+// keeps the key blocked, the waiter woken learns when the hold ends and
+// claims then.
 //
 //   - ctx's cancellation does not stop the release: a scheduler shutting
 //     down cancels a run's context before or while its deferred Unlock

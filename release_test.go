@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -518,5 +520,145 @@ func TestASecondUnlockAfterALateReleaseJournalsNothingMore(t *testing.T) {
 	}
 	if late := f.endedAfter("job", la.Fence(), lb.Fence()); len(late) > 0 {
 		t.Fatalf("A's run (fence %d) journaled as ending after B's grant: %v", la.Fence(), late)
+	}
+}
+
+// An Unlock before the lease's minimum hold ends notifies too: the waiter
+// woken (another Locker, in Acquire) finds the key in its hold, learns
+// from its claim's reply when the hold ends, and takes the key then — not
+// at its next look (poll interval and heartbeat a minute, the holder's
+// lease three). The waiter's lease is granted at or after the hold's end.
+func TestUnlockUnderAMinimumHoldWakesAWaiterWhenItEnds(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	opts := []Option{WithLeaseDuration(3 * time.Minute), WithPollInterval(time.Minute)}
+	holder, w := f.replica(2, opts...), f.replica(2, opts...)
+	cc := countClaims(w)
+	c := ctx(t)
+	const hold = 2 * time.Second
+	held, err := holder.Lock(c, "job", MinHold(hold))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		le  *Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		le, err := w.Acquire(c, "job")
+		got <- result{le, err}
+	}()
+	waitFor(t, 20*time.Second, func() bool { return w.lis.isLive() && cc.claims() >= 1 })
+	// Let the waiter settle (the listener going live wakes it once).
+	for last := -1; last != cc.claims(); time.Sleep(300 * time.Millisecond) {
+		last = cc.claims()
+	}
+	var holdEnds time.Time
+	if err := f.admin.QueryRowContext(c, `SELECT acquired_at + $2 * interval '1 microsecond' FROM "`+f.table+`" WHERE key = $1`,
+		"job", hold.Microseconds()).Scan(&holdEnds); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(30 * time.Second): // the next look is 48 s away at the soonest
+		t.Fatal("the waiter did not get the key when the minimum hold ended")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	le := r.le
+	defer func() { _ = le.Unlock(c) }()
+	var early bool
+	if err := f.admin.QueryRowContext(c, `SELECT acquired_at < $2 FROM "`+f.table+`" WHERE key = $1`, "job", holdEnds).Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	if early || le.Fence() <= held.Fence() {
+		t.Fatalf("the waiter's lease (fence %d after %d) was granted before the minimum hold ended: %v", le.Fence(), held.Fence(), early)
+	}
+}
+
+// The waiter woken by a release under a minimum hold claims when the hold
+// ends; if it leaves before, it hands its wake-up on to another waiter of
+// its Locker, which takes the key when the hold ends instead of at its next
+// look (a minute: poll interval and heartbeat).
+func TestAWaiterLeavingDuringAMinimumHoldHandsItsWakeUpOn(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	opts := []Option{WithLeaseDuration(3 * time.Minute), WithPollInterval(time.Minute)}
+	holder, y := f.replica(2, opts...), f.replica(2, opts...)
+	hook := &holdWokenClaim{backend: y.store.DB, claim: y.store.SQL().Claim, claims: map[string]int{}}
+	y.store.DB = hook
+	c := ctx(t)
+	held, err := holder.Lock(c, "k", MinHold(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		id  string
+		le  *Lease
+		err error
+	}
+	results := make(chan result, 2)
+	leave := map[string]context.CancelFunc{}
+	for _, id := range []string{"w1", "w2"} {
+		wctx, cancel := context.WithCancel(context.WithValue(c, waiterID{}, id))
+		defer cancel()
+		leave[id] = cancel
+		go func() {
+			le, err := y.Acquire(wctx, "k")
+			results <- result{id, le, err}
+		}()
+	}
+	claims := func() map[string]int {
+		return map[string]int{"w1": hook.claimed("w1"), "w2": hook.claimed("w2")}
+	}
+	waitFor(t, 10*time.Second, func() bool { return y.lis.isLive() && hook.claimed("w1") > 0 && hook.claimed("w2") > 0 })
+	// Let the waiters settle (the listener going live wakes them once).
+	before := claims()
+	for {
+		time.Sleep(300 * time.Millisecond)
+		now := claims()
+		if maps.Equal(now, before) {
+			break
+		}
+		before = now
+	}
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	var woken string
+	waitFor(t, 10*time.Second, func() bool {
+		for id, n := range claims() {
+			if n > before[id] {
+				woken = id
+				return true
+			}
+		}
+		return false
+	})
+	leave[woken]() // during its sleep until the hold ends
+	got := map[string]result{}
+	for bound := time.After(20 * time.Second); len(got) < 2; {
+		select {
+		case r := <-results:
+			got[r.id] = r
+		case <-bound:
+			t.Fatalf("after 20s only %v returned: the key was left to the other waiter's next look", slices.Collect(maps.Keys(got)))
+		}
+	}
+	for id, r := range got {
+		switch {
+		case id == woken && !errors.Is(r.err, context.Canceled):
+			t.Fatalf("the waiter that left (%s): %v; want its context's error", id, r.err)
+		case id != woken && r.err != nil:
+			t.Fatalf("the other waiter (%s): %v; want the key", id, r.err)
+		case id != woken:
+			_ = r.le.Unlock(c)
+		}
 	}
 }

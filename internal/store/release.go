@@ -10,14 +10,17 @@ import (
 // and only if it has not expired: a late Unlock of an earlier run touches
 // nothing. The row stays, so the fence keeps counting. With a minimum hold
 // ($5 > 0), a release before acquired_at + $5 keeps the key blocked until
-// then (hold_until); otherwise waiters are notified on the table's channel
-// at commit with the payload "<fence> <key>" (the last column, always
-// NULL, is there so that the notification is sent once per released row,
-// in the releasing statement).
+// then (hold_until). Either way waiters are notified on the table's
+// channel at commit with the payload "<fence> <key>" (the last column,
+// pg_notify's empty text, is there so that the notification is sent once
+// per released row, in the releasing statement): under a minimum hold, a
+// woken claimer's claim finds the key in its hold (min-hold) and replies
+// when the hold ends, so that the claimer claims again then rather than at
+// its next poll.
 //
 //	$1 key, $2 holder, $3 fence, $4 token, $5 minimum hold in µs
 //
-// Result: one row (fence, hold_until, NULL) if released, none otherwise.
+// Result: one row (fence, hold_until, "") if released, none otherwise.
 //
 // Durability: not durable (synchronous_commit off for this statement's own
 // transaction): only the claim of a job run pays a durable commit. If a
@@ -36,7 +39,7 @@ r AS (
 	  AND l.released_at IS NULL AND l.expires_at > now.ts
 	RETURNING l.key, l.fence, l.hold_until, l.expires_at
 )
-SELECT r.fence, r.hold_until, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text END) IS NULL FROM r`
+SELECT r.fence, r.hold_until, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
 // releaseJournaledSQL is releaseSQL that also journals the release:
 // released when it ended the lease, lost when it found the lease gone —
@@ -66,13 +69,14 @@ journal AS (
 	       CASE WHEN r.fence IS NOT NULL THEN $6::text WHEN $6::text IS NOT NULL THEN 'lost' END
 	FROM now LEFT JOIN r ON true
 )
-SELECT r.fence, r.hold_until, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text END) IS NULL FROM r`
+SELECT r.fence, r.hold_until, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
 // releaseManySQL is releaseSQL for a batch (Close), planned like renewSQL.
 //
 //	$1 jsonb object {key: [fence, token, minimum hold in µs], ...}, $2 holder
 //
-// Result rows: (key, fence, NULL) of the leases released.
+// Result rows: (key, fence, "") of the leases released, each notified as
+// releaseSQL's.
 //
 // Durability: as releaseSQL.
 const releaseManySQL = `
@@ -88,7 +92,7 @@ r AS (
 	  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
 	RETURNING l.key, l.fence, l.hold_until, l.expires_at
 )
-SELECT r.key, r.fence, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text END) IS NULL FROM r`
+SELECT r.key, r.fence, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
 // releaseManyJournaledSQL is releaseManySQL that also journals: a released
 // row for each lease it ended, a lost row for each it found gone, dated as
@@ -115,7 +119,7 @@ journal AS (
 	       r.expires_at
 	FROM now, jsonb_each($1::jsonb) AS e LEFT JOIN r ON r.key = e.key
 )
-SELECT r.key, r.fence, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text END) IS NULL FROM r`
+SELECT r.key, r.fence, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
 // releaseLostSQL frees the row of a lease that its holder declared lost at
 // the local deadline (or that was never handed out), in case the server did
