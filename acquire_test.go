@@ -450,8 +450,7 @@ func (d *dials) dial(ctx context.Context, network, addr string) (net.Conn, error
 func dialCountedLocker(t *testing.T, f *fixture, driver string, d *dials) *Locker {
 	t.Helper()
 	c := ctx(t)
-	var l *Locker
-	var err error
+	var db any
 	if driver == "pgxpool" {
 		cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
 		if err != nil {
@@ -470,7 +469,7 @@ func dialCountedLocker(t *testing.T, f *fixture, driver string, d *dials) *Locke
 		}
 		a.Release()
 		b.Release()
-		l, err = New(p, WithTable(f.table))
+		db = p
 	} else {
 		cfg, err := pgx.ParseConfig(pgleasetest.URL())
 		if err != nil {
@@ -487,7 +486,15 @@ func dialCountedLocker(t *testing.T, f *fixture, driver string, d *dials) *Locke
 			t.Fatal(err)
 		}
 		_, _ = a.Close(), b.Close()
-		l, err = New(s, WithTable(f.table))
+		db = s
+	}
+	var l *Locker
+	var err error
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		l, err = New(db, WithTable(f.table))
+	case *sql.DB:
+		l, err = New(db, WithTable(f.table))
 	}
 	if err != nil {
 		t.Fatal(err)
