@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pglease/internal/store"
 )
 
 // errNilLease is Unlock's answer for a nil *Lease: a deferred Unlock placed
@@ -25,6 +27,9 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //   - Unlock is idempotent: after a successful Unlock, it returns nil.
 //   - After a loss it returns the loss (an error wrapping ErrLeaseLost) and
 //     changes nothing; a late Unlock never touches another holder's lease.
+//   - A release whose pooled connection the server had closed (it
+//     restarted since the pool last used it) is sent again on another, as
+//     is Close's.
 //   - If the server cannot be reached, the error says so; the lease is no
 //     longer renewed and expires by itself. Calling Unlock again retries:
 //     nil if the retry releases the lease or finds it expired or released
@@ -69,26 +74,53 @@ func (le *Lease) unlock(ctx context.Context, o Outcome) error {
 		return nil
 	}
 	ctx, end := le.locker.obs.span(ctx, "release", le.key)
-	released, err := le.release(ctx, o, called)
+	released, resent, err := le.release(ctx, o, called)
 	end(rowsErr(released, err))
+	if resent && st == stateHeld {
+		st = stateAbandoned // the release is retried: a first attempt may have landed
+	}
 	return le.settleRelease(ctx, st, o, called, released, err)
 }
 
-// release sends the release statement, dating the run's end at called.
-func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (bool, error) {
+// release sends the release statement, dating the run's end at called. A
+// statement whose pooled connection the server had closed (it restarted
+// since the pool last used it) is sent again on another (resent).
+func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (released, resent bool, err error) {
 	l := le.locker
 	free, err := l.takeSlot(ctx)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	released, err := l.store.Release(ctx, l.releaseArgs(le, o, called))
+	args := l.releaseArgs(le, o, called)
+	resent, err = againOnClosedConn(ctx, func() (err error) {
+		released, err = l.store.Release(ctx, args)
+		return err
+	})
 	free()
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(1)
 		le.endJournaled()
 	}
-	return released, err
+	return released, resent, err
 }
+
+// againOnClosedConn runs a release, and again while it fails on a
+// connection the server had closed (store.ClosedConn), within ctx and at
+// most maxReleaseRuns times: a server restarted just before Close or Unlock
+// leaves the pool's idle connections closed, each failing once before the
+// pool dials anew, and a release that fails leaves its key blocked until
+// the lease expires. resent says whether it ran more than once (a first run
+// may then have landed before its connection broke).
+func againOnClosedConn(ctx context.Context, run func() error) (resent bool, err error) {
+	err = run()
+	for n := 1; n < maxReleaseRuns && store.ClosedConn(err) && ctx.Err() == nil; n++ {
+		resent, err = true, run()
+	}
+	return resent, err
+}
+
+// maxReleaseRuns bounds againOnClosedConn.
+const maxReleaseRuns = 10
 
 // settleRelease ends the unlock of a lease found in state st (held, or
 // abandoned by a failed release) once its release came back, and returns
@@ -174,8 +206,17 @@ func (l *Locker) releaseMany(leases []*Lease) error {
 		}
 	}
 	ctx, end := l.obs.span(ctx, "release", "")
-	released, err := l.store.ReleaseMany(ctx, l.holder, refs)
+	var released map[string]int64
+	resent, err := againOnClosedConn(ctx, func() (err error) {
+		released, err = l.store.ReleaseMany(ctx, l.holder, refs)
+		return err
+	})
 	end(err)
+	if resent {
+		for _, le := range batch {
+			retried[le] = true // a first attempt may have landed
+		}
+	}
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(int64(len(batch))) // a released or a lost row each
 		for _, le := range batch {

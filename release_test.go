@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -659,6 +662,63 @@ func TestAWaiterLeavingDuringAMinimumHoldHandsItsWakeUpOn(t *testing.T) {
 			t.Fatalf("the other waiter (%s): %v; want the key", id, r.err)
 		case id != woken:
 			_ = r.le.Unlock(c)
+		}
+	}
+}
+
+// A server restarted just before Unlock and Close (here: every connection
+// through the proxy closed, new ones accepted) leaves the pool's idle
+// connections closed: the releases go again on new connections, free their
+// keys and report no loss.
+func TestReleasesAfterTheServerClosedThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"database/sql", "pgxpool"} {
+		t.Run(strings.ReplaceAll(driver, "/", "-"), func(t *testing.T) { releasesAfterClosedConns(t, driver) })
+	}
+}
+
+func releasesAfterClosedConns(t *testing.T, driver string) {
+	f := newFixture(t)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	var l *Locker
+	if driver == "pgxpool" {
+		p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		if l, err = New(p, WithTable(f.table), WithLeaseDuration(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+	} else {
+		l = f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second))
+	}
+	c := ctx(t)
+	leases := map[string]*Lease{}
+	for _, k := range []string{"a", "b", "c"} {
+		if leases[k], err = l.Lock(c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.CloseConns()
+	if err := leases["a"].Unlock(c); err != nil {
+		t.Fatalf("Unlock after the server closed the pool's connections: %v", err)
+	}
+	proxy.CloseConns()
+	if err := l.Close(); err != nil {
+		t.Fatalf("Close after the server closed the pool's connections: %v", err)
+	}
+	for k, le := range leases {
+		if r, _ := f.row(k); r.Live {
+			t.Errorf("%s: still held after its release: %+v", k, r)
+		}
+		if !errors.Is(le.Err(), ErrUnlocked) {
+			t.Errorf("%s: Err %v, want ErrUnlocked", k, le.Err())
 		}
 	}
 }

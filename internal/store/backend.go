@@ -3,7 +3,11 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"io"
+	"net"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -68,3 +72,27 @@ func FromSQLDB(db *sql.DB) *SQLDB { return &SQLDB{sqlBackend: sqlBackend{db}, db
 
 // FromSQLTx returns the Backend of a database/sql transaction.
 func FromSQLTx(tx *sql.Tx) Backend { return sqlBackend{tx} }
+
+// ClosedConn reports whether err says that a statement's connection had
+// been closed by the server, or under it (the server stopped or restarted
+// since the pool last used it), rather than that a new connection failed
+// or the server refused the statement: such a statement may be sent again
+// on another connection.
+func ClosedConn(err error) bool {
+	var ns *notSentError
+	var ce *pgconn.ConnectError
+	switch {
+	case err == nil, errors.As(err, &ns), errors.As(err, &ce):
+		return false
+	case pgconn.SafeToRetry(err): // nothing was written: a write on a closed connection
+		return true
+	}
+	switch SQLState(err) {
+	case "57P01", "57P02": // admin shutdown, crash shutdown
+		return true
+	case "":
+		return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, driver.ErrBadConn)
+	}
+	return false
+}
