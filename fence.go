@@ -62,8 +62,9 @@ func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence
 // not blocked by the lock. Keep fenced transactions short: a takeover after
 // expiry waits for them.
 //
-// Guard uses tx's connection only; nothing is kept after tx ends. Use
-// GuardPgx for a pgx.Tx.
+// Guard's statement runs on tx's connection; only when tx does not see the
+// lease held does Guard check it outside tx (a renew, on the Locker's
+// pool). Nothing is kept after tx ends. Use GuardPgx for a pgx.Tx.
 func (le *Lease) Guard(ctx context.Context, tx *sql.Tx) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)
@@ -84,7 +85,7 @@ func (le *Lease) guard(ctx context.Context, tx store.Backend) error {
 	case stateLost:
 		return err
 	case stateReleased, stateAbandoned:
-		return fmt.Errorf("pglease: guard %q (fence %d) after Unlock: %w", le.key, le.fence, ErrUnlocked)
+		return fmt.Errorf("pglease: guard %q (fence %d) after Unlock or Close: %w", le.key, le.fence, ErrUnlocked)
 	}
 	l := le.locker
 	ctx, end := l.obs.span(ctx, "guard", le.key)
@@ -111,7 +112,7 @@ func (le *Lease) guardMissed(answered bool) error {
 	case st == stateLost:
 		return err
 	case st != stateHeld:
-		return fmt.Errorf("%s after Unlock: %w", what, ErrUnlocked)
+		return fmt.Errorf("%s after Unlock or Close: %w", what, ErrUnlocked)
 	case answered:
 		return fmt.Errorf("%s: the lease is held, but this transaction's snapshot shows an older row of it "+
 			"(the snapshot predates the claim or its latest renewal): call Guard first in the transaction, "+

@@ -124,8 +124,10 @@ func WithSafetyMargin(d time.Duration) Option {
 }
 
 // WithTable sets the lease table: "name" or "schema.name" (default
-// DefaultTable). It is always quoted, so it is case-sensitive; anything but
-// letters, digits and underscores is refused.
+// DefaultTable). It is always quoted, so it is case-sensitive; each part
+// must be a letter or an underscore followed by letters, digits and
+// underscores, at most 48 bytes (so that the companion tables' names fit
+// PostgreSQL's 63), or it is refused.
 //
 // Every replica, and the pglease command, must spell the table the same
 // way: "jobs" and "public.jobs" are one table to PostgreSQL, not to
