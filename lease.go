@@ -153,7 +153,8 @@ func (le *Lease) Context() context.Context { return le.ctx }
 // Err is nil while the lease is held; an error wrapping ErrLeaseLost after a
 // loss; ErrUnlocked once Unlock or Close has begun (then the loss, if the
 // release finds the lease already lost: Unlock returns it too; not if a
-// retry, after a failed release, finds it expired).
+// retry, after a failed release, finds that it ended after the first
+// Unlock).
 func (le *Lease) Err() error {
 	le.mu.Lock()
 	defer le.mu.Unlock()

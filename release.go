@@ -32,8 +32,10 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //     is Close's.
 //   - If the server cannot be reached, the error says so; the lease is no
 //     longer renewed and expires by itself. Calling Unlock again retries:
-//     nil if the retry releases the lease or finds it expired or released
-//     (no loss: its holder stopped at the first Unlock, when Done closed).
+//     nil if the retry releases the lease, or finds that it ended after its
+//     holder stopped at the first Unlock, when Done closed (its release
+//     landed, it expired, or the next claim took it since); the loss if it
+//     ended before (evicted, or taken by a claim granted earlier).
 //   - On a nil *Lease (a deferred Unlock placed before the claim's error
 //     check) it returns an error instead of panicking.
 //   - With the journal on (WithJournal), a release that finds the lease
@@ -104,17 +106,36 @@ func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (rele
 	return released, resent, err
 }
 
+// endedInTime tells, for a lease whose retried release found nothing to
+// release, whether it ended after its holder stopped (at the first Unlock
+// or Close): the key's row still shows its claim (its first release
+// landed, or it expired since), or shows the one claim that follows it
+// (its fence + 1), granted after the holder stopped. Anything else — an
+// eviction that moved the fence on, a claim granted before, no answer —
+// may have ended it while its holder ran: a loss.
+func (le *Lease) endedInTime(ctx context.Context) bool {
+	c, err := le.locker.store.LastClaimOf(ctx, le.key)
+	switch {
+	case err != nil:
+		return false
+	case c.Holder == le.locker.holder && c.Fence == le.fence && c.Token == le.token:
+		return true
+	}
+	return c.Fence == le.fence+1 && c.AcquiredAt.After(le.serverTime(le.stopAt(time.Time{})))
+}
+
 // againOnClosedConn runs a release, and again while it fails on a
 // connection the server had closed (store.ClosedConn), within ctx and at
 // most maxReleaseRuns times: a server restarted just before Close or Unlock
 // leaves the pool's idle connections closed, each failing once before the
 // pool dials anew, and a release that fails leaves its key blocked until
-// the lease expires. resent says whether it ran more than once (a first run
-// may then have landed before its connection broke).
+// the lease expires. resent says whether a run that failed may have landed
+// before its connection broke.
 func againOnClosedConn(ctx context.Context, run func() error) (resent bool, err error) {
 	err = run()
 	for n := 1; n < maxReleaseRuns && store.ClosedConn(err) && ctx.Err() == nil; n++ {
-		resent, err = true, run()
+		resent = resent || !store.NeverSent(err) // a run that sent nothing cannot have landed
+		err = run()
 	}
 	return resent, err
 }
@@ -140,10 +161,9 @@ func (le *Lease) settleRelease(ctx context.Context, st leaseState, o Outcome, ca
 		return fmt.Errorf("%w; the lease is no longer renewed and expires by itself (server time %s)",
 			l.table.WrapDB(fmt.Sprintf("unlock %q (fence %d)", le.key, le.fence), err),
 			le.ExpiresAt().UTC().Format("15:04:05.000"))
-	case !released && st == stateAbandoned:
-		// A retry: the first release failed and said the lease would
-		// expire by itself. Its holder stopped at the first Unlock, when
-		// Done closed, before the deadline: no loss.
+	case !released && st == stateAbandoned && le.lostErr() == nil && le.endedInTime(ctx):
+		// A retry: the first release failed (or may have landed), and the
+		// lease ended after its holder stopped at the first Unlock.
 		le.endUnlock(stateReleased)
 		l.log.InfoContext(ctx, "pglease: Unlock retried: the lease had already expired or been released",
 			withTrace(ctx, "key", le.key, "holder", l.holder, "fence", le.fence)...)
@@ -265,7 +285,7 @@ func (l *Locker) settleMany(ctx context.Context, batch []*Lease, retried map[*Le
 		case ok && f == le.fence:
 			le.endUnlock(stateReleased)
 			l.obs.released(le, 1)
-		case retried[le]:
+		case retried[le] && le.lostErr() == nil && le.endedInTime(ctx):
 			le.endUnlock(stateReleased)
 		default:
 			le.finishLost(ctx, stateUnlocking, "at Close the lease was already expired, released or taken over", lossUnlock)

@@ -722,3 +722,43 @@ func releasesAfterClosedConns(t *testing.T, driver string) {
 		}
 	}
 }
+
+// A lease evicted and taken over before its holder's Unlock is a loss,
+// even when the release had to be sent again (the server had closed the
+// pool's connections): the resent release finds nothing to release, and
+// the key's row shows an eviction and a claim granted before the holder
+// stopped. The same for Close.
+func TestAResentReleaseStillReportsALossBeforeTheUnlock(t *testing.T) {
+	t.Parallel()
+	for _, closing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Unlock", true: "Close"}[closing], func(t *testing.T) {
+			f := newFixture(t)
+			proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			a := f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second))
+			c := ctx(t)
+			la, err := a.Lock(c, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ForceRelease(c, f.admin, "k", WithTable(f.table)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.replica(2).Lock(c, "k"); err != nil {
+				t.Fatal(err)
+			}
+			proxy.CloseConns()
+			if closing {
+				err = a.Close()
+			} else {
+				err = la.Unlock(c)
+			}
+			if !errors.Is(err, ErrLeaseLost) || !errors.Is(la.Err(), ErrLeaseLost) {
+				t.Fatalf("evicted and taken over before it stopped: got %v, Err %v; want ErrLeaseLost", err, la.Err())
+			}
+		})
+	}
+}

@@ -33,3 +33,25 @@ func (s *Store) Leader(ctx context.Context, key string) (Live, error) {
 	l.TimeLeft = time.Duration(left) * time.Microsecond
 	return l, err
 }
+
+// lastClaimSQL reads a key's row, live or not: who claimed it last, with
+// which fence and claim token, and when. It writes nothing.
+//
+//	$1 key
+//
+// Result: (holder, fence, token, acquired_at), or no row.
+const lastClaimSQL = `SELECT l.holder, l.fence, l.token, l.acquired_at FROM "pglease_leases" AS l WHERE l.key = $1`
+
+// LastClaim is a key's row as the last claim (or eviction) left it.
+type LastClaim struct {
+	Holder       string
+	Fence, Token int64
+	AcquiredAt   time.Time
+}
+
+// LastClaimOf reads key's row, live or not; ErrNoRows if it has none.
+func (s *Store) LastClaimOf(ctx context.Context, key string) (LastClaim, error) {
+	var c LastClaim
+	err := s.DB.QueryRow(ctx, s.sql.LastClaim, []any{key}, &c.Holder, &c.Fence, &c.Token, &c.AcquiredAt)
+	return c, err
+}

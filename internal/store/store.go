@@ -35,7 +35,7 @@ type Statements struct {
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows    string
 	JournalLastRuns                                                          string
 	VersionTable, CurrentVersion, RecordVersion, TimelineCreated             string
-	CompatibleFrom                                                           string
+	CompatibleFrom, LastClaim                                                string
 	TableExists, MigrateLock, Drop                                           string
 }
 
@@ -82,6 +82,7 @@ func bind(n Names, journal bool) *Statements {
 		CurrentVersion:   n.Bind(currentVersionSQL),
 		RecordVersion:    n.Bind(recordVersionSQL),
 		CompatibleFrom:   n.Bind(compatibleFromSQL),
+		LastClaim:        n.Bind(lastClaimSQL),
 		TimelineCreated:  n.Bind(timelineCreatedSQL),
 		TableExists:      n.Bind(tableExistsSQL),
 		MigrateLock:      n.Bind(migrateLockSQL),
