@@ -83,7 +83,8 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		narrow: make(chan struct{}, 1),
 	}
 	l.claimant = store.NewClaimant(l.holder, cfg.duration, cfg.failoverDelay)
-	l.prune.every, l.prune.store = pruneEvery, t.Store(b, !cfg.journalOff)
+	pb, _ := entry.Backend(db) // pruning's own, apart from the claims', renews' and releases'
+	l.prune.every, l.prune.store = pruneEvery, t.Store(pb, !cfg.journalOff)
 	l.lis = newListener(l)
 	l.ctx, l.stop = context.WithCancel(context.Background())
 	return l, nil
