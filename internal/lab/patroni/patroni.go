@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -244,6 +245,13 @@ func (c *Cluster) prepare() error {
 	return nil
 }
 
+// freePorts picks n free loopback ports, each checked by binding it, below
+// the kernel's range of ephemeral ports (ip_local_port_range): a port
+// picked inside that range and let go before its server binds it can
+// meanwhile become the local port of any outgoing connection (the suites
+// run beside this one open hundreds), and a node's REST API then failed
+// with "Address already in use". Where the range cannot be read, the
+// kernel picks (port 0).
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	var lns []net.Listener
@@ -252,8 +260,16 @@ func freePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	for tries := 0; len(ports) < n; tries++ {
+		addr := "127.0.0.1:0"
+		if low > minPort+1000 && tries < 1000 {
+			addr = fmt.Sprintf("127.0.0.1:%d", minPort+rand.IntN(low-minPort))
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil && addr != "127.0.0.1:0" {
+			continue // taken: another
+		}
 		if err != nil {
 			return nil, fmt.Errorf("patroni: no free port: %w", err)
 		}
@@ -261,6 +277,24 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// minPort is the lowest port freePorts picks.
+const minPort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 when it
+// cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	low, _ := strconv.Atoi(f[0])
+	return low
 }
 
 func secs(d time.Duration) int { return max(1, int(d.Round(time.Second)/time.Second)) }
