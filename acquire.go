@@ -35,7 +35,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	if err != nil {
 		return nil, err
 	}
-	var w *waiter // registered once a claim did not take the key
+	// Registered before the first claim when LISTEN is already in effect
+	// (no new connection, and no release can fall between the claim and
+	// the registration); else once a claim did not take the key.
+	var w *waiter
+	if l.lis.isLive() {
+		w = l.lis.wait(key)
+	}
 	defer func() {
 		if w != nil {
 			w.stop()
@@ -68,13 +74,14 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 }
 
 // startWaiting registers a claimer of key, which starts the listener if
-// none runs. Acquire calls it only once a claim did not take the key, so
-// that a key taken at once costs no listening connection. A release
-// between that claim and the registration was notified to nobody here: if
-// LISTEN is already in effect, the waiter wakes itself to claim again at
-// once (a release after the registration is notified to a waiter of this
-// Locker); otherwise the listener wakes every waiter when it goes live
-// (setLive), and until then they poll.
+// none runs. Acquire calls it once a claim did not take the key, when
+// LISTEN was not in effect before the claim, so that a key taken at once
+// costs no listening connection. A release between that claim and the
+// registration was notified to nobody here: if LISTEN has come into effect
+// meanwhile, the waiter wakes itself to claim again at once (a release
+// after the registration is notified to a waiter of this Locker);
+// otherwise the listener wakes every waiter when it goes live (setLive),
+// and until then they poll.
 func (l *Locker) startWaiting(key string) *waiter {
 	w := l.lis.wait(key)
 	if l.lis.isLive() {

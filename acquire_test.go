@@ -611,3 +611,42 @@ func TestAcquireCatchesAReleaseNotifiedBeforeItWaits(t *testing.T) {
 	}
 	_ = le.Unlock(c)
 }
+
+// TestAcquireWhileListeningClaimsOnce: on a Locker whose listener is
+// already live (another caller waits), an Acquire of a held key registers
+// before its claim and then waits: one claim, not a second one at once to
+// cover a release between the claim and a later registration.
+func TestAcquireWhileListeningClaimsOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := f.replica(2, WithHolder("h"))
+	w := f.replica(4, WithHolder("w"), WithPollInterval(time.Minute), WithHeartbeat(20*time.Second))
+	cc := countClaims(w)
+	c := ctx(t)
+	for _, k := range []string{"k1", "k2"} {
+		if _, err := h.Lock(c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithCancel(c)
+	defer cancel()
+	done := make(chan struct{}, 2)
+	acquire := func(k string) {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			_, _ = w.Acquire(wctx, k)
+		}()
+	}
+	acquire("k1")
+	waitFor(t, 20*time.Second, func() bool { return w.lis.isLive() })
+	before := cc.claims()
+	acquire("k2")
+	waitFor(t, 20*time.Second, func() bool { return cc.claims() > before })
+	time.Sleep(500 * time.Millisecond) // a second claim would follow at once
+	if n := cc.claims() - before; n != 1 {
+		t.Errorf("an Acquire of a held key on a listening Locker sent %d claims before waiting, want 1", n)
+	}
+	cancel()
+	<-done
+	<-done
+}

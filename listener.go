@@ -26,12 +26,14 @@ import (
 // checks at once a lease of this Locker on that key (an eviction ends it now
 // rather than at the next beat).
 //
-// Acquire becomes a waiter only once a claim found the key taken, so that a
-// key taken at once costs no connection. No release is lost in between: a
-// release notified before the waiter registered is found by a claim made
-// after it — at once if LISTEN was already in effect (startWaiting), else
-// when the listener goes live, which wakes every waiter (setLive); later
-// releases are notified to a waiter of the key.
+// Acquire registers as a waiter before its first claim when LISTEN is
+// already in effect (no connection to open, nothing can fall in between),
+// else only once a claim found the key taken, so that a key taken at once
+// costs no connection. No release is lost in between: a release notified
+// before the waiter registered is found by a claim made after it — at once
+// if LISTEN came into effect meanwhile (startWaiting), else when the
+// listener goes live, which wakes every waiter (setLive); later releases
+// are notified to a waiter of the key.
 //
 // Notifications only make waiting faster, never correct: a waiter also wakes
 // when the lease it waits for expires (the claim's reply says when, on the
