@@ -387,22 +387,7 @@ func TestAWaiterLeavingMidClaimDoesNotStrandTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		id  string
-		le  *Lease
-		err error
-	}
-	results := make(chan result, 2)
-	leave := map[string]context.CancelFunc{}
-	for _, id := range []string{"w1", "w2"} {
-		wctx, cancel := context.WithCancel(context.WithValue(c, waiterID{}, id))
-		defer cancel()
-		leave[id] = cancel
-		go func() {
-			le, err := y.Acquire(wctx, "k")
-			results <- result{id, le, err}
-		}()
-	}
+	results, leave := twoWaiters(t, c, y, "k")
 	waitFor(t, 10*time.Second, func() bool { return y.lis.isLive() && hook.claimed("w1") > 0 && hook.claimed("w2") > 0 })
 	hook.armed.Store(true)
 	if err := held.Unlock(c); err != nil {
@@ -412,13 +397,45 @@ func TestAWaiterLeavingMidClaimDoesNotStrandTheKey(t *testing.T) {
 	leave[woken]()
 	// The two return in either order: the one that left, cancelled; the
 	// other with the key, long before its next look.
-	got := map[string]result{}
-	for bound := time.After(10 * time.Second); len(got) < 2; {
+	theOtherTakesTheKey(t, c, results, woken, 10*time.Second)
+}
+
+// waitResult is what a waiter's Acquire returned.
+type waitResult struct {
+	id  string
+	le  *Lease
+	err error
+}
+
+// twoWaiters starts two Acquires of key on y, "w1" and "w2" (the waiterID
+// in their contexts), and returns their results and how to make each leave.
+func twoWaiters(t *testing.T, c context.Context, y *Locker, key string) (<-chan waitResult, map[string]context.CancelFunc) {
+	results := make(chan waitResult, 2)
+	leave := map[string]context.CancelFunc{}
+	for _, id := range []string{"w1", "w2"} {
+		wctx, cancel := context.WithCancel(context.WithValue(c, waiterID{}, id))
+		t.Cleanup(cancel)
+		leave[id] = cancel
+		go func() {
+			le, err := y.Acquire(wctx, key)
+			results <- waitResult{id, le, err}
+		}()
+	}
+	return results, leave
+}
+
+// theOtherTakesTheKey waits, at most bound, for both waiters of twoWaiters:
+// the one that left (woken) with its context's error, the other with the
+// key, which it releases.
+func theOtherTakesTheKey(t *testing.T, c context.Context, results <-chan waitResult, woken string, bound time.Duration) {
+	t.Helper()
+	got := map[string]waitResult{}
+	for timeout := time.After(bound); len(got) < 2; {
 		select {
 		case r := <-results:
 			got[r.id] = r
-		case <-bound:
-			t.Fatalf("after 10s only %v returned: the key was left to the other waiter's next look", slices.Collect(maps.Keys(got)))
+		case <-timeout:
+			t.Fatalf("after %v only %v returned: the key was left to the other waiter's next look", bound, slices.Collect(maps.Keys(got)))
 		}
 	}
 	for id, r := range got {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -601,22 +600,7 @@ func TestAWaiterLeavingDuringAMinimumHoldHandsItsWakeUpOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		id  string
-		le  *Lease
-		err error
-	}
-	results := make(chan result, 2)
-	leave := map[string]context.CancelFunc{}
-	for _, id := range []string{"w1", "w2"} {
-		wctx, cancel := context.WithCancel(context.WithValue(c, waiterID{}, id))
-		defer cancel()
-		leave[id] = cancel
-		go func() {
-			le, err := y.Acquire(wctx, "k")
-			results <- result{id, le, err}
-		}()
-	}
+	results, leave := twoWaiters(t, c, y, "k")
 	claims := func() map[string]int {
 		return map[string]int{"w1": hook.claimed("w1"), "w2": hook.claimed("w2")}
 	}
@@ -645,25 +629,7 @@ func TestAWaiterLeavingDuringAMinimumHoldHandsItsWakeUpOn(t *testing.T) {
 		return false
 	})
 	leave[woken]() // during its sleep until the hold ends
-	got := map[string]result{}
-	for bound := time.After(20 * time.Second); len(got) < 2; {
-		select {
-		case r := <-results:
-			got[r.id] = r
-		case <-bound:
-			t.Fatalf("after 20s only %v returned: the key was left to the other waiter's next look", slices.Collect(maps.Keys(got)))
-		}
-	}
-	for id, r := range got {
-		switch {
-		case id == woken && !errors.Is(r.err, context.Canceled):
-			t.Fatalf("the waiter that left (%s): %v; want its context's error", id, r.err)
-		case id != woken && r.err != nil:
-			t.Fatalf("the other waiter (%s): %v; want the key", id, r.err)
-		case id != woken:
-			_ = r.le.Unlock(c)
-		}
-	}
+	theOtherTakesTheKey(t, c, results, woken, 20*time.Second)
 }
 
 // A server restarted just before Unlock and Close (here: every connection
