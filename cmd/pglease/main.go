@@ -12,11 +12,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // Exit codes.
@@ -84,22 +84,12 @@ func (u usageError) Unwrap() error { return u.err }
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
 // checkKeyArg refuses, before anything is opened, a KEY argument that no
-// lease can have (the library's rules, pglease.ErrInvalidKey).
+// lease can have (the library's own check, pglease.ErrInvalidKey).
 func checkKeyArg(key string) error {
-	why := ""
-	switch {
-	case key == "":
-		why = "empty key"
-	case len(key) > pglease.MaxKeyLen:
-		why = fmt.Sprintf("key is %d bytes, the limit is %d", len(key), pglease.MaxKeyLen)
-	case !utf8.ValidString(key):
-		why = fmt.Sprintf("key %q is not valid UTF-8", key)
-	case strings.IndexByte(key, 0) >= 0:
-		why = fmt.Sprintf("key %q contains a NUL byte", key)
-	default:
-		return nil
+	if err := entry.CheckKey(key); err != nil {
+		return usageError{err}
 	}
-	return usageError{fmt.Errorf("%w: %s", pglease.ErrInvalidKey, why)}
+	return nil
 }
 
 var errInterrupted = errors.New("interrupted")
