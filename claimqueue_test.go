@@ -15,17 +15,19 @@ import (
 )
 
 // claimStatements counts a Locker's claim statements: single claims and
-// claims of several keys, with the number of keys in each.
+// claims of several keys, with the number of keys in each, and the claims
+// of each key (keys without commas, quotes or backslashes).
 type claimStatements struct {
 	backend
 	one, many string
 	mu        sync.Mutex
 	singles   int
 	batches   []int
+	perKey    map[string]int
 }
 
 func countClaims(l *Locker) *claimStatements {
-	c := &claimStatements{backend: l.store.DB, one: l.store.SQL().Claim, many: l.store.SQL().ClaimMany}
+	c := &claimStatements{backend: l.store.DB, one: l.store.SQL().Claim, many: l.store.SQL().ClaimMany, perKey: map[string]int{}}
 	l.store.DB = c
 	return c
 }
@@ -34,6 +36,7 @@ func (c *claimStatements) QueryRow(ctx context.Context, q string, args []any, de
 	if q == c.one {
 		c.mu.Lock()
 		c.singles++
+		c.perKey[args[0].(string)]++
 		c.mu.Unlock()
 	}
 	return c.backend.QueryRow(ctx, q, args, dest...)
@@ -43,6 +46,9 @@ func (c *claimStatements) Query(ctx context.Context, q string, args []any, each 
 	if q == c.many {
 		c.mu.Lock()
 		c.batches = append(c.batches, strings.Count(args[1].(string), ",")+1)
+		for _, k := range strings.Split(strings.Trim(args[0].(string), "{}"), ",") {
+			c.perKey[strings.Trim(k, `"`)]++
+		}
 		c.mu.Unlock()
 	}
 	return c.backend.Query(ctx, q, args, each)
@@ -55,6 +61,13 @@ func (c *claimStatements) claims() int {
 		singles += n
 	}
 	return singles
+}
+
+// claimsOf is how many claims of key l sent, alone or with others.
+func (c *claimStatements) claimsOf(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.perKey[key]
 }
 
 func (c *claimStatements) counts() (singles int, batches []int) {
