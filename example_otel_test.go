@@ -30,6 +30,7 @@ func ExampleWithMeterProvider() {
 		fmt.Println(err)
 		return
 	}
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	replicaA, _ := pglease.New(db, table, pglease.WithMeterProvider(provider))
 	defer replicaA.Close()
 	replicaB, _ := pglease.New(db, table, pglease.WithMeterProvider(provider))
@@ -51,7 +52,6 @@ func ExampleWithMeterProvider() {
 		}
 	}
 	_ = lease.Unlock(ctx)
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_otel_leases"))
 	// Unordered output:
 	// pglease.claims acquired 1
 	// pglease.claims held 1

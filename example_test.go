@@ -24,6 +24,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	replicaA, _ := pglease.New(db, table, pglease.WithLeaseDuration(10*time.Second))
 	defer replicaA.Close()
 	replicaB, _ := pglease.New(db, table, pglease.WithLeaseDuration(10*time.Second))
@@ -46,8 +47,6 @@ func Example() {
 	next, _ := replicaB.Lock(ctx, "nightly-reconciliation")
 	fmt.Println("fence went up:", next.Fence() > lease.Fence())
 	_ = next.Unlock(ctx)
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_leases"))
 	// Output:
 	// B skips: true
 	// fence went up: true
@@ -68,6 +67,7 @@ func ExampleLease_Done() {
 	defer db.Close()
 	table := pglease.WithTable("example_done")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	locker, _ := pglease.New(db, table, pglease.WithLeaseDuration(time.Second))
 	defer locker.Close()
 
@@ -78,8 +78,6 @@ func ExampleLease_Done() {
 	<-lease.Done() // the renewer finds the lease gone within one beat
 	fmt.Println(errors.Is(lease.Err(), pglease.ErrLeaseLost))
 	fmt.Println(errors.Is(lease.Unlock(ctx), pglease.ErrLeaseLost))
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_done"))
 	// Output:
 	// true
 	// true
@@ -94,6 +92,7 @@ func ExampleLease_Guard() {
 	defer db.Close()
 	table := pglease.WithTable("example_guard")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	_, _ = db.Exec(`CREATE TABLE example_balance (id int PRIMARY KEY, amount int)`)
 	_, _ = db.Exec(`INSERT INTO example_balance VALUES (1, 100)`)
 	locker, _ := pglease.New(db, table)
@@ -117,7 +116,6 @@ func ExampleLease_Guard() {
 	fmt.Println(tx.Commit())
 
 	_, _ = db.Exec(`DROP TABLE example_balance`)
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_guard"))
 	// Output:
 	// <nil>
 }
@@ -132,6 +130,7 @@ func ExampleFenceTable() {
 	defer db.Close()
 	table := pglease.WithTable("example_fg")
 	_ = pglease.Migrate(ctx, db, table) // creates example_fg_fences too
+	defer pglease.Drop(ctx, db, table)  // the example cleans up; a service keeps its table
 	guard, _ := pglease.NewFenceTable(table)
 
 	write := func(fence int64) error {
@@ -147,8 +146,6 @@ func ExampleFenceTable() {
 	fmt.Println(write(8))           // a newer holder
 	err := write(7)                 // the old holder, back from a pause
 	fmt.Println(errors.Is(err, pglease.ErrStaleFence))
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_fg"))
 	// Output:
 	// <nil> <nil>
 	// <nil>
@@ -164,6 +161,7 @@ func ExampleElection_Run() {
 	defer db.Close()
 	table := pglease.WithTable("example_election")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	locker, _ := pglease.New(db, table)
 	defer locker.Close()
 	election, _ := pglease.NewElection(locker, "scheduler-leader")
@@ -179,8 +177,6 @@ func ExampleElection_Run() {
 		OnStoppedLeading: func() { fmt.Println("stopped leading") },
 	})
 	fmt.Println("Run:", err)
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_election"))
 	// Output:
 	// leading, term 1
 	// stopped leading
@@ -197,6 +193,7 @@ func ExampleLocker_Do() {
 	defer db.Close()
 	table := pglease.WithTable("example_do")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	a, _ := pglease.New(db, table)
 	defer a.Close()
 	b, _ := pglease.New(db, table)
@@ -210,8 +207,6 @@ func ExampleLocker_Do() {
 	fmt.Println(a.Do(ctx, "hourly-report", job, pglease.Tick(tick)))
 	err := b.Do(ctx, "hourly-report", job, pglease.Tick(tick)) // B fires late: the tick has run
 	fmt.Println(errors.Is(err, pglease.ErrAlreadyRun))
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_do"))
 	// Output:
 	// job runs with fence 1
 	// <nil>
@@ -226,6 +221,7 @@ func ExampleTick() {
 	defer db.Close()
 	table := pglease.WithTable("example_tick")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	locker, _ := pglease.New(db, table)
 	defer locker.Close()
 	job := func(ctx context.Context, lease *pglease.Lease) error {
@@ -247,8 +243,6 @@ func ExampleTick() {
 		}
 		// end snippet: do-tick
 	}
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_tick"))
 	// Output:
 	// building the report
 	// skipped: this tick has run
@@ -262,6 +256,7 @@ func ExampleLocker_Acquire() {
 	defer db.Close()
 	table := pglease.WithTable("example_acquire")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	a, _ := pglease.New(db, table)
 	defer a.Close()
 	b, _ := pglease.New(db, table)
@@ -279,8 +274,6 @@ func ExampleLocker_Acquire() {
 	}
 	fmt.Println("acquired, fence", lease.Fence())
 	_ = lease.Unlock(ctx)
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_acquire"))
 	// Output:
 	// acquired, fence 2
 }
@@ -295,6 +288,7 @@ func ExampleElection_Campaign() {
 	defer db.Close()
 	table := pglease.WithTable("example_campaign")
 	_ = pglease.Migrate(ctx, db, table)
+	defer pglease.Drop(ctx, db, table) // the example cleans up; a service keeps its table
 	locker, _ := pglease.New(db, table)
 	defer locker.Close()
 
@@ -311,8 +305,6 @@ func ExampleElection_Campaign() {
 	<-lead.Context().Done() // stop leading...
 	fmt.Println(lead.Err()) // ...the lease was released
 	_ = lead.Unlock(ctx)    // idempotent: nothing left to do
-
-	_ = pglease.Drop(ctx, db, pglease.WithTable("example_campaign"))
 	// Output:
 	// leading, term 1
 	// pglease: lease unlocked
