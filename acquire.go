@@ -48,20 +48,22 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 		}
 	}()
 	start := time.Now()
-	for failures := 0; ; {
+	streak := l.failStreak("pglease: claim attempt failed, will retry", "pglease: claim attempts work again")
+	for {
 		le, err := l.lockOnce(ctx, key, lc)
 		if w != nil && usedWakeUp(err) {
 			w.woken = false
+		}
+		if err == nil || errors.Is(err, ErrAlreadyLocked) {
+			streak.succeeded(ctx, "key", key, "holder", l.holder)
 		}
 		if err == nil || final(err) {
 			l.obs.waited(ctx, key, time.Since(start), err == nil)
 			return le, err
 		}
+		failures := 0
 		if !errors.Is(err, ErrAlreadyLocked) && ctx.Err() == nil {
-			failures++
-			l.log.Warn("pglease: claim attempt failed, will retry", "key", key, "holder", l.holder, "error", err)
-		} else {
-			failures = 0
+			failures = streak.failed(ctx, err, "key", key, "holder", l.holder)
 		}
 		if w == nil {
 			w = l.startWaiting(key)

@@ -118,7 +118,8 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 // reads the leader on release notifications, at the leader's expiry and,
 // while nobody leads, at the poll interval (a claim sends no
 // notification), so a term shorter than that can go unseen; read errors
-// are logged at WARN and retried. A slow reader only misses
+// are retried, backing off up to the poll interval (the first of a
+// streak is logged at WARN, the next ones at DEBUG). A slow reader only misses
 // intermediate states, never the latest.
 func (e *Election) Observe(ctx context.Context) <-chan LeaseInfo {
 	out := make(chan LeaseInfo, 1)
@@ -139,11 +140,15 @@ func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 	defer w.stop()
 	var last *LeaseInfo
 	next := time.Duration(0)
+	streak := e.l.failStreak("pglease: observing the leader failed, will retry", "pglease: observing the leader works again")
 	for {
 		if err := e.l.sleepUntilRetry(ctx, w, next); err != nil {
 			return
 		}
 		li, err := e.Leader(ctx)
+		if err == nil || errors.Is(err, ErrNoLeader) {
+			streak.succeeded(ctx, "key", e.key)
+		}
 		switch {
 		case errors.Is(err, ErrNoLeader):
 			// A claim sends no notification: while nobody leads, look at
@@ -156,8 +161,7 @@ func (e *Election) observe(ctx context.Context, out chan LeaseInfo) {
 			if ctx.Err() != nil {
 				return
 			}
-			e.l.log.Warn("pglease: observing the leader failed, will retry", "key", e.key, "error", err)
-			next = e.l.retryIn(err, 1)
+			next = e.l.retryIn(err, streak.failed(ctx, err, "key", e.key))
 			continue
 		default:
 			next = e.l.retryIn(&AlreadyLockedError{Key: e.key, Holder: li.Holder, FreeIn: li.ExpiresIn, Reason: LockedHeld}, 0)

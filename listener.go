@@ -98,6 +98,7 @@ type listener struct {
 	// notBefore is when the next listening connection may be opened: after
 	// a failure, a run (this one or the next waiter's) waits until then.
 	notBefore time.Time
+	lastPause time.Duration // the pause set after the last session ended
 
 	warned bool // a failed probe or a pooled connection was logged (once per Locker)
 }
@@ -215,7 +216,9 @@ func (ls *listener) isLive() bool {
 }
 
 // run keeps a listening connection until ctx ends, reconnecting with
-// backoff after a failure.
+// backoff after a failure; the backoff starts again from its first step
+// once a connection has gone live. The first failure of a streak is
+// logged at WARN, the next ones at DEBUG, the reconnection at INFO.
 //
 // A connection that does not deliver (the probe did not come back), or
 // that goes through a pooler, is not retried for notDeliveringPause, and
@@ -223,11 +226,16 @@ func (ls *listener) isLive() bool {
 // (notBefore), not this run's: a run ends with its last waiter, and the
 // next waiter's run waits for it too.
 func (ls *listener) run(ctx context.Context) {
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+	lost := ls.l.failStreak("pglease: listener connection lost, waiters poll meanwhile; reconnecting", "pglease: listener reconnected")
+	const firstDelay = 100 * time.Millisecond
+	for delay := firstDelay; ; delay = min(2*delay, 5*time.Second) {
 		if !ctxsleep.For(ctx, ls.pause()) {
 			return
 		}
-		err := ls.session(ctx)
+		err := ls.session(ctx, func() {
+			lost.succeeded(ctx, "holder", ls.l.holder)
+			delay = firstDelay
+		})
 		ls.setLive(ctx, false)
 		switch {
 		case ctx.Err() != nil || errors.Is(err, errCannotListen):
@@ -239,11 +247,10 @@ func (ls *listener) run(ctx context.Context) {
 			}
 			delay = notDeliveringPause
 		default:
-			ls.l.log.Warn("pglease: listener connection lost, waiters poll meanwhile; reconnecting",
-				"holder", ls.l.holder, "error", err)
+			lost.failed(ctx, err, "holder", ls.l.holder)
 		}
 		ls.mu.Lock()
-		ls.notBefore = time.Now().Add(delay)
+		ls.notBefore, ls.lastPause = time.Now().Add(delay), delay
 		ls.mu.Unlock()
 	}
 }
@@ -265,8 +272,9 @@ func (ls *listener) warnOnce() bool {
 	return first
 }
 
-// session is the life of one listening connection.
-func (ls *listener) session(ctx context.Context) error {
+// session is the life of one listening connection; it calls onLive when
+// the connection goes live.
+func (ls *listener) session(ctx context.Context, onLive func()) error {
 	cfg, err := ls.l.store.DB.ListenConfig(ctx)
 	if err != nil {
 		return err
@@ -296,6 +304,7 @@ func (ls *listener) session(ctx context.Context) error {
 		return err
 	}
 	ls.setLive(ctx, true)
+	onLive()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenHealthEvery)
 		n, err := conn.WaitForNotification(wctx)

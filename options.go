@@ -155,7 +155,10 @@ func WithHolder(id string) Option {
 }
 
 // WithLogger sets where lease losses (ERROR), failed renewals and the start
-// of a failover delay (WARN) are logged (default slog.Default()).
+// of a failover delay (WARN) are logged (default slog.Default()). An
+// operation that retries (a waiting Acquire's claims, the listening
+// connection, an Election's observer) logs the first failure of a streak
+// at WARN, the next ones at DEBUG and its recovery at INFO.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }
