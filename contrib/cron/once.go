@@ -25,6 +25,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // DefaultTolerance is how late after its activation a run may start and
@@ -159,9 +160,11 @@ func WithLogger(l cron.Logger) Option {
 // it): ok when the job returns, panic when it panics, lost when the lease
 // was lost during the run; see pglease/journal.History.
 //
-// A nil l or sched, an empty key, an @every delay under a second, a
-// schedule that never fires or an invalid option fail with an error
-// wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the key).
+// A nil l or sched, an @every delay under a second, a schedule that never
+// fires or an invalid option fail with an error wrapping
+// pglease.ErrInvalidOption; a key no lease can have (empty, longer than
+// pglease.MaxKeyLen, not valid UTF-8 or with a NUL byte) fails with one
+// wrapping pglease.ErrInvalidKey.
 func Once(l *pglease.Locker, key string, sched cron.Schedule, opts ...Option) (cron.JobWrapper, error) {
 	w, err := newWrapper(l, key, sched, time.Local, opts)
 	if err != nil {
@@ -176,8 +179,8 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Lo
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	if key == "" {
-		return nil, fmt.Errorf("%w: pgleasecron: empty key", pglease.ErrInvalidKey)
+	if err := entry.CheckKey(key); err != nil {
+		return nil, fmt.Errorf("pgleasecron: %w", err)
 	}
 	switch sched.(type) {
 	case nil:
@@ -234,7 +237,8 @@ var errNoSpec = errors.New("pgleasecron: the schedule prints a pointer address, 
 //
 // A nil c, parser or job, a spec that does not parse, or any input Once
 // refuses fail with an error wrapping pglease.ErrInvalidOption
-// (pglease.ErrInvalidKey for the key) and add nothing to c.
+// (pglease.ErrInvalidKey for the key), add nothing to c and write nothing
+// to the database.
 func AddJob(c *cron.Cron, l *pglease.Locker, parser cron.ScheduleParser, spec, key string, job cron.Job, opts ...Option) (cron.EntryID, error) {
 	if c == nil || parser == nil || job == nil {
 		return 0, fmt.Errorf("%w: pgleasecron: nil Cron, parser or job", pglease.ErrInvalidOption)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,6 +137,59 @@ func TestOnceBadInput(t *testing.T) {
 	if n := len(cr.Entries()); n != 0 {
 		t.Errorf("a failed AddJob left %d entries", n)
 	}
+}
+
+// TestInvalidKeyRefused: a key no lease can have (the library's own check:
+// empty, longer than pglease.MaxKeyLen, not UTF-8, a NUL byte) is refused
+// by Once and AddJob with pglease.ErrInvalidKey; AddJob then adds no entry
+// and writes no row, while a key of pglease.MaxKeyLen bytes is accepted and
+// its schedule recorded.
+func TestInvalidKeyRefused(t *testing.T) {
+	t.Parallel()
+	table := migrate(t)
+	db := pgleasetest.DB(t, 2)
+	l := newLocker(t, db, table, "a", 5*time.Second)
+	defer l.Close()
+	c := cron.New(cron.WithSeconds())
+	job := cron.FuncJob(func() {})
+	for name, key := range map[string]string{
+		"empty":     "",
+		"too long":  strings.Repeat("k", pglease.MaxKeyLen+1),
+		"not UTF-8": "job-\xff",
+		"NUL byte":  "job\x00",
+		"600 bytes": strings.Repeat("k", 600),
+	} {
+		if w, err := pgleasecron.Once(l, key, everySecond); !errors.Is(err, pglease.ErrInvalidKey) || w != nil {
+			t.Errorf("%s: Once = %v; want ErrInvalidKey and no wrapper", name, err)
+		}
+		if id, err := pgleasecron.AddJob(c, l, secondsParser, "* * * * * *", key, job); !errors.Is(err, pglease.ErrInvalidKey) || id != 0 {
+			t.Errorf("%s: AddJob = %d, %v; want ErrInvalidKey", name, id, err)
+		}
+	}
+	if n := len(c.Entries()); n != 0 {
+		t.Errorf("AddJob with invalid keys added %d entries", n)
+	}
+	if n := rowCount(t, db, table); n != 0 {
+		t.Fatalf("AddJob with invalid keys wrote %d rows", n)
+	}
+	longest := strings.Repeat("k", pglease.MaxKeyLen)
+	if _, err := pgleasecron.AddJob(c, l, secondsParser, "* * * * * *", longest, job); err != nil {
+		t.Fatalf("AddJob with a key of pglease.MaxKeyLen bytes: %v", err)
+	}
+	if n, entries := rowCount(t, db, table), len(c.Entries()); n != 1 || entries != 1 {
+		t.Fatalf("AddJob with a key of pglease.MaxKeyLen bytes: %d rows, %d entries; want its schedule's row and its entry", n, entries)
+	}
+}
+
+// rowCount counts the rows of table and of its schedules
+// (pglease.Locker.RegisterSchedule).
+func rowCount(t *testing.T, db *sql.DB, table string) (n int) {
+	t.Helper()
+	q := fmt.Sprintf(`SELECT (SELECT count(*) FROM %q) + (SELECT count(*) FROM %q)`, table, table+"_schedules")
+	if err := db.QueryRowContext(t.Context(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func TestActivation(t *testing.T) {
