@@ -160,8 +160,9 @@ func WithLogger(l cron.Logger) Option {
 // it): ok when the job returns, panic when it panics, lost when the lease
 // was lost during the run; see pglease/journal.History.
 //
-// A nil l or sched, an @every delay under a second, a schedule that never
-// fires or an invalid option fail with an error wrapping
+// A nil l, a nil sched (also a nil *cron.SpecSchedule or
+// *cron.ConstantDelaySchedule), an @every delay under a second, a schedule
+// that never fires or an invalid option fail with an error wrapping
 // pglease.ErrInvalidOption; a key no lease can have (empty, longer than
 // pglease.MaxKeyLen, not valid UTF-8 or with a NUL byte) fails with one
 // wrapping pglease.ErrInvalidKey.
@@ -182,13 +183,11 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Lo
 	if err := entry.CheckKey(key); err != nil {
 		return nil, fmt.Errorf("pgleasecron: %w", err)
 	}
-	switch sched.(type) {
-	case nil:
-		return nil, fmt.Errorf("%w: pgleasecron: nil schedule", pglease.ErrInvalidOption)
-	case cron.ConstantDelaySchedule, *cron.ConstantDelaySchedule:
-		if d, _ := every(sched); d < time.Second {
-			return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
-		}
+	if isNil(sched) {
+		return nil, fmt.Errorf("%w: pgleasecron: nil schedule (%T)", pglease.ErrInvalidOption, sched)
+	}
+	if d, ok := every(sched); ok && d < time.Second {
+		return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
 	}
 	c := config{now: time.Now, loc: loc, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger,
 		catchUp: -1, grace: -1}
@@ -209,6 +208,20 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Lo
 			"key", key, "schedule", fmt.Sprintf("%T", sched))
 	}
 	return &wrapper{l: l, key: key, sched: sched, js: js, cfg: c}, nil
+}
+
+// isNil reports whether sched is nil or a nil pointer to one of
+// robfig/cron's schedule types, whose Next would dereference it.
+func isNil(sched cron.Schedule) bool {
+	switch s := sched.(type) {
+	case nil:
+		return true
+	case *cron.SpecSchedule:
+		return s == nil
+	case *cron.ConstantDelaySchedule:
+		return s == nil
+	}
+	return false
 }
 
 // errNoSpec: a Schedule of the user's own prints a pointer address.

@@ -113,31 +113,55 @@ func TestOnceBadInput(t *testing.T) {
 		opts  []pgleasecron.Option
 		want  error
 	}{
-		"nil locker":       {nil, "k", everySecond, nil, pglease.ErrInvalidOption},
-		"empty key":        {l, "", everySecond, nil, pglease.ErrInvalidKey},
-		"nil schedule":     {l, "k", nil, nil, pglease.ErrInvalidOption},
-		"@every under 1s":  {l, "k", cron.ConstantDelaySchedule{Delay: time.Millisecond}, nil, pglease.ErrInvalidOption},
-		"nil option":       {l, "k", everySecond, []pgleasecron.Option{nil}, pglease.ErrInvalidOption},
-		"nil clock":        {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithClock(nil)}, pglease.ErrInvalidOption},
-		"nil location":     {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithLocation(nil)}, pglease.ErrInvalidOption},
-		"zero tolerance":   {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithTolerance(0)}, pglease.ErrInvalidOption},
-		"absurd tolerance": {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithTolerance(48 * time.Hour)}, pglease.ErrInvalidOption},
-		"negative hold":    {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithMinHold(-1)}, pglease.ErrInvalidOption},
-		"nil logger":       {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithLogger(nil)}, pglease.ErrInvalidOption},
+		"nil locker":                 {nil, "k", everySecond, nil, pglease.ErrInvalidOption},
+		"empty key":                  {l, "", everySecond, nil, pglease.ErrInvalidKey},
+		"nil schedule":               {l, "k", nil, nil, pglease.ErrInvalidOption},
+		"nil *SpecSchedule":          {l, "k", (*cron.SpecSchedule)(nil), nil, pglease.ErrInvalidOption},
+		"nil *ConstantDelaySchedule": {l, "k", (*cron.ConstantDelaySchedule)(nil), nil, pglease.ErrInvalidOption},
+		"@every under 1s":            {l, "k", cron.ConstantDelaySchedule{Delay: time.Millisecond}, nil, pglease.ErrInvalidOption},
+		"nil option":                 {l, "k", everySecond, []pgleasecron.Option{nil}, pglease.ErrInvalidOption},
+		"nil clock":                  {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithClock(nil)}, pglease.ErrInvalidOption},
+		"nil location":               {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithLocation(nil)}, pglease.ErrInvalidOption},
+		"zero tolerance":             {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithTolerance(0)}, pglease.ErrInvalidOption},
+		"absurd tolerance":           {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithTolerance(48 * time.Hour)}, pglease.ErrInvalidOption},
+		"negative hold":              {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithMinHold(-1)}, pglease.ErrInvalidOption},
+		"nil logger":                 {l, "k", everySecond, []pgleasecron.Option{pgleasecron.WithLogger(nil)}, pglease.ErrInvalidOption},
 	}
 	for name, c := range cases {
-		if w, err := pgleasecron.Once(c.l, c.key, c.sched, c.opts...); !errors.Is(err, c.want) || w != nil {
-			t.Errorf("%s: Once = %v; want %v and no wrapper", name, err, c.want)
-		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: Once panicked: %v; want %v", name, r, c.want)
+				}
+			}()
+			if w, err := pgleasecron.Once(c.l, c.key, c.sched, c.opts...); !errors.Is(err, c.want) || w != nil {
+				t.Errorf("%s: Once = %v; want %v and no wrapper", name, err, c.want)
+			}
+		}()
 	}
 	cr := cron.New()
 	if _, err := pgleasecron.AddJob(cr, l, cron.NewParser(cron.Minute|cron.Hour|cron.Dom|cron.Month|cron.Dow), "not a spec", "k", cron.FuncJob(func() {})); err == nil {
 		t.Error("AddJob accepted a bad spec")
 	}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("AddJob with a parser that returns a nil *cron.SpecSchedule panicked: %v", r)
+			}
+		}()
+		if _, err := pgleasecron.AddJob(cr, l, nilParser{}, "* * * * *", "k", cron.FuncJob(func() {})); !errors.Is(err, pglease.ErrInvalidOption) {
+			t.Errorf("AddJob with a parser that returns a nil *cron.SpecSchedule: %v, want ErrInvalidOption", err)
+		}
+	}()
 	if n := len(cr.Entries()); n != 0 {
 		t.Errorf("a failed AddJob left %d entries", n)
 	}
 }
+
+// nilParser parses every spec into a nil *cron.SpecSchedule.
+type nilParser struct{}
+
+func (nilParser) Parse(string) (cron.Schedule, error) { return (*cron.SpecSchedule)(nil), nil }
 
 // TestInvalidKeyRefused: a key no lease can have (the library's own check:
 // empty, longer than pglease.MaxKeyLen, not UTF-8, a NUL byte) is refused
