@@ -240,7 +240,8 @@ var errNoSpec = errors.New("pgleasecron: the schedule prints a pointer address, 
 // nowhere (every replica was down across it), came due after the fleet
 // first recorded this schedule and lies within the catch-up window, AddJob also adds to c a one-off entry that runs job once as soon
 // as c runs, as that activation (pglease.Tick, marked pglease.CatchUp in
-// the journal), and then removes itself: of all replicas starting together,
+// the journal), and then removes itself (also when job panics and c's
+// chain recovers it, cron.Recover): of all replicas starting together,
 // one runs it, the others are refused (pglease.ErrAlreadyRun, or
 // pglease.ErrAlreadyLocked while it runs) and log it at Info. Only the
 // latest missed activation runs, never one per missed activation; a job

@@ -207,18 +207,21 @@ func (s *catchUpOnce) Next(t time.Time) time.Time {
 }
 
 // addCatchUp adds to c an entry that runs job once, as soon as c runs, as
-// the catch-up run of tick, and then removes itself.
+// the catch-up run of tick, and then removes itself, also when job panics
+// (under cron.Recover, c goes on running).
 func (w *wrapper) addCatchUp(c *cron.Cron, job cron.Job, tick time.Time) {
 	var mu sync.Mutex
 	var id cron.EntryID
 	mu.Lock()
 	defer mu.Unlock()
 	id = c.Schedule(&catchUpOnce{}, cron.FuncJob(func() {
+		defer func() {
+			mu.Lock()
+			self := id
+			mu.Unlock()
+			c.Remove(self)
+		}()
 		w.claim(job, tick, true)
-		mu.Lock()
-		self := id
-		mu.Unlock()
-		c.Remove(self)
 	}))
 	w.cfg.logger.Info("pgleasecron: a tick ran nowhere: its catch-up run is added", "key", w.key, "tick", tick, "entry", id)
 }

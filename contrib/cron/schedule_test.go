@@ -652,3 +652,76 @@ func TestAddJobRecordsTheScheduleAtTheFirstRunAfterAFailure(t *testing.T) {
 		t.Fatalf("audit: missed %+v; want the tick %v overdue (the schedule recorded at the first run)", res.Missed, due)
 	}
 }
+
+// TestCatchUpEntryRemovedAfterAPanic: a catch-up run whose job panics, on
+// a Cron whose chain recovers panics (cron.Recover), still removes its
+// entry: once the run has ended, the Cron has the job's entry alone.
+func TestCatchUpEntryRemovedAfterAPanic(t *testing.T) {
+	t.Parallel()
+	const period, spec, key = 2 * time.Second, "*/2 * * * * *", "panics"
+	table := migrate(t)
+	db := pgleasetest.DB(t, 3)
+	l := newLocker(t, db, table, "replica-1", 5*time.Second)
+	defer l.Close()
+	history := func() []journal.Run {
+		runs, err := journal.History(t.Context(), db, key, time.Time{}, 0, pglease.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runs // newest first
+	}
+	opts := []pgleasecron.Option{pgleasecron.WithLocation(time.UTC), pgleasecron.WithCatchUp(30 * time.Second)}
+
+	// The job runs once: its schedule and its next tick are recorded.
+	c := cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC))
+	ran := make(chan struct{}, 1)
+	if _, err := pgleasecron.AddJob(c, l, secondsParser, spec, key, cron.FuncJob(func() {
+		select {
+		case ran <- struct{}{}:
+		default:
+		}
+	}), opts...); err != nil {
+		t.Fatal(err)
+	}
+	c.Start()
+	<-ran
+	<-c.Stop().Done()
+	last := *history()[0].Tick
+	// Down across the next tick; restarted early in the interval after it.
+	for time.Since(last) < period+period/2 {
+		sleepPastTick(period, 100*time.Millisecond)
+	}
+
+	log := &catchUpLog{}
+	recovered := newRunLog() // cron.Recover's logger: the panics it recovered
+	c = cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC), cron.WithChain(cron.Recover(recovered)))
+	if _, err := pgleasecron.AddJob(c, l, secondsParser, spec, key, cron.FuncJob(func() { panic("boom") }),
+		append(opts, pgleasecron.WithLogger(log))...); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.Entries()); n != 2 {
+		t.Fatalf("%d entries after AddJob past a missed tick, want the job's and its catch-up's", n)
+	}
+	c.Start()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if i := slices.IndexFunc(history(), func(r journal.Run) bool { return r.CatchUp && r.Outcome == pglease.OutcomePanic }); i >= 0 {
+			break
+		}
+		log.mu.Lock()
+		refused := log.refused
+		log.mu.Unlock()
+		if refused > 0 {
+			t.Fatal("the catch-up claim was refused (the job's own run claimed a later tick first): nothing to test")
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no catch-up run ended in a panic within 30 s: runs %+v", history())
+		}
+	}
+	<-c.Stop().Done() // waits for the catch-up run to end, its panic recovered
+	if errs := recovered.errors(); len(errs) == 0 {
+		t.Fatal("cron.Recover recovered no panic")
+	}
+	if n := len(c.Entries()); n != 1 {
+		t.Fatalf("%d entries after the catch-up run panicked, want the job's alone", n)
+	}
+}
