@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -96,8 +97,14 @@ func WithMinHold(d time.Duration) Option {
 	}
 }
 
-// WithLogger sets where skipped runs (Info) and failed claims (Error) are
-// logged (default cron.DiscardLogger).
+// WithLogger sets the logger of the wrapper: Error for a failed claim (the
+// database unreachable), a schedule it could not record and a run outside
+// the tolerance; Info for a run skipped because another replica ran its
+// activation or holds the key, and for a catch-up entry added. The default
+// is slog.Default(), looked up at each line, with Error at slog's ERROR
+// level (the error under "error") and Info at DEBUG: those skips are
+// routine on every replica but one, and robfig/cron's own default logger
+// prints errors only. cron.DiscardLogger logs nothing.
 func WithLogger(l cron.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -118,7 +125,8 @@ func WithLogger(l cron.Logger) Option {
 // activation is skipped, not queued) skips it. So each activation runs at
 // most once across replicas, and exactly once while one replica can reach
 // the database. Any other claim error (the database unreachable) skips the
-// run too, logged at Error: the job never runs unguarded.
+// run too, logged at Error (to slog.Default() unless WithLogger says
+// otherwise): the job never runs unguarded.
 //
 // sched must be the entry's schedule: a cron expression
 // (*cron.SpecSchedule or a Schedule of your own on a fixed calendar), or
@@ -189,7 +197,7 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Lo
 	if d, ok := every(sched); ok && d < time.Second {
 		return nil, fmt.Errorf("%w: pgleasecron: @every delay %v is shorter than a second", pglease.ErrInvalidOption, d)
 	}
-	c := config{now: time.Now, loc: loc, tolerance: DefaultTolerance, minHold: -1, logger: cron.DiscardLogger,
+	c := config{now: time.Now, loc: loc, tolerance: DefaultTolerance, minHold: -1, logger: slogLogger{},
 		catchUp: -1, grace: -1}
 	for _, o := range opts {
 		if o == nil {
@@ -222,6 +230,16 @@ func isNil(sched cron.Schedule) bool {
 		return s == nil
 	}
 	return false
+}
+
+// slogLogger is the default cron.Logger (see WithLogger): slog.Default(),
+// Info at DEBUG.
+type slogLogger struct{}
+
+func (slogLogger) Info(msg string, kv ...any) { slog.Default().Debug(msg, kv...) }
+
+func (slogLogger) Error(err error, msg string, kv ...any) {
+	slog.Default().Error(msg, append(kv[:len(kv):len(kv)], "error", err)...)
 }
 
 // errNoSpec: a Schedule of the user's own prints a pointer address.
