@@ -154,14 +154,18 @@ func WithLogger(l cron.Logger) Option {
 // not catch such an activation up: AddJob does (WithCatchUp). The schedule
 // is recorded under a text derived from it, which must be the same on every
 // replica and change when the schedule changes: for a *cron.SpecSchedule its
-// fields and its time zone (the wrapper's location, WithLocation, unless it
-// was parsed with CRON_TZ=), for @every the delay, for a Schedule of your
-// own that implements fmt.Stringer its String(), for any other its type and
-// value as fmt prints them (%T %+v). A Schedule of your own whose value
+// fields and the name of its time zone (the wrapper's location,
+// WithLocation, unless it was parsed with CRON_TZ=), for @every the delay,
+// for a Schedule of your own that implements fmt.Stringer its String(), for
+// any other its type and value as fmt prints them (%T %+v). A Schedule of your own whose value
 // prints a pointer address (which differs between processes) and has no
 // String method is not recorded: its runs are still once per activation,
 // but missed activations are neither reported nor caught up; it is logged
-// at Error when the wrapper is made.
+// at Error when the wrapper is made. time.Local (cron's default location,
+// and Once's) is recorded as "Local", whatever zone the host is in: a
+// change of the host's zone (TZ) is not seen as a change of schedule, and
+// replicas in different zones are not told apart. Give the Cron a named
+// location (cron.WithLocation, and WithLocation for Once) to record it.
 //
 // With the journal on (pglease.WithJournal, the default), each run is
 // journaled with its activation as the tick and its outcome (Do records

@@ -59,6 +59,10 @@ func TestSpecOf(t *testing.T) {
 			t.Errorf("another schedule has the same text %q", a)
 		}
 	}
+	// time.Local by its name, whatever the host's zone (documented on Once).
+	if got := spec(parse("0 */5 * * * *"), time.Local); !strings.HasSuffix(got, " tz=Local") {
+		t.Errorf("time.Local is recorded as %q, want its name, Local", got)
+	}
 	if got := spec(parse("CRON_TZ=Europe/Paris 0 */5 * * * *"), time.UTC); got != spec(parse("CRON_TZ=Europe/Paris 0 */5 * * * *"), paris) {
 		t.Errorf("a CRON_TZ schedule depends on the wrapper's location: %q", got)
 	}
