@@ -357,8 +357,9 @@ func (w *wrapper) claim(j cron.Job, tick time.Time, catchUp bool) {
 //
 // For an @every schedule (cron.ConstantDelaySchedule), whose activations
 // differ between replicas, it is the start of the period containing now on
-// a grid of the delay (now truncated to a multiple of it): the same on
-// every replica for runs in the same period.
+// a grid of the delay (now.Truncate(delay): a whole number of delays since
+// the zero time, so for a delay that divides a day every midnight UTC is on
+// the grid): the same on every replica for runs in the same period.
 func Activation(sched cron.Schedule, now time.Time, tolerance time.Duration) (t time.Time, ok bool) {
 	if d, ok := every(sched); ok {
 		if d <= 0 {

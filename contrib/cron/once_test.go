@@ -250,6 +250,27 @@ func TestActivation(t *testing.T) {
 			t.Errorf("Activation(%s, %v) = %v %v, want %s", c.now, c.tol, got, ok, c.want)
 		}
 	}
+	// @every: a grid of the delay since the zero time, whatever the zone:
+	// for a delay that divides a day, every midnight UTC is on it (in
+	// Kolkata, UTC+5:30, an hour's grid is at :30); for 7m, which does not,
+	// it is not the Unix epoch's.
+	kolkata := time.FixedZone("IST", 5*3600+1800)
+	for _, c := range []struct {
+		every     time.Duration
+		now, want time.Time
+	}{
+		{time.Hour, time.Date(2026, 3, 1, 10, 45, 0, 0, kolkata), time.Date(2026, 3, 1, 10, 30, 0, 0, kolkata)},
+		{10 * time.Second, time.Date(2026, 3, 1, 0, 0, 9, 0, time.UTC), time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)},
+		// The Unix epoch is 62135596800 s after the zero time, 60 s past a
+		// multiple of 7m: the grid is 60 s before the Unix epoch's
+		// (1970-01-05 20:40:00 is 1000 periods after it).
+		{7 * time.Minute, time.Date(1970, 1, 5, 20, 40, 30, 0, time.UTC), time.Date(1970, 1, 5, 20, 39, 0, 0, time.UTC)},
+	} {
+		got, ok := pgleasecron.Activation(cron.Every(c.every), c.now, time.Second)
+		if !ok || !got.Equal(c.want) {
+			t.Errorf("Activation(@every %v, %v) = %v %v, want %v", c.every, c.now, got, ok, c.want)
+		}
+	}
 }
 
 // TestOnceSkewFarLargerThanPeriod: replica clocks seconds apart (+3 s, 0,
