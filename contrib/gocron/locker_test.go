@@ -12,6 +12,7 @@ import (
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -134,42 +135,80 @@ func TestLockerBadInput(t *testing.T) {
 
 // TestLockErrorGivesNilLock: gocron tests the Lock for nil only through the
 // error, but a typed nil inside the interface would be a trap: the Lock
-// returned with an error must be a nil interface. The default minimum hold
-// keeps the key blocked after an Unlock made with an already-cancelled
-// context (gocron at shutdown), and the refusal says so.
+// returned with an error must be a nil interface, for both refusals. The
+// default minimum hold keeps the key blocked after an Unlock made with an
+// already-cancelled context (gocron at shutdown), and the refusal says so;
+// once it ends, the key is free.
+//
+// The refusal is only possible while the hold lasts: the claim, the release
+// and the refused claim must all reach the server within DefaultMinHold of
+// the first claim's acquired_at. Nothing else runs in between (b's
+// connection is dialed beforehand, and the held key is refused afterwards,
+// under b's renewed lease), and the pools have 3 claim slots, so that the
+// journal pruning a first claim starts (it borrows a slot) cannot hold back
+// the release or the claim. Should the refused claim still come too late
+// (a machine stalled for half a second), the journal tells, on the server's
+// clock, and the test is skipped; one that came in time and took the key is
+// a failure.
 func TestLockErrorGivesNilLock(t *testing.T) {
 	table := migrate(t)
-	a, err := pgleasegocron.NewLocker(newLocker(t, table, "a"))
-	if err != nil {
-		t.Fatal(err)
+	locker := func(holder string) *pgleasegocron.Locker {
+		l, err := pglease.New(pgleasetest.DB(t, 4), pglease.WithTable(table), pglease.WithHolder(holder), pglease.WithLeaseDuration(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		k, err := pgleasegocron.NewLocker(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
 	}
-	b, err := pgleasegocron.NewLocker(newLocker(t, table, "b"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := locker("a"), locker("b")
 	ctx := context.Background()
+	warm, err := b.Lock(ctx, "warm-up") // b's connection, dialed before the timed part
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 	lk, err := a.Lock(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
-	}
-	lb, err := b.Lock(ctx, "job")
-	if !errors.Is(err, pglease.ErrAlreadyLocked) || lb != nil {
-		t.Fatalf("second Lock = %#v, %v; want a nil interface and ErrAlreadyLocked", lb, err)
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := lk.Unlock(cancelled); err != nil {
 		t.Fatalf("Unlock with a cancelled context: %v", err)
 	}
-	_, err = b.Lock(ctx, "job")
+	lb, err := b.Lock(ctx, "job")
+	if err == nil {
+		runs, herr := journal.History(ctx, pgleasetest.DB(t, 1), "job", time.Time{}, 0, pglease.WithTable(table))
+		if herr != nil {
+			t.Fatal(herr)
+		}
+		if len(runs) != 2 || runs[0].Holder != "b" || runs[1].Holder != "a" { // newest first
+			t.Fatalf("Lock right after Unlock took the key; the journal has %+v, want a's run, then b's", runs)
+		}
+		after := runs[0].AcquiredAt.Sub(runs[1].AcquiredAt)
+		if after >= pgleasegocron.DefaultMinHold {
+			t.Skipf("the claim after the Unlock reached the server %v after the first claim, past the default minimum hold (%v): the machine is too slow for this test", after, pgleasegocron.DefaultMinHold)
+		}
+		t.Fatalf("Lock right after Unlock took the key %v after the first claim, inside the default minimum hold (%v)", after, pgleasegocron.DefaultMinHold)
+	}
 	var held *pglease.AlreadyLockedError
-	if !errors.As(err, &held) || held.Reason != pglease.LockedMinHold {
-		t.Fatalf("Lock right after Unlock = %v; want a AlreadyLockedError from the default minimum hold", err)
+	if !errors.As(err, &held) || held.Reason != pglease.LockedMinHold || lb != nil {
+		t.Fatalf("Lock right after Unlock = %#v, %v; want a nil interface and an AlreadyLockedError from the default minimum hold", lb, err)
 	}
 	waitFor(t, 5*time.Second, "the default minimum hold to end", func() bool {
 		lb, err = b.Lock(ctx, "job")
 		return err == nil
 	})
+	la, err := a.Lock(ctx, "job")
+	if !errors.As(err, &held) || held.Reason != pglease.LockedHeld || la != nil {
+		t.Fatalf("Lock of the key b holds = %#v, %v; want a nil interface and an AlreadyLockedError, held", la, err)
+	}
 	if err := lb.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
