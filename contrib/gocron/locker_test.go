@@ -36,15 +36,30 @@ func TestPlainLockRunsEveryTickSeveralTimes(t *testing.T) {
 	}
 }
 
-// TestMinHoldRunsEachTickOnce: the same fleet with a minimum hold longer
-// than the spread of the replicas' firing times (600 ms) and shorter than
-// the period minus that spread: every tick runs exactly once, none is
-// missed, and every skipped run was refused as "already locked".
+// TestMinHoldRunsEachTickOnce: the same fleet (clocks from -200 ms to
+// +400 ms: the replicas fire each tick over a spread of 600 ms), every 2 s,
+// with a minimum hold of 1.3 s: longer than the spread, so that the first
+// replica to fire a tick keeps the key blocked past the last one's firing,
+// and shorter than the period minus the spread, so that the hold of a
+// tick's winner, even the last to fire, ends before any replica fires the
+// next tick. Every tick runs exactly once, none is missed, and every
+// skipped run was refused as "already locked".
+//
+// The hold counts from the winner's acquired_at on the server, and a claim
+// reaches the server some time after its replica fired (goroutines,
+// connections, the server itself): the margins are how much later than
+// the winner's a claim may land. A second run needs the last replica's
+// claim to land hold - spread = 700 ms later than the winner's, a missed
+// tick the winner's to land period - hold = 700 ms later than the next
+// tick's last claim. (On a 1 s schedule the same spread leaves 200 ms on
+// each side for a hold of 800 ms, too little for a loaded machine running
+// the race detector and several fleets at once.)
 func TestMinHoldRunsEachTickOnce(t *testing.T) {
 	t.Parallel()
 	sc := defaultScenario()
+	sc.period, sc.cronSpec, sc.ticks = 2*time.Second, "*/2 * * * * *", 12
 	sc.locker = func(l *pglease.Locker, _ skewedClock) (gocron.Locker, error) {
-		return pgleasegocron.NewLocker(l, pgleasegocron.WithMinHold(800*time.Millisecond))
+		return pgleasegocron.NewLocker(l, pgleasegocron.WithMinHold(1300*time.Millisecond))
 	}
 	log, ticks, counts := sc.run(t)
 	assertOncePerTick(t, "minimum hold", log, ticks, counts)
