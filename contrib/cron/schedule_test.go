@@ -224,7 +224,10 @@ func (f *cronFleet) runs() []journal.Run {
 	return runs
 }
 
-// waitRuns waits until the job has run n times in all.
+// waitRuns waits until the job has run n times in all. The runs it returns
+// are those of a fleet still running: to know the last run before an
+// outage, stop the fleet, then read them (f.runs), as a replica still up
+// while the others stop may run one more tick.
 func (f *cronFleet) waitRuns(n int) []journal.Run {
 	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if runs := f.runs(); len(runs) >= n {
@@ -313,8 +316,9 @@ func catchUpOnceAfterAnOutage(t *testing.T, together bool) {
 	log := &catchUpLog{}
 	opts := []pgleasecron.Option{pgleasecron.WithCatchUp(30 * time.Second), pgleasecron.WithLogger(log)}
 	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	last := before[len(before)-1]
 	// Down across 3 ticks; restarted early in the interval after them.
 	for time.Since(*last.Tick) < 3*period+period/2 {
@@ -371,8 +375,9 @@ func TestAddJobNoCatchUpPastTheWindow(t *testing.T) {
 	f := newCronFleet(t)
 	opts := []pgleasecron.Option{pgleasecron.WithCatchUp(100 * time.Millisecond), pgleasecron.WithGrace(0)}
 	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	last := before[len(before)-1]
 	for time.Since(*last.Tick) < 3*period+period/2 {
 		sleepPastTick(period, 300*time.Millisecond)
@@ -438,8 +443,9 @@ func TestAddJobScheduleChangeNoCatchUp(t *testing.T) {
 	f := newCronFleet(t)
 	opts := []pgleasecron.Option{pgleasecron.WithCatchUp(time.Hour)}
 	reps := f.startAll(2, 200*time.Millisecond, "*/2 * * * * *", opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	for time.Since(*before[len(before)-1].Tick) < 4*time.Second {
 		sleepPastTick(time.Second, 100*time.Millisecond)
 	}

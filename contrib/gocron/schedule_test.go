@@ -143,7 +143,10 @@ func (f *cronFleet) runs() []journal.Run {
 	return runs
 }
 
-// waitRuns waits until the job has run n times in all.
+// waitRuns waits until the job has run n times in all. The runs it returns
+// are those of a fleet still running: to know the last run before an
+// outage, stop the fleet, then read them (f.runs), as a replica still up
+// while the others stop may run one more tick.
 func (f *cronFleet) waitRuns(n int) []journal.Run {
 	for end := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		if runs := f.runs(); len(runs) >= n {
@@ -193,8 +196,9 @@ func TestNewCronJobCatchesUpOnceAfterAnOutage(t *testing.T) {
 	f := newCronFleet(t)
 	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(30 * time.Second)}
 	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
-	before := f.waitRuns(2)
+	f.waitRuns(2)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	last := before[len(before)-1]
 	// Down across 3 ticks; restarted early in the interval after them.
 	for time.Since(*last.Tick) < 3*period+period/2 {
@@ -241,8 +245,9 @@ func TestCatchUpKeepsAJobAddedWithAnIdentifier(t *testing.T) {
 	f.jobOpts = []gocron.JobOption{gocron.WithIdentifier(id)}
 	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(30 * time.Second)}
 	rep := f.start(0, spec, opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll([]*cronReplica{rep})
+	before := f.runs() // the fleet down: see waitRuns
 	for last := before[len(before)-1]; time.Since(*last.Tick) < 2*period+period/2; {
 		sleepPastTick(period, 100*time.Millisecond)
 	}
@@ -369,8 +374,9 @@ func TestNewCronJobNoCatchUpPastTheWindow(t *testing.T) {
 	f := newCronFleet(t)
 	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(100 * time.Millisecond), pgleasegocron.WithGrace(0)}
 	reps := f.startAll(4, 500*time.Millisecond, spec, opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	last := before[len(before)-1]
 	for time.Since(*last.Tick) < 3*period+period/2 {
 		sleepPastTick(period, 300*time.Millisecond)
@@ -429,8 +435,9 @@ func TestNewCronJobScheduleChangeNoBurst(t *testing.T) {
 	f := newCronFleet(t)
 	opts := []pgleasegocron.Option{pgleasegocron.WithCatchUp(time.Hour)}
 	reps := f.startAll(2, 200*time.Millisecond, "*/2 * * * * *", opts...)
-	before := f.waitRuns(1)
+	f.waitRuns(1)
 	f.stopAll(reps)
+	before := f.runs() // the fleet down: see waitRuns
 	for time.Since(*before[len(before)-1].Tick) < 7*time.Second {
 		sleepPastTick(time.Second, 100*time.Millisecond)
 	}
