@@ -3,6 +3,8 @@ package pglease
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,11 +88,13 @@ func TestDeadlineLossFreesRow(t *testing.T) {
 }
 
 // A background clean-up cut short by Close makes one last attempt: Close
-// during its backoff must not drop it. The database is unreachable while
-// the lease is lost at its deadline and the release retries; it comes back
-// while the retry loop sleeps (between its attempts at +1.27 s and +2.27 s
-// after the loss), and Close then wakes the loop for its last attempt, which
-// marks the row released.
+// during its backoff must not drop it. The lease is lost at its deadline
+// while the database is unreachable; the release's first attempt is made to
+// fail (failLostRelease), and Close comes once the retry loop has decided to
+// retry (its WARN, logged right before its backoff, waits for Close to have
+// begun): the loop, woken from its backoff, makes its last attempt, which
+// marks the row released. The order is fixed by events, not by where the
+// backoff falls on the clock.
 func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -99,22 +103,90 @@ func TestCloseLetsCleanUpMakeItsLastAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second))
+	retrying := &holdRecord{msg: "releasing a lease given up at its local deadline failed, retrying",
+		seen: make(chan struct{}), resume: make(chan struct{})}
+	l := f.locker(proxy.DB(t, 2), WithLeaseDuration(3*time.Second), WithReleaseTimeout(time.Second),
+		WithLogger(slog.New(retrying)))
+	// Cleanups run last-registered first: a failed test lets the loop go
+	// before the Locker's Close at cleanup waits for it.
+	t.Cleanup(retrying.release)
+	fail := &failLostRelease{backend: l.store.DB, release: l.store.SQL().ReleaseLost}
+	l.store.DB = fail
 	le, err := l.Lock(ctx(t), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.Cut()
 	<-le.Done()
-	time.Sleep(1600 * time.Millisecond)
 	proxy.Restore()
-	if err := l.Close(); err != nil {
+	select {
+	case <-retrying.seen:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the background release did not fail and retry")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	waitFor(t, 20*time.Second, func() bool { return l.ctx.Err() != nil })
+	retrying.release()
+	if err := <-closed; err != nil {
 		t.Fatal(err)
+	}
+	if n := fail.calls(); n != 2 {
+		t.Fatalf("the release ran %d times, want 2 (the failed attempt, then the last one)", n)
 	}
 	if r, _ := f.row("job"); !r.Released || r.Holder != l.Holder() {
 		t.Fatalf("after Close, the deadline-lost lease's row was not released: %+v", r)
 	}
 }
+
+// failLostRelease fails the first release of a lost lease (the statement
+// that releaseInBackground sends) without sending it, and counts them all.
+type failLostRelease struct {
+	backend
+	release string
+	mu      sync.Mutex
+	n       int
+}
+
+func (b *failLostRelease) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if q == b.release {
+		b.mu.Lock()
+		b.n++
+		first := b.n == 1
+		b.mu.Unlock()
+		if first {
+			return 0, errors.New("release failed on purpose")
+		}
+	}
+	return b.backend.Exec(ctx, q, args...)
+}
+
+func (b *failLostRelease) calls() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+// holdRecord is a slog handler that, at the first record whose message
+// contains msg, closes seen and waits for release before returning: the
+// logging goroutine stops right there until the test lets it go on.
+type holdRecord struct {
+	msg          string
+	seen, resume chan struct{}
+	once, done   sync.Once
+}
+
+func (h *holdRecord) release() { h.done.Do(func() { close(h.resume) }) }
+
+func (h *holdRecord) Enabled(context.Context, slog.Level) bool { return true }
+func (h *holdRecord) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.msg) {
+		h.once.Do(func() { close(h.seen); <-h.resume })
+	}
+	return nil
+}
+func (h *holdRecord) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *holdRecord) WithGroup(string) slog.Handler      { return h }
 
 // abandonGate counts the undo transactions of a Locker's store (those that
 // take the key's claim lock) that committed, and holds every undo that
