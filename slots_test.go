@@ -119,7 +119,6 @@ func TestClaimsBackOffWhileRenewSlow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// No lease held yet: no renewer sets or clears the squeeze.
 	waiting := func(blocker int) int {
 		var n int
 		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND state = 'active' AND query LIKE '%claim%'`, blocker).Scan(&n); err != nil {
@@ -127,9 +126,16 @@ func TestClaimsBackOffWhileRenewSlow(t *testing.T) {
 		}
 		return n
 	}
-	// Each round hangs three claims on keys of its own (the backends of
-	// the first round's cancelled claims linger a moment).
-	hang := func(squeezed bool, blocked ...string) int {
+	// Each round hangs three claims on keys of its own, from a Locker of
+	// its own that holds no lease (no renewer sets or clears its squeeze)
+	// and has done nothing else, so that nothing else of its (an undo of an
+	// earlier round's cancelled claims, pruning) holds a claim slot: each
+	// claim has a slot of its own unless the squeeze holds it back (claims
+	// that wait for a slot may go together, in one statement). While they
+	// hang, check counts the claim statements blocked on the server
+	// (reached), waiting for the count rather than sleeping before it.
+	hang := func(squeezed bool, check func(reached func() int), blocked ...string) {
+		l := f.locker(pgleasetest.DB(t, 4), WithLeaseDuration(lease))
 		tx, err := f.admin.BeginTx(c, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -145,25 +151,31 @@ func TestClaimsBackOffWhileRenewSlow(t *testing.T) {
 			}
 		}
 		l.squeezed.Store(squeezed)
-		cc, cancel := context.WithTimeout(c, time.Second)
-		defer cancel()
+		cc, cancel := context.WithCancel(c)
 		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
 		for _, k := range blocked {
 			wg.Add(1)
 			go func() { defer wg.Done(); _, _ = l.Lock(cc, k) }()
 		}
+		check(func() int { return waiting(pid) })
+	}
+	hang(false, func(reached func() int) {
+		for end := time.Now().Add(20 * time.Second); reached() != 3; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("not squeezed: %d claims reached the server within 20 s, want 3", reached())
+			}
+		}
+	}, "blocked-0", "blocked-1", "blocked-2")
+	hang(true, func(reached func() int) {
+		waitFor(t, 20*time.Second, func() bool { return reached() >= 1 })
+		// The bound of a negative check: the other two stay off the server.
 		time.Sleep(500 * time.Millisecond)
-		n := waiting(pid)
-		cancel()
-		wg.Wait()
-		return n
-	}
-	if n := hang(false, "blocked-0", "blocked-1", "blocked-2"); n != 3 {
-		t.Errorf("not squeezed: %d claims reached the server, want 3", n)
-	}
-	if n := hang(true, "blocked-3", "blocked-4", "blocked-5"); n != 1 {
-		t.Errorf("squeezed: %d claims reached the server, want 1", n)
-	}
+		if n := reached(); n != 1 {
+			t.Errorf("squeezed: %d claims reached the server, want 1", n)
+		}
+	}, "blocked-3", "blocked-4", "blocked-5")
 	// A renew blocked on the lease's own row squeezes; a quick one widens.
 	l.squeezed.Store(false)
 	held, err := l.Lock(c, "held")
