@@ -310,8 +310,15 @@ func TestWritesScopedByClaimToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another process with the same holder id and fence (a reused pod
-	// name): only the token tells them apart.
-	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET token = token + 1 WHERE key = 'job'`); err != nil {
+	// name): only the token tells them apart. It has just renewed its
+	// lease for a minute, so that its row is live whenever Guard checks
+	// it, however slow the machine (with l's 1 s lease it could have
+	// expired by then, and Guard refused it for that alone). Nothing else
+	// renews it: whatever l does, the row must stay exactly as it is now.
+	var other string
+	if err := f.admin.QueryRowContext(c, `UPDATE "`+f.table+`" SET token = token + 1,
+		expires_at = clock_timestamp() + interval '1 minute' WHERE key = 'job'
+		RETURNING concat_ws('|', holder, token, fence, expires_at, coalesce(released_at::text, 'not released'))`).Scan(&other); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := db.BeginTx(c, nil)
@@ -323,8 +330,16 @@ func TestWritesScopedByClaimToken(t *testing.T) {
 		t.Fatalf("Guard of another claim's row passed: %v", err)
 	}
 	<-le.Done()
-	if r, _ := f.row("job"); !r.Live || r.Released {
-		t.Fatalf("the other claim's lease must be untouched: %+v", r)
+	if err := l.Close(); err != nil { // its background clean-ups have run
+		t.Fatal(err)
+	}
+	var now string
+	if err := f.admin.QueryRowContext(c, `SELECT concat_ws('|', holder, token, fence, expires_at, coalesce(released_at::text, 'not released'))
+		FROM "`+f.table+`" WHERE key = 'job'`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if now != other {
+		t.Fatalf("the other claim's lease must be untouched:\nwas %s\nnow %s", other, now)
 	}
 }
 
