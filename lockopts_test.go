@@ -10,33 +10,67 @@ import (
 // A minimum hold keeps a released key blocked until acquired_at + hold on
 // the server clock; the fence is unchanged by it and the next claim gets
 // the next one.
+//
+// The hold is a minute, so that the checks inside it are inside it however
+// slow the machine (with a 1 s hold, a release held up behind the first
+// claim's pruning could end it before b's claim). Its end is then brought
+// near by moving the row's times back, as if most of the minute had
+// passed, and the order of events is checked on the server: b's waiting
+// Acquire took the key no earlier than the hold's end.
 func TestMinHoldBlocksUntilItEnds(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	a, b := f.replica(2), f.replica(2, WithListen(ListenNever), WithPollInterval(20*time.Millisecond))
+	claims := countClaims(b)
 	c := ctx(t)
-	le, err := a.Lock(c, "job", MinHold(time.Second))
+	const hold = time.Minute
+	le, err := a.Lock(c, "job", MinHold(hold))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := le.Unlock(c); err != nil {
 		t.Fatal(err)
 	}
+	var exact bool
+	if err := f.admin.QueryRowContext(c, `SELECT hold_until = acquired_at + interval '1 minute' FROM "`+f.table+`" WHERE key = 'job'`).Scan(&exact); err != nil || !exact {
+		t.Fatalf("the hold does not end at acquired_at + hold: %v %v", exact, err)
+	}
 	_, err = b.Lock(c, "job")
 	var held *AlreadyLockedError
-	if !errors.As(err, &held) || held.Reason != LockedMinHold || held.FreeIn <= 0 || held.FreeIn > time.Second {
+	if !errors.As(err, &held) || held.Reason != LockedMinHold || held.FreeIn <= 0 || held.FreeIn > hold {
 		t.Fatalf("claim inside the minimum hold: %v", err)
 	}
 	infos, err := List(c, f.admin, WithTable(f.table))
 	if err != nil || len(infos) != 1 || infos[0].State != "min-hold" || infos[0].HoldUntil == nil {
 		t.Fatalf("List inside the hold: %+v %v", infos, err)
 	}
-	next, err := b.Acquire(c, "job") // wakes when the hold ends
-	if err != nil {
+	type result struct {
+		le  *Lease
+		err error
+	}
+	acquired := make(chan result, 1)
+	go func() { le, err := b.Acquire(c, "job"); acquired <- result{le, err} }()
+	// Acquire's first claim was refused once it sends a second (the Lock
+	// above sent one).
+	waitFor(t, 20*time.Second, func() bool { return claims.claims() >= 3 })
+	var end time.Time
+	if err := f.admin.QueryRowContext(c, `UPDATE "`+f.table+`"
+		SET acquired_at = acquired_at - (hold_until - clock_timestamp()) + interval '300 milliseconds',
+			hold_until = clock_timestamp() + interval '300 milliseconds'
+		WHERE key = 'job' RETURNING hold_until`).Scan(&end); err != nil {
 		t.Fatal(err)
 	}
+	r := <-acquired // wakes when the hold ends
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	next := r.le
 	if next.Fence() != le.Fence()+1 {
 		t.Fatalf("fence %d after %d", next.Fence(), le.Fence())
+	}
+	var early bool
+	if err := f.admin.QueryRowContext(c, `SELECT acquired_at < $1 FROM "`+f.table+`" WHERE key = 'job'`, end).Scan(&early); err != nil || early {
+		t.Fatalf("the key was taken before its hold ended (%v): %v %v", end, early, err)
 	}
 	// Without a hold the key is free at once.
 	if err := next.Unlock(c); err != nil {
