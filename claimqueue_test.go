@@ -401,10 +401,16 @@ func testClaimLeftInFlightIsFinished(t *testing.T, conns int32) {
 		r, _ := f.row("second")
 		return r.Holder == b.Holder() && r.Released
 	})
-	js := f.journal("second")
-	if last := js[len(js)-1]; last.Event != "abandoned" || last.Holder != b.Holder() {
-		t.Fatalf("journal after the claim left by its caller: %v, want it to end with B's abandoned row", js)
+	// B's rows: its grant, then its abandoned row. (A's rows are left out:
+	// a beat of its lease, taken over, may journal the loss at any moment.)
+	r, _ := f.row("second")
+	var bs []jrow
+	for _, j := range f.journal("second") {
+		if j.Holder == b.Holder() {
+			bs = append(bs, j)
+		}
 	}
+	wantJournal(t, bs, jrow{"granted", r.Fence, b.Holder(), ""}, jrow{"abandoned", r.Fence, b.Holder(), ""})
 	// The claim's connection stays open, idle in the pool. (A connection
 	// cut off mid-statement is closed by the driver; its backend exits
 	// when it next writes to it, at the end of the claim.)

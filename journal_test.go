@@ -60,6 +60,31 @@ func wantJournal(t *testing.T, got []jrow, want ...jrow) {
 	}
 }
 
+// withoutBeatWitness returns rows without the lost rows that a renew beat
+// may have journaled in the background (witnessTold): a beat that finds
+// gone, a lease the test ended otherwise (evicted, taken over), writes one,
+// dated when it found out — whether a beat came before the journal was read
+// is up to the clock. It removes at most one row equal to each of gone,
+// and only one more than want holds: the rows the test expects stay.
+func withoutBeatWitness(rows, want []jrow, gone ...jrow) []jrow {
+	count := func(rs []jrow, r jrow) int {
+		n := 0
+		for _, x := range rs {
+			if x == r {
+				n++
+			}
+		}
+		return n
+	}
+	out := slices.Clone(rows)
+	for _, g := range gone {
+		if count(out, g) > count(want, g) {
+			out = slices.Delete(out, slices.Index(out, g), slices.Index(out, g)+1)
+		}
+	}
+	return out
+}
+
 // Each state change journals one row in its own statement: a grant, a
 // release, an eviction, a release that finds the lease gone (lost), the
 // expiry of a lease taken over, an undone claim.
@@ -93,13 +118,17 @@ func TestJournalEvents(t *testing.T) {
 	if _, err := b.Lock(c, "k"); err != nil {
 		t.Fatal(err)
 	}
-	wantJournal(t, f.journal("k"),
+	want := []jrow{
 		// f.expire dated a's second lease an hour back: its expired row,
 		// dated at the expiry, comes first.
-		jrow{"expired", 4, "a", ""},
-		jrow{"granted", 1, "a", ""}, jrow{"released", 1, "a", ""},
-		jrow{"granted", 2, "b", ""}, jrow{"force-released", 2, "b", ""}, jrow{"lost", 2, "b", ""},
-		jrow{"granted", 4, "a", ""}, jrow{"granted", 5, "b", ""})
+		{"expired", 4, "a", ""},
+		{"granted", 1, "a", ""}, {"released", 1, "a", ""},
+		{"granted", 2, "b", ""}, {"force-released", 2, "b", ""}, {"lost", 2, "b", ""},
+		{"granted", 4, "a", ""}, {"granted", 5, "b", ""},
+	}
+	// A beat of b's evicted lease (before its Unlock) or of a's lease taken
+	// over may have journaled its loss too.
+	wantJournal(t, withoutBeatWitness(f.journal("k"), want, jrow{"lost", 2, "b", ""}, jrow{"lost", 4, "a", ""}), want...)
 
 	// An undone claim (its reply was lost) journals abandoned.
 	tok := int64(77)
