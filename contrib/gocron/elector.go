@@ -10,6 +10,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // ErrNotLeader is IsLeader's answer on a replica that does not hold the
@@ -59,13 +60,16 @@ func OnChange(fn func(leader bool)) ElectorOption {
 	}
 }
 
-// NewElector returns an Elector campaigning for key on l. Call Start.
+// NewElector returns an Elector campaigning for key on l. Call Start. A key
+// pglease refuses (empty, longer than pglease.MaxKeyLen bytes, not valid
+// UTF-8, or with a NUL byte) fails with an error wrapping
+// pglease.ErrInvalidKey.
 func NewElector(l *pglease.Locker, key string, opts ...ElectorOption) (*Elector, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	if key == "" {
-		return nil, fmt.Errorf("%w: pgleasegocron: empty election key", pglease.ErrInvalidKey)
+	if err := entry.CheckKey(key); err != nil {
+		return nil, fmt.Errorf("pgleasegocron: election key: %w", err)
 	}
 	e := &Elector{l: l, key: key, onChange: func(bool) {}}
 	for _, o := range opts {

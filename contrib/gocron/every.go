@@ -31,9 +31,11 @@ import (
 //
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A nil s or task,
-// an empty name or a period that is not positive fails with an error
-// wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name)
-// and adds nothing.
+// a name pglease refuses as a key (empty, longer than pglease.MaxKeyLen
+// bytes, not valid UTF-8, or with a NUL byte) or a period that is not
+// positive fails with an error wrapping pglease.ErrInvalidOption
+// (pglease.ErrInvalidKey for the name) and adds nothing, to s or to the
+// database.
 func (k *Locker) NewDurationJob(s gocron.Scheduler, name string, period time.Duration, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
 	if err := checkJob(s, name, task); err != nil {
 		return nil, err

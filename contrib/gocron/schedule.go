@@ -14,6 +14,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // DefaultCatchUpWithin is how long after a missed tick a replica that
@@ -142,10 +143,11 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A crontab that
 // does not parse or is an @every (a duration job, whose replicas fire at
-// phases of their own: add it with NewDurationJob), a nil s or task or an
-// empty name fail with an error
-// wrapping pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name)
-// and add nothing.
+// phases of their own: add it with NewDurationJob), a nil s or task or a
+// name pglease refuses as a key (empty, longer than pglease.MaxKeyLen
+// bytes, not valid UTF-8, or with a NUL byte) fail with an error wrapping
+// pglease.ErrInvalidOption (pglease.ErrInvalidKey for the name) and add
+// nothing, to s or to the database.
 func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSeconds bool, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
 	if err := checkJob(s, name, task); err != nil {
 		return nil, err
@@ -212,8 +214,8 @@ func checkJob(s gocron.Scheduler, name string, task gocron.Task) error {
 	if s == nil || task == nil {
 		return fmt.Errorf("%w: pgleasegocron: nil scheduler or task", pglease.ErrInvalidOption)
 	}
-	if name == "" {
-		return fmt.Errorf("%w: pgleasegocron: empty job name (the name is the lease key)", pglease.ErrInvalidKey)
+	if err := entry.CheckKey(name); err != nil {
+		return fmt.Errorf("pgleasegocron: job name (the lease key): %w", err)
 	}
 	return nil
 }

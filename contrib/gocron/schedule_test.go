@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -499,6 +500,56 @@ func TestNewCronJobBadInput(t *testing.T) {
 	} {
 		if _, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"), o); !errors.Is(err, pglease.ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+// TestInvalidKeysRefusedAtConstruction: a job name or election key that
+// pglease refuses as a key (too long, a NUL byte, not UTF-8) is refused by
+// NewCronJob, NewDurationJob and NewElector, with an error wrapping
+// pglease.ErrInvalidKey, before anything is added to the scheduler or
+// written to the database: accepted, every firing of the job failed its
+// claim, and an Elector never led, so that gocron skipped every job.
+func TestInvalidKeysRefusedAtConstruction(t *testing.T) {
+	table := migrate(t)
+	db := pgleasetest.DB(t, 1)
+	l := newLocker(t, table, "a")
+	k, err := pgleasegocron.NewLocker(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	task := gocron.NewTask(func() {})
+	for name, key := range map[string]string{
+		"too long":   strings.Repeat("k", pglease.MaxKeyLen+1),
+		"NUL byte":   "bad\x00name",
+		"not UTF-8":  "bad\xffname",
+		"empty name": "",
+	} {
+		if j, err := k.NewCronJob(s, key, "* * * * *", false, task); !errors.Is(err, pglease.ErrInvalidKey) || j != nil {
+			t.Errorf("%s: NewCronJob added a job: %v, error %v; want no job, ErrInvalidKey", name, j != nil, err)
+		}
+		if j, err := k.NewDurationJob(s, key, time.Second, task); !errors.Is(err, pglease.ErrInvalidKey) || j != nil {
+			t.Errorf("%s: NewDurationJob added a job: %v, error %v; want no job, ErrInvalidKey", name, j != nil, err)
+		}
+		if e, err := pgleasegocron.NewElector(l, key); !errors.Is(err, pglease.ErrInvalidKey) || e != nil {
+			t.Errorf("%s: NewElector returned an Elector: %v, error %v; want none, ErrInvalidKey", name, e != nil, err)
+		}
+	}
+	if n := len(s.Jobs()); n != 0 {
+		t.Errorf("the scheduler has %d jobs after refused calls, want 0", n)
+	}
+	for _, tb := range []string{table, table + "_schedules"} {
+		var n int
+		if err := db.QueryRowContext(t.Context(), `SELECT count(*) FROM `+pgx.Identifier{tb}.Sanitize()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%s has %d rows after refused calls, want 0", tb, n)
 		}
 	}
 }
