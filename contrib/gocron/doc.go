@@ -33,5 +33,10 @@
 // job, that it does not know the job's schedule.
 //
 // Elector is the other gocron integration: only the replica holding an
-// election lease runs jobs, and IsLeader answers from local state.
+// election lease runs jobs, and IsLeader answers from local state. Use one
+// or the other on a scheduler, never both: on a scheduler with
+// gocron.WithDistributedElector, gocron never calls a Locker (the
+// scheduler's or a job's own), so the jobs added with NewCronJob and
+// NewDurationJob, which need their Locker's claim, refuse every run and log
+// an Error saying so.
 package pgleasegocron

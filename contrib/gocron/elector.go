@@ -27,6 +27,12 @@ var ErrNotLeader = errors.New("pgleasegocron: not the leader")
 // refused, or the local safety deadline passed without a successful renew —
 // which is before the server lets any other replica claim the key. The
 // replica then campaigns again.
+//
+// An Elector replaces the per-job Locker, it does not add to it: on a
+// scheduler with gocron.WithDistributedElector, gocron never calls a
+// Locker, so jobs added with Locker.NewCronJob or Locker.NewDurationJob
+// refuse every run there (logged at Error). Add jobs to such a scheduler
+// with its own NewJob.
 type Elector struct {
 	l        *pglease.Locker
 	key      string

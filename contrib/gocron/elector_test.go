@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/journal"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -250,5 +254,103 @@ func TestElectorBadInput(t *testing.T) {
 	}
 	if err := e.Close(); err != nil {
 		t.Errorf("Close without Start: %v", err)
+	}
+}
+
+// TestNewCronJobUnderAnElectorRefusesToRun: gocron never calls a job's own
+// Locker on a scheduler that has an elector (gocron.WithDistributedElector),
+// so a job added with NewCronJob there claimed no tick: it ran on the
+// leader unguarded, its next due tick stayed put, and a replica that
+// started caught up a tick that had run (and never removed that catch-up
+// job). The job's runs are refused and logged at Error instead: here a
+// deploy without an elector runs one tick; the next deploy, on a scheduler
+// with an elector, misses two ticks, so it adds a catch-up job; that run
+// and the next scheduled one are refused, each with an Error naming the
+// elector, the catch-up job leaves the scheduler, and the task ran once in
+// all. The clocks are fake (clockwork), the scheduler, elector and
+// database real.
+func TestNewCronJobUnderAnElectorRefusesToRun(t *testing.T) {
+	table := migrate(t)
+	ctx := t.Context()
+	var ran atomic.Int64
+	task := gocron.NewTask(func() { ran.Add(1) })
+	t0 := time.Now().Truncate(time.Minute).Add(-10 * time.Minute)
+
+	// Deploy 1, no elector: runs the tick t0+1m.
+	fc := clockwork.NewFakeClockAt(t0)
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "a"), pgleasegocron.WithClock(fc.Now), pgleasegocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithClock(fc), gocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.NewCronJob(s, "job", "* * * * *", false, task); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := fc.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(time.Minute + time.Millisecond)
+	waitFor(t, 10*time.Second, "deploy 1 to run the tick", func() bool { return ran.Load() == 1 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Deploy 2, with an elector, after the ticks t0+2m and t0+3m ran nowhere.
+	l := newLocker(t, table, "b")
+	e, err := pgleasegocron.NewElector(l, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	waitFor(t, 10*time.Second, "the elector to lead", func() bool { return e.IsLeader(ctx) == nil })
+	fc = clockwork.NewFakeClockAt(t0.Add(3*time.Minute + 30*time.Second))
+	rec := &recLogger{}
+	k, err = pgleasegocron.NewLocker(l, pgleasegocron.WithClock(fc.Now), pgleasegocron.WithLocation(time.UTC), pgleasegocron.WithLogger(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = gocron.NewScheduler(gocron.WithClock(fc), gocron.WithLocation(time.UTC), gocron.WithDistributedElector(e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	if _, err := k.NewCronJob(s, "job", "* * * * *", false, task); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.Jobs()); n != 2 {
+		t.Fatalf("deploy 2 has %d jobs, want the job and the catch-up of t0+3m", n)
+	}
+	s.Start()
+	waitFor(t, 10*time.Second, "the catch-up run to be refused", func() bool { return len(rec.errors()) >= 1 })
+	waitFor(t, 10*time.Second, "the catch-up job to leave the scheduler", func() bool { return len(s.Jobs()) == 1 })
+	if err := fc.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(30*time.Second + time.Millisecond) // t0+4m
+	waitFor(t, 10*time.Second, "the scheduled run to be refused", func() bool { return len(rec.errors()) >= 2 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the task ran %d times, want once (deploy 1's run)", n)
+	}
+	for _, msg := range rec.errors() {
+		if !strings.Contains(msg, "WithDistributedElector: a job's own Locker is never called; use one or the other") || !strings.Contains(msg, "job") {
+			t.Errorf("logged %q; want the cause named", msg)
+		}
+	}
+	runs, err := journal.History(ctx, pgleasetest.DB(t, 1), "job", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || !runs[0].Tick.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("journal: %+v; want deploy 1's run of t0+1m alone", runs)
 	}
 }

@@ -205,6 +205,7 @@ type lock struct {
 	k       *Locker
 	mu      sync.Mutex
 	outcome pglease.Outcome // set by OutcomeListeners, "" if none
+	taken   bool            // a run has been let through on this claim (requireClaim)
 }
 
 // Unlock releases the run's lease (keeping the key blocked until the end of

@@ -2,6 +2,7 @@ package pgleasegocron
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/go-co-op/gocron/v2"
@@ -51,6 +52,38 @@ func (k *Locker) setOutcome(key string, o pglease.Outcome) {
 		}
 		lk.mu.Unlock()
 	}
+}
+
+// errNoClaim is what requireClaim returns to gocron for a run that holds
+// no claim of the job's Locker: gocron then skips the run.
+var errNoClaim = errors.New("pgleasegocron: the run holds no claim from its job's Locker")
+
+// requireClaim is the BeforeJobRunsSkipIfBeforeFuncErrors listener of the
+// jobs added with NewCronJob and NewDurationJob: it lets a run through only
+// if it holds a claim of k, the job's own Locker, that no run has used yet.
+// gocron calls a job's Locker only when the scheduler has no elector
+// (gocron.WithDistributedElector), and not at all when the job has
+// gocron.WithDisabledDistributedJobLocker: such a run would claim no tick,
+// so it would run on every elected replica again (the next due tick never
+// moves on, a replica that starts catches up a tick that ran, and audit
+// reports the key overdue). It is refused and logged at Error instead.
+func (k *Locker) requireClaim(_ uuid.UUID, key string) error {
+	if v, ok := k.runs.m.Load(key); ok {
+		if lk := v.(*lock); lk.k == k {
+			lk.mu.Lock()
+			fresh := !lk.taken
+			lk.taken = true
+			lk.mu.Unlock()
+			if fresh {
+				return nil
+			}
+		}
+	}
+	k.runSpent()
+	k.log().Error("pgleasegocron: run refused: its Locker was not called, so it claimed no tick; "+
+		"the scheduler has WithDistributedElector: a job's own Locker is never called; use one or the other "+
+		"(or the job has gocron.WithDisabledDistributedJobLocker, which turns its Locker off)", "job", key)
+	return errNoClaim
 }
 
 // newLock registers the lock of a run that has just claimed its key.

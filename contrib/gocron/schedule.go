@@ -140,6 +140,15 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 // missed activation runs, never one per missed activation; a job added for
 // the first time, or with a changed crontab, has nothing to catch up.
 //
+// The job needs its Locker's claim: a run that holds none is refused and
+// logged at Error, which is every run on a scheduler with
+// gocron.WithDistributedElector (gocron then never calls a job's Locker:
+// use an Elector or this Locker on a scheduler, not both) or with
+// gocron.WithDisabledDistributedJobLocker among opts. The check is a
+// gocron.BeforeJobRunsSkipIfBeforeFuncErrors listener: gocron keeps one
+// listener of each kind per job, so such a listener of your own among opts
+// replaces it (and the check is then gone).
+//
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A crontab that
 // does not parse or is an @every (a duration job, whose replicas fire at
@@ -225,8 +234,12 @@ func checkJob(s gocron.Scheduler, name string, task gocron.Task) error {
 func (k *Locker) addJob(s gocron.Scheduler, name string, def gocron.JobDefinition, js *jobSchedule, task gocron.Task, opts []gocron.JobOption) (gocron.Job, error) {
 	jk := *k
 	jk.job, jk.tick, jk.minHold, jk.catchUpTick = js, 0, 0, time.Time{}
+	// requireClaim comes first: gocron keeps one listener of each kind, so
+	// a BeforeJobRunsSkipIfBeforeFuncErrors listener among opts replaces it
+	// rather than being dropped.
 	own := func(l *Locker) []gocron.JobOption {
-		return append(append([]gocron.JobOption(nil), opts...), gocron.WithName(name), gocron.WithDistributedJobLocker(l))
+		return append(append([]gocron.JobOption{gocron.WithEventListeners(gocron.BeforeJobRunsSkipIfBeforeFuncErrors(l.requireClaim))}, opts...),
+			gocron.WithName(name), gocron.WithDistributedJobLocker(l))
 	}
 	j, err := s.NewJob(def, task, own(&jk)...)
 	if err != nil {
