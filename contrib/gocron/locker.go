@@ -29,8 +29,11 @@ const DefaultMinHold = 500 * time.Millisecond
 // A Lock error makes gocron skip the run: errors.Is(err,
 // pglease.ErrAlreadyLocked) means another replica runs (or just ran) the job,
 // errors.Is(err, pglease.ErrAlreadyRun) that this tick has run elsewhere;
-// anything else is an infrastructure error (the database is unreachable), and
-// the run is skipped too, so a job never runs unguarded.
+// for a job added with NewCronJob, a run that started more than the
+// tolerance after the latest activation of its crontab is refused too (see
+// WithTolerance); anything else is an infrastructure error (the database
+// is unreachable), and the run is skipped too, so a job never runs
+// unguarded.
 type Locker struct {
 	l       *pglease.Locker
 	minHold time.Duration
@@ -43,6 +46,7 @@ type Locker struct {
 	spent       func()
 	catchUp     time.Duration  // the catch-up window; -1: DefaultCatchUpWithin
 	grace       time.Duration  // -1: the job's period, at most a minute
+	tolerance   time.Duration  // how late after its activation a cron job's run may start
 	loc         *time.Location // nil: time.Local
 	now         func() time.Time
 	logger      gocron.Logger // nil: slog.Default()
@@ -123,7 +127,7 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	k := &Locker{l: l, minHold: -1, catchUp: -1, grace: -1, now: time.Now, offGrid: &offGridLog{}, runs: &runs{}}
+	k := &Locker{l: l, minHold: -1, catchUp: -1, grace: -1, tolerance: DefaultTolerance, now: time.Now, offGrid: &offGridLog{}, runs: &runs{}}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: pgleasegocron: nil Option", pglease.ErrInvalidOption)
@@ -145,7 +149,9 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 // lease is renewed until gocron calls Unlock. On error the returned Lock is
 // nil, and gocron skips the run; an error other than a refusal (the key
 // held, its tick run) is also logged at Error (WithLogger), since gocron
-// itself tells only an AfterLockError listener.
+// itself tells only an AfterLockError listener, and so is a run refused
+// for lying past the tolerance (at Warn when it is no scheduled firing:
+// see WithTolerance).
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	opts, err := k.claimOptions(key)
 	var le *pglease.Lease
@@ -161,13 +167,14 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 }
 
 // logClaimError logs a claim that failed for another reason than the key
-// being held or its tick run: gocron skips the run and tells only an
+// being held, its tick run or no activation within the tolerance (logged
+// by refuseLate): gocron skips the run and tells only an
 // AfterLockError listener, so without this log a database outage would
 // skip runs silently. A claim cut off by gocron's own context (the
 // scheduler or the job stopping) is logged at Info.
 func (k *Locker) logClaimError(ctx context.Context, key string, err error) {
 	switch {
-	case errors.Is(err, pglease.ErrAlreadyLocked), errors.Is(err, pglease.ErrAlreadyRun):
+	case errors.Is(err, pglease.ErrAlreadyLocked), errors.Is(err, pglease.ErrAlreadyRun), errors.Is(err, errNoActivation):
 	case ctx.Err() != nil:
 		k.log().Info("pgleasegocron: run skipped: its claim was cut off", "job", key, "error", err)
 	default:

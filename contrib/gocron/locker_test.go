@@ -138,6 +138,8 @@ func TestLockerBadInput(t *testing.T) {
 		"negative interval": {pgleasegocron.WithTicks(-time.Second)},
 		"absurd interval":   {pgleasegocron.WithTicks(2 * time.Hour)},
 		"nil clock":         {pgleasegocron.WithClock(nil)},
+		"zero tolerance":    {pgleasegocron.WithTolerance(0)},
+		"absurd tolerance":  {pgleasegocron.WithTolerance(25 * time.Hour)},
 	} {
 		if k, err := pgleasegocron.NewLocker(l, opts...); !errors.Is(err, pglease.ErrInvalidOption) || k != nil {
 			t.Errorf("%s: NewLocker = %v, %v; want nil, ErrInvalidOption", name, k, err)

@@ -28,9 +28,35 @@ const DefaultCatchUpWithin = time.Hour
 // the job is added.
 const registerTimeout = 5 * time.Second
 
-// lookBack bounds how far before now a run's tick is looked for: a year
-// covers every cron expression.
+// lookBack bounds how far before now a duration job's run looks for its
+// tick (it lies within one period).
 const lookBack = pglease.MaxCatchUpWithin
+
+// DefaultTolerance is how late after an activation of its crontab a run of
+// a job added with NewCronJob may start and still be that activation's run
+// (see WithTolerance).
+const DefaultTolerance = time.Minute
+
+// WithTolerance sets how late after an activation of its crontab a run of
+// a job added with NewCronJob may start and still claim that activation
+// (default DefaultTolerance). A run that finds no activation within the
+// tolerance before it is refused and logged, not credited to an older
+// activation: at Error when it fired on the second gocron fires scheduled
+// runs on (the scheduler reads the crontab in another time zone than the
+// Locker: see WithLocation), at Warn otherwise (a run started by
+// Job.RunNow or gocron.WithStartImmediately, or one that started late:
+// queued by gocron's singleton mode, or a process paused). It does not
+// apply to duration jobs, whose runs claim the period they fire in, nor to
+// the catch-up run of a missed tick. At most 24 hours.
+func WithTolerance(d time.Duration) Option {
+	return func(k *Locker) error {
+		if d <= 0 || d > 24*time.Hour {
+			return fmt.Errorf("%w: pgleasegocron: tolerance %v must be in (0, 24h]", pglease.ErrInvalidOption, d)
+		}
+		k.tolerance = d
+		return nil
+	}
+}
 
 // WithCatchUp sets how long after a missed tick — one that ran nowhere,
 // because every replica was down across it — a replica that starts still
@@ -66,8 +92,15 @@ func WithGrace(d time.Duration) Option {
 }
 
 // WithLocation sets the time zone NewCronJob reads cron expressions in
-// (unless they start with TZ= or CRON_TZ=): give the scheduler's
-// gocron.WithLocation (default time.Local, gocron's default).
+// (unless they start with TZ= or CRON_TZ=), default time.Local. A zone
+// other than time.Local is also given to gocron with the crontab
+// ("CRON_TZ=<zone> <crontab>"), so the scheduler fires the job in that zone
+// whatever its own gocron.WithLocation. With time.Local the crontab is
+// given to gocron as it is, and gocron reads it in the scheduler's
+// location: give the Locker the scheduler's location (or neither one
+// any). A scheduler that reads the crontab in another zone fires the job
+// at times that are no activation of the Locker's reading of it: those
+// runs are refused and logged at Error (see WithTolerance).
 func WithLocation(loc *time.Location) Option {
 	return func(k *Locker) error {
 		if loc == nil {
@@ -81,12 +114,13 @@ func WithLocation(loc *time.Location) Option {
 // jobSchedule is what the Locker of one job (NewCronJob, NewDurationJob)
 // knows of its schedule.
 type jobSchedule struct {
-	spec       string
-	sched      pglease.Schedule
-	period     time.Duration // between two ticks, for the default grace
-	phased     bool          // a duration job: each replica runs a tick at its own phase in the period
-	registered atomic.Bool   // RegisterSchedule succeeded
-	lastTry    atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
+	spec        string
+	withSeconds bool // a crontab with a seconds field
+	sched       pglease.Schedule
+	period      time.Duration // between two ticks, for the default grace
+	phased      bool          // a duration job: each replica runs a tick at its own phase in the period
+	registered  atomic.Bool   // RegisterSchedule succeeded
+	lastTry     atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
 }
 
 // defaultGrace is WithGrace's default for a schedule of period: the period,
@@ -113,15 +147,18 @@ type grid time.Duration
 func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).Add(time.Duration(g)) }
 
 // NewCronJob adds to s a job named name that runs task at each activation
-// of crontab (gocron.CronJob(crontab, withSeconds)) and, across all
-// replicas running the same call, once per activation, whatever the spread
-// of their clocks (up to the period). The name is the lease key: the same
-// on every replica, unique per job.
+// of crontab (gocron.CronJob(crontab, withSeconds), in the Locker's time
+// zone: see WithLocation) and, across all replicas running the same call,
+// once per activation, whatever the spread of their clocks (up to the
+// period). The name is the lease key: the same on every replica, unique
+// per job.
 //
 // The job gets a Locker of its own that knows the schedule: each run claims
 // its scheduled activation as its tick (the latest activation at or before
-// the Locker's clock, WithClock), and the database refuses a tick already
-// claimed (pglease.ErrAlreadyRun) to every other replica. A run still going
+// the Locker's clock, WithClock, and no more than the tolerance before it,
+// WithTolerance: a later run is refused and logged), and the database
+// refuses a tick already claimed (pglease.ErrAlreadyRun) to every other
+// replica. A run still going
 // when the next activation fires holds the key: that activation is skipped
 // (pglease.ErrAlreadyLocked), not queued. The job's Locker applies no
 // minimum hold.
@@ -166,18 +203,27 @@ func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSecond
 		return nil, err
 	}
 	// The recorded text names the zone the crontab is read in (unless it
-	// names its own), so that moving the job to another zone is a schedule
-	// change: its next due tick is read again, and the old zone's is
-	// neither reported missed nor caught up.
+	// names its own), so that moving the job to another named zone
+	// (WithLocation) is a schedule change: its next due tick is read again,
+	// and the old zone's is neither reported missed nor caught up. The
+	// default zone, time.Local, is recorded under its name, which is
+	// "Local" unless the TZ environment variable names the zone: a change
+	// of the host's zone (/etc/localtime) is then not seen as a schedule
+	// change, and until the job's next run records its next due tick, the
+	// old zone's tick may be reported missed, or caught up once.
 	spec := fmt.Sprintf("cron %q (seconds: %v)", crontab, withSeconds)
+	def := crontab // what gocron reads: in the Locker's zone, unless it is time.Local (then the scheduler's)
 	if !hasZone(crontab) {
 		spec = fmt.Sprintf("cron %q (seconds: %v, zone: %s)", crontab, withSeconds, k.location())
+		if k.location() != time.Local {
+			def = "CRON_TZ=" + k.location().String() + " " + crontab
+		}
 	}
-	js := &jobSchedule{spec: spec, sched: sched, period: time.Minute} // one activation left: a minute
-	if next := sched.Next(k.now()); sched.Next(next).After(next) {
+	js := &jobSchedule{spec: spec, sched: sched, withSeconds: withSeconds, period: time.Minute} // one activation left: a minute
+	if next := sched.Next(k.clock()); sched.Next(next).After(next) {
 		js.period = sched.Next(next).Sub(next)
 	}
-	return k.addJob(s, name, gocron.CronJob(crontab, withSeconds), js, task, opts)
+	return k.addJob(s, name, gocron.CronJob(def, withSeconds), js, task, opts)
 }
 
 // hasZone reports whether crontab names its own time zone.
@@ -203,7 +249,7 @@ func (k *Locker) parseCron(crontab string, withSeconds bool) (cron.Schedule, err
 		// would derive the same tick from one activation.
 		err = errors.New("@every is a duration job, whose replicas fire at phases of their own: add it with NewDurationJob")
 	}
-	if err == nil && sched.Next(k.now()).IsZero() {
+	if err == nil && sched.Next(k.clock()).IsZero() {
 		err = errors.New("it never fires")
 	}
 	if err != nil {
@@ -218,6 +264,11 @@ func (k *Locker) location() *time.Location {
 	}
 	return k.loc
 }
+
+// clock is the Locker's clock in its location. A crontab read in time.Local
+// (CRON_TZ=Local) is evaluated in the location of the time it is given,
+// which a clock of WithClock may not set to time.Local.
+func (k *Locker) clock() time.Time { return k.now().In(k.location()) }
 
 func checkJob(s gocron.Scheduler, name string, task gocron.Task) error {
 	if s == nil || task == nil {
@@ -269,6 +320,33 @@ func (k *Locker) runSpent() {
 	}
 }
 
+// refuseLate logs and returns the refusal of a run of a cron job that
+// started more than the tolerance after the latest activation of its
+// crontab. gocron fires scheduled runs on a whole second (of the minute,
+// for a crontab without seconds): a run that fired there is a scheduled
+// one, whose crontab the scheduler reads otherwise than the Locker — in
+// another time zone —, logged at Error; any other is a run started by
+// hand (Job.RunNow), at the scheduler's start (gocron.WithStartImmediately)
+// or late, logged at Warn.
+func (k *Locker) refuseLate(key string, now time.Time) error {
+	unit := time.Minute
+	if k.job.withSeconds {
+		unit = time.Second
+	}
+	args := []any{"job", key, "fired_at", now.Format("2006-01-02 15:04:05.000 MST"), "zone", k.location().String(), "tolerance", k.tolerance}
+	if latest, ok := pglease.LatestTick(k.job.sched, now, lookBack); ok {
+		args = append(args, "latest_activation", latest.Format("2006-01-02 15:04:05 MST"))
+	}
+	if now.Sub(now.Truncate(unit)) < offGridSlack {
+		k.log().Error("pgleasegocron: run refused: the scheduler fired it at a time that is no activation of its crontab in the Locker's time zone (none within the tolerance before it): "+
+			"does the scheduler read the crontab in another zone? Give the Locker the scheduler's zone (WithLocation, the scheduler's gocron.WithLocation)", args...)
+	} else {
+		k.log().Warn("pgleasegocron: run refused: no activation of its crontab within the tolerance before it; "+
+			"a run started by Job.RunNow or gocron.WithStartImmediately, or one that starts this late, is no activation's run", args...)
+	}
+	return fmt.Errorf("%w (job %q, at %s, tolerance %v)", errNoActivation, key, now.Format(time.RFC3339), k.tolerance)
+}
+
 // register records the job's schedule (pglease.Locker.RegisterSchedule)
 // and returns the tick to catch up, if any.
 func (k *Locker) register(name string) time.Time {
@@ -282,7 +360,7 @@ func (k *Locker) register(name string) time.Time {
 	if within < 0 {
 		within = DefaultCatchUpWithin
 	}
-	missed, err := k.l.RegisterSchedule(ctx, name, pglease.JobSchedule{Spec: k.job.spec, Schedule: k.job.sched, Grace: grace, CatchUpWithin: within, Now: k.now()})
+	missed, err := k.l.RegisterSchedule(ctx, name, pglease.JobSchedule{Spec: k.job.spec, Schedule: k.job.sched, Grace: grace, CatchUpWithin: within, Now: k.clock()})
 	if err != nil {
 		k.log().Warn("pgleasegocron: could not record the job's schedule (retried at its first run): a tick missed before then is neither caught up nor reported",
 			"job", name, "error", err)
@@ -292,18 +370,27 @@ func (k *Locker) register(name string) time.Time {
 	return missed
 }
 
+// errNoActivation: a run of a cron job started more than the tolerance
+// after the latest activation of its crontab (scheduledClaim logs it).
+var errNoActivation = errors.New("pgleasegocron: no activation of the job's crontab within the tolerance before the run")
+
 // scheduledClaim returns the options of a claim by a job's own Locker: the
 // run's scheduled tick (or the tick it catches up) and the next one.
 func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption, error) {
+	now = now.In(k.location())
 	if !k.job.registered.Load() && time.Since(time.Unix(0, k.job.lastTry.Load())) >= registerRetry {
 		k.job.lastTry.Store(time.Now().UnixNano())
 		k.register(key) // the catch-up it may find is not run: this run is the job's own
 	}
 	tick := k.catchUpTick
 	if tick.IsZero() {
+		within := lookBack // a duration job's tick lies within its period
+		if !k.job.phased {
+			within = k.tolerance
+		}
 		var ok bool
-		if tick, ok = pglease.LatestTick(k.job.sched, now, lookBack); !ok {
-			return nil, fmt.Errorf("pgleasegocron: job %q: no activation of its schedule in the year before %s", key, now.Format(time.RFC3339))
+		if tick, ok = pglease.LatestTick(k.job.sched, now, within); !ok {
+			return nil, k.refuseLate(key, now)
 		}
 	}
 	opts := []pglease.LockOption{pglease.MinHold(0), pglease.Tick(tick), pglease.NextTick(k.job.sched.Next(tick))}

@@ -9,12 +9,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
@@ -551,5 +553,211 @@ func TestInvalidKeysRefusedAtConstruction(t *testing.T) {
 		if n != 0 {
 			t.Errorf("%s has %d rows after refused calls, want 0", tb, n)
 		}
+	}
+}
+
+// fakeClockReplica adds the job "report" at crontab (no seconds field) to a
+// new scheduler on fc, with a Locker over a pglease Locker of its own, and
+// starts the scheduler; it is shut down at the test's end.
+func fakeClockReplica(t *testing.T, table, holder string, fc *clockwork.FakeClock, crontab string, task gocron.Task,
+	lopts []pgleasegocron.Option, sopts ...gocron.SchedulerOption,
+) gocron.Scheduler {
+	t.Helper()
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, holder), append([]pgleasegocron.Option{pgleasegocron.WithClock(fc.Now)}, lopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(append([]gocron.SchedulerOption{gocron.WithClock(fc)}, sopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	if _, err := k.NewCronJob(s, "report", crontab, false, task); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	return s
+}
+
+// nextRun waits until s's only job is scheduled (its timer set on fc) and
+// returns when gocron will run it.
+func nextRun(t *testing.T, s gocron.Scheduler, fc *clockwork.FakeClock) time.Time {
+	t.Helper()
+	if err := fc.BlockUntilContext(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	jobs := s.Jobs()
+	if len(jobs) != 1 {
+		t.Fatalf("the scheduler has %d jobs, want 1", len(jobs))
+	}
+	next, err := jobs[0].NextRun()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next
+}
+
+// TestNewCronJobRunsInTheLockersZone: a Locker in America/New_York
+// (WithLocation) on a scheduler in UTC (gocron.WithLocation): gocron is
+// given the crontab in the Locker's zone, so it fires "0 9 * * *" at 09:00
+// in New York, the activation the run claims; given the bare crontab,
+// gocron fired at 09:00 UTC, the Locker credited that run to the day's
+// 09:00 in New York, and the real 09:00 was then refused. A replica that
+// starts 30 minutes after a 09:00 that ran nowhere still runs it, late, as
+// a catch-up (the tolerance does not apply to it). Clocks are fake.
+func TestNewCronJobRunsInTheLockersZone(t *testing.T) {
+	table := migrate(t)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := time.Now().AddDate(0, 0, -10).In(ny)
+	d1 := time.Date(day.Year(), day.Month(), day.Day(), 9, 0, 0, 0, ny)
+	d2, d3 := d1.AddDate(0, 0, 1), d1.AddDate(0, 0, 2)
+	var ran atomic.Int64
+	task := gocron.NewTask(func() { ran.Add(1) })
+	lopts := []pgleasegocron.Option{pgleasegocron.WithLocation(ny)}
+
+	fc := clockwork.NewFakeClockAt(d1.Add(-time.Hour))
+	s := fakeClockReplica(t, table, "a", fc, "0 9 * * *", task, lopts, gocron.WithLocation(time.UTC))
+	if next := nextRun(t, s, fc); !next.Equal(d1) {
+		t.Fatalf("gocron runs the job next at %v, want 09:00 in New York (%v)", next.UTC(), d1.UTC())
+	}
+	fc.Advance(time.Hour + time.Millisecond)
+	waitFor(t, 10*time.Second, "the run of day 1", func() bool { return ran.Load() == 1 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Day 2: every replica was down at 09:00; one starts at 09:30.
+	fc = clockwork.NewFakeClockAt(d2.Add(30 * time.Minute))
+	s = fakeClockReplica(t, table, "b", fc, "0 9 * * *", task, lopts, gocron.WithLocation(time.UTC))
+	waitFor(t, 10*time.Second, "the catch-up run of day 2", func() bool { return ran.Load() == 2 })
+	waitFor(t, 10*time.Second, "the catch-up job to leave", func() bool { return len(s.Jobs()) == 1 })
+	if next := nextRun(t, s, fc); !next.Equal(d3) {
+		t.Fatalf("gocron runs the job next at %v, want 09:00 in New York (%v)", next.UTC(), d3.UTC())
+	}
+	fc.Advance(d3.Sub(fc.Now()) + time.Millisecond)
+	waitFor(t, 10*time.Second, "the run of day 3", func() bool { return ran.Load() == 3 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	runs, err := journal.History(t.Context(), pgleasetest.DB(t, 1), "report", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Reverse(runs)
+	var got []string
+	for _, r := range runs {
+		got = append(got, fmt.Sprintf("%s catch-up=%v", r.Tick.In(ny).Format("Jan 2 15:04 MST"), r.CatchUp))
+	}
+	want := []string{
+		d1.Format("Jan 2 15:04 MST") + " catch-up=false",
+		d2.Format("Jan 2 15:04 MST") + " catch-up=true",
+		d3.Format("Jan 2 15:04 MST") + " catch-up=false",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("runs: %q, want %q", got, want)
+	}
+}
+
+// TestNewCronJobRefusesAFiringInAnotherZone: a Locker left in time.Local
+// (its default) on a scheduler in another zone (gocron.WithLocation):
+// gocron reads the bare crontab in its own zone and fires "0 9 * * *" at
+// 09:00 there, hours from any activation the Locker knows. The run is
+// refused and logged at Error, pointing at the zones, instead of being
+// credited to the Locker's latest 09:00 (up to a year back). Clocks are
+// fake.
+func TestNewCronJobRefusesAFiringInAnotherZone(t *testing.T) {
+	table := migrate(t)
+	day := time.Now().AddDate(0, 0, -10)
+	_, local := day.Zone()
+	var zone *time.Location
+	for _, name := range []string{"America/New_York", "Asia/Tokyo"} { // one of them is not the host's
+		z, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, off := day.In(z).Zone(); off != local {
+			zone = z
+			break
+		}
+	}
+	d := day.In(zone)
+	d1 := time.Date(d.Year(), d.Month(), d.Day(), 9, 0, 0, 0, zone)
+	var ran atomic.Int64
+	rec := &recLogger{}
+	fc := clockwork.NewFakeClockAt(d1.Add(-time.Hour))
+	s := fakeClockReplica(t, table, "a", fc, "0 9 * * *", gocron.NewTask(func() { ran.Add(1) }),
+		[]pgleasegocron.Option{pgleasegocron.WithLogger(rec)}, gocron.WithLocation(zone))
+	if next := nextRun(t, s, fc); !next.Equal(d1) {
+		t.Fatalf("gocron runs the job next at %v, want 09:00 in %v (%v)", next, zone, d1)
+	}
+	fc.Advance(time.Hour + time.Millisecond)
+	waitFor(t, 10*time.Second, "the run to be refused", func() bool { return len(rec.errors()) > 0 || ran.Load() > 0 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the task ran %d times at 09:00 in %v, want a refusal", n, zone)
+	}
+	if errs := rec.errors(); len(errs) != 1 || !strings.Contains(errs[0], "another zone") || !strings.Contains(errs[0], "WithLocation") {
+		t.Fatalf("logged %q; want one Error pointing at the zones", errs)
+	}
+	runs, err := journal.History(t.Context(), pgleasetest.DB(t, 1), "report", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil || len(runs) != 0 {
+		t.Fatalf("journal: %+v, %v; want no run", runs, err)
+	}
+}
+
+// TestNewCronJobReadsItsClockInItsZone: a Locker and a scheduler both in
+// the host's zone (time.Local, the default of both) whose clock gives times
+// in another zone (a fake clock; WithClock and gocron.WithClock). The
+// crontab, parsed as CRON_TZ=Local, is read in the zone of the time it is
+// given: the Locker now gives it the run's time in its own zone, as gocron
+// does, so the run that gocron fires at 09:00 in the host's zone claims
+// that activation. Read in the clock's zone, 09:00 there was the latest
+// activation, hours away, and the run was refused.
+func TestNewCronJobReadsItsClockInItsZone(t *testing.T) {
+	if time.Local.String() != "Local" {
+		// TZ names the zone: time.Local then bears that name, and a crontab
+		// read in it is not read in the zone of the time it is given.
+		t.Skipf("time.Local is named %q (TZ is set, or there is no /etc/localtime): the case needs a zone named Local", time.Local)
+	}
+	day := time.Now().AddDate(0, 0, -10)
+	_, local := day.Zone()
+	var zone *time.Location
+	for _, name := range []string{"Asia/Tokyo", "America/New_York"} { // one of them is not the host's
+		z, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, off := day.In(z).Zone(); off != local {
+			zone = z
+			break
+		}
+	}
+	table := migrate(t)
+	d1 := time.Date(day.Year(), day.Month(), day.Day(), 9, 0, 0, 0, time.Local)
+	var ran atomic.Int64
+	rec := &recLogger{}
+	fc := clockwork.NewFakeClockAt(d1.Add(-time.Hour).In(zone))
+	s := fakeClockReplica(t, table, "a", fc, "0 9 * * *", gocron.NewTask(func() { ran.Add(1) }),
+		[]pgleasegocron.Option{pgleasegocron.WithLogger(rec)})
+	if next := nextRun(t, s, fc); !next.Equal(d1) {
+		t.Fatalf("gocron runs the job next at %v, want 09:00 in the host's zone (%v)", next, d1)
+	}
+	fc.Advance(time.Hour + time.Millisecond)
+	waitFor(t, 10*time.Second, "the run", func() bool { return ran.Load() == 1 || len(rec.errors()) > 0 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("the task ran %d times at 09:00 in the host's zone, want once; logged %q", n, rec.errors())
+	}
+	runs, err := journal.History(t.Context(), pgleasetest.DB(t, 1), "report", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil || len(runs) != 1 || !runs[0].Tick.Equal(d1) {
+		t.Fatalf("journal: %+v, %v; want the run of %v", runs, err, d1)
 	}
 }
