@@ -27,9 +27,14 @@ import (
 // and reaches the database. A run still going when the next tick fires
 // holds the key: that tick is skipped (pglease.ErrAlreadyLocked), not
 // queued. The job's Locker applies no minimum hold and takes the clock
-// (WithClock) and logger (WithLogger) of k. Like NewCronJob's, the job
-// refuses a run that holds no claim of its Locker (logged at Error): every
-// run on a scheduler with gocron.WithDistributedElector.
+// (WithClock) and logger (WithLogger) of k. Job.RunNow and
+// gocron.WithStartImmediately add no run: such a firing claims the
+// period's tick like any other, and is refused, without a log (as is any
+// replica's later firing in a period), when that tick has run.
+//
+// Like NewCronJob's, the job refuses a run that holds no claim of its
+// Locker (logged at Error): every run on a scheduler with
+// gocron.WithDistributedElector.
 //
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A nil s or task,

@@ -15,14 +15,18 @@ import (
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
 )
 
-// recLogger is a gocron.Logger that keeps its warnings and errors.
+// recLogger is a gocron.Logger that keeps its infos, warnings and errors.
 type recLogger struct {
-	mu          sync.Mutex
-	warns, errs []string
+	mu                 sync.Mutex
+	infos, warns, errs []string
 }
 
 func (r *recLogger) Debug(string, ...any) {}
-func (r *recLogger) Info(string, ...any)  {}
+func (r *recLogger) Info(msg string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.infos = append(r.infos, fmt.Sprint(append([]any{msg}, args...)...))
+}
 func (r *recLogger) Error(msg string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -38,6 +42,12 @@ func (r *recLogger) got() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.warns...)
+}
+
+func (r *recLogger) info() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.infos...)
 }
 
 func (r *recLogger) errors() []string {

@@ -153,14 +153,14 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 // for lying past the tolerance (at Warn when it is no scheduled firing:
 // see WithTolerance).
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	opts, err := k.claimOptions(key)
+	opts, late, err := k.claimOptions(key)
 	var le *pglease.Lease
 	if err == nil {
 		le, err = k.l.Lock(ctx, key, opts...)
 	}
 	if err != nil {
 		k.runSpent()
-		k.logClaimError(ctx, key, err)
+		k.logClaimError(ctx, key, err, late)
 		return nil, err // a nil interface, not a typed nil
 	}
 	return k.newLock(le), nil
@@ -171,9 +171,17 @@ func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // by refuseLate): gocron skips the run and tells only an
 // AfterLockError listener, so without this log a database outage would
 // skip runs silently. A claim cut off by gocron's own context (the
-// scheduler or the job stopping) is logged at Info.
-func (k *Locker) logClaimError(ctx context.Context, key string, err error) {
+// scheduler or the job stopping) is logged at Info. So is a run of a cron
+// job refused because its activation has run when it fired late after it
+// (late, more than offGridSlack: no scheduled firing, which is on time on
+// every replica's clock, but Job.RunNow or gocron.WithStartImmediately),
+// which would otherwise be skipped without a word.
+func (k *Locker) logClaimError(ctx context.Context, key string, err error, late time.Duration) {
 	switch {
+	case errors.Is(err, pglease.ErrAlreadyRun) && late > offGridSlack:
+		k.log().Info("pgleasegocron: run refused: the activation it belongs to has already run; "+
+			"a run started by Job.RunNow or gocron.WithStartImmediately is no new activation, and the tick ledger runs each activation once",
+			"job", key, "late", late, "error", err)
 	case errors.Is(err, pglease.ErrAlreadyLocked), errors.Is(err, pglease.ErrAlreadyRun), errors.Is(err, errNoActivation):
 	case ctx.Err() != nil:
 		k.log().Info("pgleasegocron: run skipped: its claim was cut off", "job", key, "error", err)
@@ -185,17 +193,18 @@ func (k *Locker) logClaimError(ctx context.Context, key string, err error) {
 // claimOptions returns the options of one claim of key, in the Locker's
 // mode: the job's scheduled tick (NewCronJob, NewDurationJob), a tick of
 // the interval (WithTicks), or a minimum hold alone, reported once per key
-// (see reportUnknownSchedule).
-func (k *Locker) claimOptions(key string) ([]pglease.LockOption, error) {
+// (see reportUnknownSchedule). late is how long after its activation a run
+// of a cron job (NewCronJob) fires; 0 for any other.
+func (k *Locker) claimOptions(key string) (opts []pglease.LockOption, late time.Duration, err error) {
 	now := k.now()
 	switch {
 	case k.job != nil:
 		return k.scheduledClaim(key, now)
 	case k.tick > 0:
-		return []pglease.LockOption{pglease.MinHold(k.minHold), pglease.Tick(k.TickAt(now))}, nil
+		return []pglease.LockOption{pglease.MinHold(k.minHold), pglease.Tick(k.TickAt(now))}, 0, nil
 	}
 	k.reportUnknownSchedule(key, now)
-	return []pglease.LockOption{pglease.MinHold(k.minHold)}, nil
+	return []pglease.LockOption{pglease.MinHold(k.minHold)}, 0, nil
 }
 
 // TickAt is the tick tick mode derives from the time t: t rounded to the

@@ -177,6 +177,15 @@ func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).
 // missed activation runs, never one per missed activation; a job added for
 // the first time, or with a changed crontab, has nothing to catch up.
 //
+// Job.RunNow and gocron.WithStartImmediately add no run: under the tick
+// ledger such a firing is the run of the latest activation before it, if
+// that activation lies within the tolerance (WithTolerance) and has run
+// nowhere. Otherwise it is refused, and logged: at Info when that
+// activation has run, at Warn when there is none within the tolerance. So
+// gocron.WithStartImmediately does not run an activation missed long ago,
+// even with catch-up off: catching up is WithCatchUp's. To run the task
+// outside its schedule, call it yourself.
+//
 // The job needs its Locker's claim: a run that holds none is refused and
 // logged at Error, which is every run on a scheduler with
 // gocron.WithDistributedElector (gocron then never calls a job's Locker:
@@ -375,8 +384,9 @@ func (k *Locker) register(name string) time.Time {
 var errNoActivation = errors.New("pgleasegocron: no activation of the job's crontab within the tolerance before the run")
 
 // scheduledClaim returns the options of a claim by a job's own Locker: the
-// run's scheduled tick (or the tick it catches up) and the next one.
-func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption, error) {
+// run's scheduled tick (or the tick it catches up) and the next one; and,
+// for a scheduled run of a cron job, how long after its tick it fires.
+func (k *Locker) scheduledClaim(key string, now time.Time) (_ []pglease.LockOption, late time.Duration, _ error) {
 	now = now.In(k.location())
 	if !k.job.registered.Load() && time.Since(time.Unix(0, k.job.lastTry.Load())) >= registerRetry {
 		k.job.lastTry.Store(time.Now().UnixNano())
@@ -390,14 +400,17 @@ func (k *Locker) scheduledClaim(key string, now time.Time) ([]pglease.LockOption
 		}
 		var ok bool
 		if tick, ok = pglease.LatestTick(k.job.sched, now, within); !ok {
-			return nil, k.refuseLate(key, now)
+			return nil, 0, k.refuseLate(key, now)
+		}
+		if !k.job.phased {
+			late = now.Sub(tick)
 		}
 	}
 	opts := []pglease.LockOption{pglease.MinHold(0), pglease.Tick(tick), pglease.NextTick(k.job.sched.Next(tick))}
 	if !k.catchUpTick.IsZero() {
 		opts = append(opts, pglease.CatchUp())
 	}
-	return opts, nil
+	return opts, late, nil
 }
 
 func (k *Locker) log() gocron.Logger {

@@ -761,3 +761,76 @@ func TestNewCronJobReadsItsClockInItsZone(t *testing.T) {
 		t.Fatalf("journal: %+v, %v; want the run of %v", runs, err, d1)
 	}
 }
+
+// TestRunNowAndStartImmediatelyUnderTheLedger: the tick ledger runs each
+// activation of an hourly job once, so a firing that is not an activation
+// adds no run, and is not skipped silently either. At hh:30, with catch-up
+// off, the firing of gocron.WithStartImmediately and a Job.RunNow find no
+// activation within the tolerance: both are refused and logged at Warn
+// (the firing at start claimed hh:00, half an hour back, and ran it). The
+// activation at hh+1:00 runs; a RunNow ten seconds later finds that
+// activation run: refused, and logged at Info. Clocks are fake; the firings
+// fall 0.4 s past a whole second, as a firing by hand does.
+func TestRunNowAndStartImmediatelyUnderTheLedger(t *testing.T) {
+	table := migrate(t)
+	hour := time.Now().Add(-10 * time.Hour).Truncate(time.Hour)
+	var ran, refused atomic.Int64
+	rec := &recLogger{}
+	fc := clockwork.NewFakeClockAt(hour.Add(30*time.Minute + 400*time.Millisecond))
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "a"), pgleasegocron.WithClock(fc.Now),
+		pgleasegocron.WithLogger(rec), pgleasegocron.WithCatchUp(0), pgleasegocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithClock(fc), gocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	j, err := k.NewCronJob(s, "hourly", "0 * * * *", false, gocron.NewTask(func() { ran.Add(1) }),
+		gocron.WithStartAt(gocron.WithStartImmediately()),
+		gocron.WithEventListeners(gocron.AfterLockError(func(uuid.UUID, string, error) { refused.Add(1) })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fired := func() int64 { return ran.Load() + refused.Load() }
+	s.Start()
+	waitFor(t, 10*time.Second, "the firing at start", func() bool { return fired() == 1 })
+	if err := j.RunNow(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the firing of RunNow", func() bool { return fired() == 2 })
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the task ran %d times at hh:30, want none", n)
+	}
+	if warns := rec.got(); len(warns) != 2 || !strings.Contains(warns[1], "no activation of its crontab within the tolerance") || !strings.Contains(warns[1], "RunNow") {
+		t.Fatalf("logged %q at Warn; want both refusals, of firings that are no activation", warns)
+	}
+
+	if err := fc.BlockUntilContext(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(30*time.Minute - 400*time.Millisecond + time.Millisecond) // hh+1:00:00.001
+	waitFor(t, 10*time.Second, "the firing of hh+1:00", func() bool { return fired() == 3 })
+	fc.Advance(10*time.Second + 400*time.Millisecond)
+	if err := j.RunNow(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the firing of RunNow", func() bool { return fired() == 4 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("the task ran %d times, want once (hh+1:00)", n)
+	}
+	if infos := rec.info(); len(infos) != 1 || !strings.Contains(infos[0], "already run") || !strings.Contains(infos[0], "RunNow") {
+		t.Fatalf("logged %q at Info; want the refusal of RunNow, its activation run", infos)
+	}
+	if errs := rec.errors(); len(errs) != 0 {
+		t.Fatalf("logged %q at Error; want none", errs)
+	}
+	runs, err := journal.History(t.Context(), pgleasetest.DB(t, 1), "hourly", time.Time{}, 0, pglease.WithTable(table))
+	if err != nil || len(runs) != 1 || !runs[0].Tick.Equal(hour.Add(time.Hour)) {
+		t.Fatalf("journal: %+v, %v; want the run of %v alone", runs, err, hour.Add(time.Hour))
+	}
+}
