@@ -22,9 +22,14 @@ type Schedule interface {
 }
 
 // LatestTick returns the latest activation of s at or before now and no
-// more than within before it; ok is false if there is none. It calls
-// s.Next a number of times that grows with the logarithm of within over
-// the schedule's period, not with their ratio.
+// more than within before it; ok is false if there is none. For a regular
+// schedule (activations evenly spaced, such as every 5 minutes or every
+// day) it calls s.Next a number of times that grows with the logarithm of
+// within over the period, not with their ratio. For an irregular one it
+// may call it once per activation between the first it finds and now:
+// for every second of January (the cron expression "* * * * 1 *" with a
+// seconds field), over a 366-day window, from half a million to millions
+// of calls (tens to hundreds of milliseconds), depending on the date.
 func LatestTick(s Schedule, now time.Time, within time.Duration) (t time.Time, ok bool) {
 	if s == nil || within < 0 {
 		return time.Time{}, false

@@ -20,7 +20,9 @@ import (
 // hold can separate them (with the default one, four replicas ran such a
 // job about 1.5 times per period). NewDurationJob gives the job a Locker of its
 // own that knows the period: each claim carries its tick, the claiming
-// replica's clock truncated to a multiple of period, and the database
+// replica's clock truncated to a multiple of period (counted from the zero
+// time, January 1, year 1, UTC, as time.Time.Truncate counts: for a period
+// that divides a day, from any midnight UTC), and the database
 // refuses a tick already claimed (pglease.ErrAlreadyRun) to every other
 // replica. Each period's tick therefore runs at most once, on whichever
 // replica fires first in it, and exactly once while a replica fires in it
@@ -35,6 +37,13 @@ import (
 // Like NewCronJob's, the job refuses a run that holds no claim of its
 // Locker (logged at Error): every run on a scheduler with
 // gocron.WithDistributedElector.
+//
+// Do not pass gocron.WithIntervalFromCompletion among opts (the adapter
+// cannot see it there): gocron then counts each period from the end of
+// the replica's previous run, so its firings drift off the grid of ticks by
+// the length of each run, and whole periods of the grid go by without a
+// firing: with one replica, or all of them drifting, those ticks run
+// nowhere and pglease audit reports them missed.
 //
 // opts are gocron's job options; a gocron.WithName or
 // gocron.WithDistributedJobLocker among them is overridden. A nil s or task,

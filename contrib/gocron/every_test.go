@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/pglease/pglease"
 	pgleasegocron "github.com/pglease/pglease/contrib/gocron"
+	"github.com/pglease/pglease/journal"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // recLogger is a gocron.Logger that keeps its infos, warnings and errors.
@@ -139,5 +143,56 @@ func TestNewDurationJobBadInput(t *testing.T) {
 	}
 	if _, err := pgleasegocron.NewLocker(newLocker(t, "unused", "b"), pgleasegocron.WithLogger(nil)); !errors.Is(err, pglease.ErrInvalidOption) {
 		t.Errorf("WithLogger(nil): %v", err)
+	}
+}
+
+// TestTicksCountFromTheZeroTime: the grid of ticks of tick mode (WithTicks)
+// and of a duration job (NewDurationJob) counts from the zero time, as
+// time.Time.Round and Truncate do, not from the Unix epoch; the two differ
+// for a period that does not divide a day, such as 7 minutes. The docs say
+// so; the grid must not move, or a rolling upgrade would give two versions
+// different ticks for one period. The clock is fake.
+func TestTicksCountFromTheZeroTime(t *testing.T) {
+	const period = 7 * time.Minute
+	epochGrid := func(t time.Time) time.Time { return time.Unix(0, 0).Add(t.Sub(time.Unix(0, 0)) / period * period) }
+	start := time.Now().Add(-30 * 24 * time.Hour).Truncate(period).Add(time.Minute).UTC()
+	if next := start.Add(period); next.Truncate(period).Equal(epochGrid(next)) {
+		t.Fatalf("the grids agree at %v", next)
+	}
+	k, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"), pgleasegocron.WithTicks(period))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := k.TickAt(start), start.Round(period); !got.Equal(want) {
+		t.Fatalf("TickAt(%v) = %v, want %v (rounded from the zero time)", start, got, want)
+	}
+
+	table := migrate(t)
+	fc := clockwork.NewFakeClockAt(start)
+	var ran atomic.Int64
+	k, err = pgleasegocron.NewLocker(newLocker(t, table, "a"), pgleasegocron.WithClock(fc.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithClock(fc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	if _, err := k.NewDurationJob(s, "every7m", period, gocron.NewTask(func() { ran.Add(1) })); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := fc.BlockUntilContext(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(period)
+	waitFor(t, 10*time.Second, "the run", func() bool { return ran.Load() == 1 })
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := journal.History(t.Context(), pgleasetest.DB(t, 1), "every7m", time.Time{}, 0, pglease.WithTable(table))
+	if want := start.Add(period).Truncate(period); err != nil || len(runs) != 1 || !runs[0].Tick.Equal(want) {
+		t.Fatalf("journal: %+v, %v; want the run of %v (the zero time's grid, not the epoch's %v)", runs, err, want, epochGrid(start.Add(period)))
 	}
 }

@@ -73,10 +73,14 @@ func WithMinHold(d time.Duration) Option {
 }
 
 // WithTicks turns on tick mode for jobs whose activations lie on a grid of
-// period interval, counted from the Unix epoch (UTC): cron jobs (every
-// second, minute, hour...) and duration jobs started on the grid (gocron
-// WithStartAt); NewDurationJob is the simpler way for duration jobs. gocron does not tell the Locker the scheduled time, so the
-// tick is derived: the Locker's clock at the moment of Lock, rounded to the
+// period interval, counted from the zero time (January 1, year 1, UTC), as
+// time.Time.Round counts; for an interval that divides a day, that is the
+// grid counted from any midnight UTC or from the Unix epoch. Cron jobs
+// (every second, minute, hour... in UTC, or in a zone whose offset is a
+// multiple of the interval) and duration jobs started on the grid (gocron
+// WithStartAt) lie on it; NewDurationJob is the simpler way for duration
+// jobs. gocron does not tell the Locker the scheduled time, so the tick is
+// derived: the Locker's clock at the moment of Lock, rounded to the
 // nearest multiple of interval. Every replica derives the same tick for the
 // same activation from its own clock, so skew between replicas does not
 // matter; what must hold is that each replica calls Lock within interval/2
@@ -208,7 +212,8 @@ func (k *Locker) claimOptions(key string) (opts []pglease.LockOption, late time.
 }
 
 // TickAt is the tick tick mode derives from the time t: t rounded to the
-// nearest multiple of the tick interval. Zero outside tick mode.
+// nearest multiple of the tick interval, counted from the zero time. Zero
+// outside tick mode.
 func (k *Locker) TickAt(t time.Time) time.Time {
 	if k.tick <= 0 {
 		return time.Time{}

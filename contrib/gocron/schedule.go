@@ -97,10 +97,20 @@ func WithGrace(d time.Duration) Option {
 // ("CRON_TZ=<zone> <crontab>"), so the scheduler fires the job in that zone
 // whatever its own gocron.WithLocation. With time.Local the crontab is
 // given to gocron as it is, and gocron reads it in the scheduler's
-// location: give the Locker the scheduler's location (or neither one
-// any). A scheduler that reads the crontab in another zone fires the job
-// at times that are no activation of the Locker's reading of it: those
-// runs are refused and logged at Error (see WithTolerance).
+// location: give the Locker and the scheduler the same location, or leave
+// both at their default. A scheduler that reads the crontab in another
+// zone fires the job at times that are no activation of the Locker's
+// reading of it: those runs are refused and logged at Error (see
+// WithTolerance).
+//
+// The zone is part of the schedule recorded in the database: moving a job
+// to another zone with WithLocation is a schedule change, so none of the
+// old zone's ticks is reported missed or caught up. time.Local is recorded
+// under its name, which is "Local" unless the TZ environment variable
+// names the zone: a change of the host's zone (/etc/localtime) is then not
+// seen as a schedule change, and until the job's next run records its next
+// due tick, a tick of the old zone may be reported missed, or caught up
+// once. Name the zone (WithLocation, or TZ) to have such a move seen.
 func WithLocation(loc *time.Location) Option {
 	return func(k *Locker) error {
 		if loc == nil {
@@ -141,7 +151,9 @@ func defaultGrace(period time.Duration, phased bool) time.Duration {
 const registerRetry = time.Minute
 
 // grid is the schedule of a duration job: a tick at every multiple of the
-// period since the Unix epoch.
+// period since the zero time (time.Time.Truncate's count; it is not
+// counted from the Unix epoch: changing it would move the ticks of running
+// jobs between versions during a rolling upgrade).
 type grid time.Duration
 
 func (g grid) Next(t time.Time) time.Time { return t.Truncate(time.Duration(g)).Add(time.Duration(g)) }
