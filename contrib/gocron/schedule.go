@@ -41,11 +41,12 @@ const DefaultTolerance = time.Minute
 // a job added with NewCronJob may start and still claim that activation
 // (default DefaultTolerance). A run that finds no activation within the
 // tolerance before it is refused and logged, not credited to an older
-// activation: at Error when it fired on the second gocron fires scheduled
-// runs on (the scheduler reads the crontab in another time zone than the
-// Locker: see WithLocation), at Warn otherwise (a run started by
-// Job.RunNow or gocron.WithStartImmediately, or one that started late:
-// queued by gocron's singleton mode, or a process paused). It does not
+// activation: at Error when it fired on a whole second (of the minute, for
+// a crontab without seconds), as gocron fires scheduled runs, since the
+// scheduler then reads the crontab in another time zone than the Locker
+// (see WithLocation); at Warn otherwise (a run started by Job.RunNow or
+// gocron.WithStartImmediately, or one that started late: queued by
+// gocron's singleton mode, or a process paused). It does not
 // apply to duration jobs, whose runs claim the period they fire in, nor to
 // the catch-up run of a missed tick. At most 24 hours.
 func WithTolerance(d time.Duration) Option {
@@ -341,6 +342,11 @@ func (k *Locker) runSpent() {
 	}
 }
 
+// zoneSpread bounds how far back refuseLate looks for the activation it
+// logs: two days cover the widest difference between two zones' clocks,
+// and bound the cost of an irregular schedule (see pglease.LatestTick).
+const zoneSpread = 48 * time.Hour
+
 // refuseLate logs and returns the refusal of a run of a cron job that
 // started more than the tolerance after the latest activation of its
 // crontab. gocron fires scheduled runs on a whole second (of the minute,
@@ -355,7 +361,7 @@ func (k *Locker) refuseLate(key string, now time.Time) error {
 		unit = time.Second
 	}
 	args := []any{"job", key, "fired_at", now.Format("2006-01-02 15:04:05.000 MST"), "zone", k.location().String(), "tolerance", k.tolerance}
-	if latest, ok := pglease.LatestTick(k.job.sched, now, lookBack); ok {
+	if latest, ok := pglease.LatestTick(k.job.sched, now, zoneSpread); ok {
 		args = append(args, "latest_activation", latest.Format("2006-01-02 15:04:05 MST"))
 	}
 	if now.Sub(now.Truncate(unit)) < offGridSlack {
