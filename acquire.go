@@ -26,8 +26,12 @@ import (
 //     not known to work, else one heartbeat as a safety net.
 //
 // Transient errors (server unreachable, read-only during a failover) are
-// logged at WARN and retried; errors retrying cannot fix (bad key or
-// option, closed Locker, missing table, a tick already run) are returned.
+// retried after min(poll interval, failures × 100 ms), the heartbeat taking
+// the poll interval's place while notifications are known to work. The
+// first failure of a streak is logged at WARN, the next ones at DEBUG, and
+// the first attempt that works again (takes the key or finds it held) at
+// INFO. Errors retrying cannot fix (bad key or option, closed Locker,
+// missing table, a tick already run) are returned.
 // When ctx ends, Acquire returns an error wrapping ctx's error; the lease
 // it returns lives until Unlock, like Lock's.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {

@@ -20,7 +20,8 @@ import (
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
 //   - the statement failed (network, server down, a failover under way):
-//     WARN, and retried soon — backing off from a sixteenth of the beat,
+//     WARN (the first failure of a streak only; INFO when a renew works
+//     again), and retried soon — backing off from a sixteenth of the beat,
 //     jittered, closer together as the local deadline nears — until one
 //     succeeds (the normal beat then resumes from it) or the lease's timer
 //     declares it lost at its local deadline. A failover often completes
