@@ -198,11 +198,11 @@ type LeaderCallbacks struct {
 }
 
 // Run campaigns, leads through OnStartedLeading, resigns and campaigns
-// again, until ctx ends — then it resigns and returns nil: a clean shutdown
-// is not an error. It returns OnStartedLeading's error, or an error that
-// campaigning cannot get past (closed Locker, missing table), or, at
-// shutdown, the resign's error (the key then stays blocked until the
-// lease expires). A resign that fails is logged at WARN.
+// again, until ctx ends — then it resigns and returns nil (a clean shutdown
+// is not an error), or the resign's error if the release failed (the key
+// then stays blocked until the lease expires). Before that it returns
+// OnStartedLeading's error, or an error that campaigning cannot get past
+// (closed Locker, missing table). A resign that fails is logged at WARN.
 func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 	if cb.OnStartedLeading == nil {
 		return fmt.Errorf("%w: LeaderCallbacks.OnStartedLeading is required", ErrInvalidOption)

@@ -16,7 +16,9 @@ func lead(ctx context.Context, locker *pglease.Locker) error {
 	if err != nil {
 		return err
 	}
-	// Run returns nil when ctx ends (a clean shutdown), after resigning.
+	// When ctx ends, Run resigns and returns nil (a clean shutdown), or the
+	// resign's error if the release failed (the key stays blocked until the
+	// lease expires).
 	return election.Run(ctx, pglease.LeaderCallbacks{
 		OnStartedLeading: func(ctx context.Context, lead *pglease.Lease) error {
 			fmt.Println("leading, term", lead.Fence())
