@@ -57,10 +57,12 @@ func SchemaVersion() int { return store.Version() }
 // upgrade starts one delay, as after a failover.
 //
 // On a table migrated by a newer pglease, Migrate changes nothing. It
-// succeeds when that pglease recorded that code of this version may still
-// use the table (so that a deploy rolled back to this version starts), and
-// fails with ErrSchemaTooNew otherwise, or when that pglease predates such
-// records (schema version 10 and before). Drop always refuses such a table.
+// succeeds when that pglease recorded (in the version table's
+// compatible_from) that code of this version may still use the table, so
+// that a deploy rolled back to this version starts, and fails with
+// ErrSchemaTooNew otherwise. Releases of pglease before this one do not
+// read that record: their Migrate fails with ErrSchemaTooNew on any newer
+// table. Drop always refuses such a table.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	return schemaOp(ctx, db, opts, "migrate", (*store.Store).Migrate)
 }
