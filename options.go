@@ -154,11 +154,12 @@ func WithHolder(id string) Option {
 	})
 }
 
-// WithLogger sets where lease losses (ERROR), failed renewals and the start
-// of a failover delay (WARN) are logged (default slog.Default()). An
-// operation that retries (a waiting Acquire's claims, the listening
-// connection, an Election's observer) logs the first failure of a streak
-// at WARN, the next ones at DEBUG and its recovery at INFO.
+// WithLogger sets where lease losses (ERROR), the first failed renewal of a
+// streak and the start of a failover delay (WARN) are logged (default
+// slog.Default()); a renewal that works again after failing is logged at
+// INFO. An operation that retries (a waiting Acquire's claims, the
+// listening connection, an Election's observer) logs the first failure of
+// a streak at WARN, the next ones at DEBUG and its recovery at INFO.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }
