@@ -151,11 +151,12 @@ func NewLocker(l *pglease.Locker, opts ...Option) (*Locker, error) {
 
 // Lock claims key for one run of the job. ctx bounds the claim only; the
 // lease is renewed until gocron calls Unlock. On error the returned Lock is
-// nil, and gocron skips the run; an error other than a refusal (the key
-// held, its tick run) is also logged at Error (WithLogger), since gocron
-// itself tells only an AfterLockError listener, and so is a run refused
-// for lying past the tolerance (at Warn when it is no scheduled firing:
-// see WithTolerance).
+// nil, and gocron skips the run. Since gocron itself tells only an
+// AfterLockError listener, an error other than a refusal (the key held,
+// its tick run) is also logged (WithLogger): at Error, or at Info when ctx
+// ended first (the scheduler or the job stopping); so is a cron job's run
+// refused for lying past the tolerance (see WithTolerance), and, at Info,
+// one refused because it fired late after its activation had run.
 func (k *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	opts, late, err := k.claimOptions(key)
 	var le *pglease.Lease
