@@ -117,10 +117,11 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 // fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It
 // reads the leader on release notifications, at the leader's expiry and,
 // while nobody leads, at the poll interval (a claim sends no
-// notification), so a term shorter than that can go unseen; read errors
-// are retried, backing off up to the poll interval (the first of a
-// streak is logged at WARN, the next ones at DEBUG). A slow reader only misses
-// intermediate states, never the latest.
+// notification), so a term shorter than that can go unseen. Read errors
+// are retried, backing off up to the poll interval (the heartbeat while
+// notifications are known to work); the first of a streak is logged at
+// WARN, the next ones at DEBUG, the read that works again at INFO. A slow
+// reader only misses intermediate states, never the latest.
 func (e *Election) Observe(ctx context.Context) <-chan LeaseInfo {
 	out := make(chan LeaseInfo, 1)
 	if !e.l.spawn(func() { e.observe(ctx, out) }) {
