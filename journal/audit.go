@@ -49,8 +49,9 @@ type AuditResult struct {
 // past the due tick recorded before it, a fence past the lease row's), as
 // the rows of every key with a finding are; only those keys, and the
 // overdue ones, are then read and assembled run by run. Its cost is the
-// server's pass over the window (docs/operating.md has figures), not the
-// runs sent: a journal with nothing to report sends one row per key.
+// server's pass over the window (measured: a few seconds of database CPU
+// for a million runs), not the runs sent: a journal with nothing to report
+// sends one row per key.
 //
 // An invalid table name fails with pglease.ErrInvalidOption, a table not
 // migrated with pglease.ErrNotMigrated.
