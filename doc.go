@@ -12,10 +12,11 @@
 // is acquired — survives releases. No connection is held between calls; a
 // pool of one connection can hold and renew a thousand leases.
 //
-//	locker, err := pglease.New(db)               // *sql.DB or *pgxpool.Pool
-//	lease, err := locker.Lock(ctx, "nightly")     // skip if held: ErrAlreadyLocked
-//	lease, err := locker.Acquire(ctx, "nightly")  // or wait for it
+//	locker, err := pglease.New(db)              // *sql.DB or *pgxpool.Pool
+//	lease, err := locker.Lock(ctx, "nightly")    // skip if held: ErrAlreadyLocked
+//	lease, err = locker.Acquire(ctx, "nightly")  // or wait for it
 //	err = locker.Do(ctx, "nightly", job, pglease.Tick(scheduled), pglease.MinHold(time.Second))
+//	election, err := pglease.NewElection(locker, "leader")
 //	err = election.Run(ctx, pglease.LeaderCallbacks{OnStartedLeading: lead})
 //
 // # The states of a lease, and who moves it
