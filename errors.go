@@ -12,9 +12,10 @@ import (
 // wrap them with the details (key, holder, fence, the server's error).
 var (
 	// ErrAlreadyLocked means that another holder has an unexpired lease on
-	// the key, or that a minimum hold keeps it blocked. For a scheduler it
-	// means "skip this run": somebody else is running the job (or just ran
-	// it).
+	// the key, that a minimum hold keeps it blocked, that another claim of
+	// the key was in flight, or that the failover delay is in force (see
+	// AlreadyLockedError.Reason). For a scheduler it means "skip this run":
+	// somebody else is running the job (or just ran it).
 	ErrAlreadyLocked = errors.New("pglease: already locked")
 
 	// ErrFailoverDelay means that the key looks free, but the database
