@@ -14,8 +14,9 @@ import (
 // with pgx's database/sql driver "pgx" (import _ "github.com/jackc/pgx/v5/stdlib")
 // or lib/pq's "postgres" (import _ "github.com/lib/pq"), or a
 // *pgxpool.Pool (github.com/jackc/pgx/v5/pgxpool). New, Migrate, Drop,
-// List, ForceRelease and SchemaVersionOf are generic over it, so either can be
-// passed directly. With lib/pq, waiters cannot be woken by notifications
+// List, ForceRelease, ForgetSchedule and SchemaVersionOf (and package
+// journal's History and Audit) are generic over it, so either can be passed
+// directly. With lib/pq, waiters cannot be woken by notifications
 // (the driver's connection is out of reach) and poll instead. With pgx's
 // driver, pglease runs its statements on pgx's own connection (reached with
 // (*sql.Conn).Raw for the one statement), so a *sql.DB costs what a

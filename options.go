@@ -25,7 +25,8 @@ const (
 //
 // The entry points that need less take narrower types, so that an option
 // that would have no effect there does not compile: Migrate, Drop,
-// SchemaVersionOf, List and ForceRelease take a TableOption (WithTable);
+// SchemaVersionOf, List, ForceRelease and ForgetSchedule (and package
+// journal's History and Audit) take a TableOption (WithTable);
 // NewFenceTable takes a FenceTableOption (WithTable and the telemetry
 // options). Both are Options too.
 type Option interface{ apply(*config) }
