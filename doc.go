@@ -45,9 +45,10 @@
 //     lease to return) → released (or minimum hold on the server); the
 //     release notifies waiters.
 //   - Guard not seeing the row held when a renew outside its transaction
-//     then finds it gone, a notification of a force-release (with
-//     ListenAlways), or a newer claim of the same key by the same Locker:
-//     held → lost, at once.
+//     then finds it gone, a notification of a force-release (received while
+//     the Locker listens: while any of its callers waits in Acquire,
+//     Campaign or Observe, and always with ListenAlways), or a newer claim
+//     of the same key by the same Locker: held → lost, at once.
 //   - ForceRelease (operators): any → released on the server, fence moved on
 //     if the lease was live; the holder learns it at its next renew.
 //
