@@ -100,8 +100,9 @@ func WithGrace(d time.Duration) Option {
 // given to gocron as it is, and gocron reads it in the scheduler's
 // location: give the Locker and the scheduler the same location, or leave
 // both at their default. A scheduler that reads the crontab in another
-// zone fires the job at times that are no activation of the Locker's
-// reading of it: those runs are refused and logged at Error (see
+// zone fires the job at times that may be no activation of the Locker's
+// reading of it (a daily crontab; an hourly one reads alike in zones whole
+// hours apart): those runs are refused and logged at Error (see
 // WithTolerance).
 //
 // The zone is part of the schedule recorded in the database: moving a job
