@@ -162,10 +162,11 @@ func WithLogger(l cron.Logger) Option {
 // String method is not recorded: its runs are still once per activation,
 // but missed activations are neither reported nor caught up; it is logged
 // at Error when the wrapper is made. time.Local (cron's default location,
-// and Once's) is recorded as "Local", whatever zone the host is in: a
-// change of the host's zone (TZ) is not seen as a change of schedule, and
-// replicas in different zones are not told apart. Give the Cron a named
-// location (cron.WithLocation, and WithLocation for Once) to record it.
+// and Once's) is recorded under its name, which is "Local" unless the TZ
+// environment variable names the zone: a change of the host's zone
+// (/etc/localtime) is then not seen as a change of schedule, and replicas
+// in different zones are not told apart. Give the Cron a named location
+// (cron.WithLocation, and WithLocation for Once), or set TZ, to record it.
 //
 // With the journal on (pglease.WithJournal, the default), each run is
 // journaled with its activation as the tick and its outcome (Do records

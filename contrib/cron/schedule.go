@@ -95,8 +95,8 @@ func specOf(sched cron.Schedule, loc *time.Location) (spec string, ok bool) {
 		if l == nil || l == time.Local {
 			l = loc // the schedule reads the time in the Cron's location
 		}
-		// l by its name: time.Local is "Local" whatever the host's zone,
-		// so a change of TZ is not a change of the text.
+		// l by its name: time.Local is "Local" unless TZ names the zone,
+		// so a change of /etc/localtime is not a change of the text.
 		return fmt.Sprintf("cron second=%x minute=%x hour=%x dom=%x month=%x dow=%x tz=%s",
 			s.Second, s.Minute, s.Hour, s.Dom, s.Month, s.Dow, l), true
 	}
