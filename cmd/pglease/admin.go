@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,11 +25,95 @@ const connectTimeout = 10 * time.Second
 type dbFlags struct {
 	url   string
 	table string
+
+	// timeout (--timeout of the commands that run once) bounds the whole
+	// command, connecting included; 0 for the commands that bound their
+	// statements themselves (release, watch, serve).
+	timeout   time.Duration
+	connected bool // open has connected (a timeout then came from a statement)
 }
 
+// defaultTimeout is --timeout of the admin commands that run once.
+const defaultTimeout = 30 * time.Second
+
+// maxTimeout bounds every --timeout: the server's lock_timeout and
+// statement_timeout are ints of milliseconds (under 2^31 ms, about 24.8 days).
+const maxTimeout = 24 * time.Hour
+
+// checkTimeout refuses a --timeout that is not positive or above maxTimeout.
+func checkTimeout(d time.Duration) error {
+	if d <= 0 {
+		return usagef("--timeout %v: must be positive", d)
+	}
+	if d > maxTimeout {
+		return usagef("--timeout %v: must be at most %v", d, maxTimeout)
+	}
+	return nil
+}
+
+// register adds the connection flags and --timeout, for the admin commands
+// that run once (list, history, audit, unschedule, migrate): their RunE
+// (set before register is called) then runs under a context that ends at
+// --timeout, and its error is explained by f.outcome.
 func (f *dbFlags) register(cmd *cobra.Command) {
+	f.registerConn(cmd)
+	cmd.Flags().DurationVar(&f.timeout, "timeout", defaultTimeout,
+		fmt.Sprintf("give up if the command has not finished by then (at most %v)", maxTimeout))
+	runE := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if err := checkTimeout(f.timeout); err != nil {
+			return err
+		}
+		ctx := c.Context()
+		tctx, cancel := context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+		c.SetContext(tctx)
+		defer c.SetContext(ctx)
+		return f.outcome(ctx, tctx, runE(c, args))
+	}
+}
+
+// registerConn adds the connection flags only, for the commands that bound
+// their statements themselves (release, watch, serve).
+func (f *dbFlags) registerConn(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.url, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	cmd.Flags().StringVar(&f.table, "table", pglease.DefaultTable, `lease table, "name" or "schema.name"`)
+}
+
+// outcome is the error of a command run under --timeout: ctx is the
+// command's, tctx the one ending at --timeout. Once ctx is done (Ctrl-C,
+// SIGTERM) the command was interrupted, whatever the error says (the server
+// answers a cancel request with "canceling statement due to user request");
+// once tctx is done, or the server gave up at its statement_timeout, the
+// command timed out.
+func (f *dbFlags) outcome(ctx, tctx context.Context, err error) error {
+	var ue usageError
+	switch {
+	case err == nil || errors.As(err, &ue) || errors.Is(err, errInterrupted) && ctx.Err() != nil:
+		return err
+	case ctx.Err() != nil:
+		return errInterrupted
+	case tctx.Err() != nil || statementTimedOut(err):
+		if !f.connected {
+			return fmt.Errorf("could not connect within --timeout %v: the server did not answer; check it is up and reachable, or retry with a longer --timeout", f.timeout)
+		}
+		return fmt.Errorf("no answer from the server within --timeout %v: another session may hold a lock on %q (VACUUM FULL, ALTER TABLE...; see pg_locks), or the server is overloaded or unreachable; retry with a longer --timeout",
+			f.timeout, f.table)
+	}
+	return err
+}
+
+// statementTimedOut reports whether the server gave up at its statement_timeout.
+func statementTimedOut(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014" && strings.Contains(pe.Message, "statement timeout")
+}
+
+// serverBound is the server's own bound (statement_timeout) for a client
+// that waits d: a little less, so that the server's answer arrives first.
+func serverBound(d time.Duration) string {
+	b := max(d-max(d/10, 100*time.Millisecond), time.Millisecond)
+	return strconv.FormatInt(b.Milliseconds(), 10)
 }
 
 // check validates the flags without connecting.
@@ -59,7 +144,18 @@ func (f *dbFlags) open(ctx context.Context, e *env, params map[string]string) (*
 	if url == "" {
 		return nil, usagef("no database: pass --database-url or set DATABASE_URL")
 	}
-	return openDB(ctx, url, params)
+	if f.timeout > 0 {
+		// The server bounds each statement too, so that it stops working
+		// (and waiting for locks) when the client stops waiting.
+		p := map[string]string{"statement_timeout": serverBound(f.timeout)}
+		for k, v := range params {
+			p[k] = v
+		}
+		params = p
+	}
+	db, err := openDB(ctx, url, params)
+	f.connected = err == nil
+	return db, err
 }
 
 // openDB connects and pings. params are extra run-time parameters for the

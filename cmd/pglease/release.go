@@ -82,7 +82,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.registerConn(cmd) // --timeout is release's own (the wait for the row)
 	cmd.Flags().BoolVar(&force, "force", false, "really evict the current holder")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "give up (releasing nothing) if open fenced transactions on KEY have not ended by then")
 	return cmd

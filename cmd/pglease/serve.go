@@ -79,7 +79,7 @@ requests are refused.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), e, &f) },
 	}
-	f.db.register(cmd)
+	f.db.registerConn(cmd) // serve bounds its reads and audits itself
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8089", "address to listen on (host:port; port 0 picks a free one)")
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often the page is refreshed")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -34,14 +35,25 @@ snapshots are separated by a blank line.`,
 				return usagef("--interval %v: must be at least 10ms", interval)
 			}
 			ctx := cmd.Context()
-			db, err := f.open(ctx, e, nil)
+			// The server bounds each read too, a little below a refresh's
+			// bound, so that its own answer arrives first.
+			db, err := f.open(ctx, e, map[string]string{"statement_timeout": serverBound(refreshBound(interval))})
 			if err != nil {
+				if ctx.Err() != nil {
+					return nil // Ctrl-C while connecting: watch ends that way
+				}
 				return err
 			}
 			defer db.Close()
-			// The first read must work: a missing table is an error, not a screen.
-			ls, err := pglease.List(ctx, db, pglease.WithTable(f.table))
-			if err != nil {
+			// The first read is bounded like any refresh: a server that does
+			// not answer (a lock on the table, VACUUM FULL) is an error
+			// frame. Any other error (a missing table) is an error, not a
+			// screen.
+			ls, err := refresh(ctx, db, f.table, interval)
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err != nil && !errors.Is(err, errNoAnswer):
 				return explain(err, f.table)
 			}
 			tick := time.NewTicker(interval)
@@ -60,20 +72,33 @@ snapshots are separated by a blank line.`,
 			}
 		},
 	}
-	f.register(cmd)
+	f.registerConn(cmd) // each refresh is bounded (refreshBound)
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "refresh interval")
 	return cmd
 }
 
-// refresh reads the leases for one snapshot, bounded by the interval (at
-// least refreshTimeout): a server that stops answering (a network that
-// drops packets) then shows as an error frame, not as the last snapshot
-// frozen on screen.
+// refresh reads the leases for one snapshot, bounded by refreshBound: a
+// server that stops answering (a network that drops packets, a lock held on
+// the table) then shows as an error frame (errNoAnswer), not as the last
+// snapshot frozen on screen.
 func refresh(ctx context.Context, db *sql.DB, table string, interval time.Duration) ([]pglease.LeaseInfo, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(interval, refreshTimeout))
+	bound := refreshBound(interval)
+	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	return pglease.List(ctx, db, pglease.WithTable(table))
+	ls, err := pglease.List(rctx, db, pglease.WithTable(table))
+	if err != nil && ctx.Err() == nil && (rctx.Err() != nil || statementTimedOut(err)) {
+		return nil, fmt.Errorf("%w within %v: another session may hold a lock on %q (VACUUM FULL, ALTER TABLE...; see pg_locks), or the server is overloaded or unreachable",
+			errNoAnswer, bound, table)
+	}
+	return ls, err
 }
+
+// errNoAnswer is a refresh of watch the server did not answer in time.
+var errNoAnswer = errors.New("no answer from the server")
+
+// refreshBound is how long a refresh of watch may take: the interval, at
+// least refreshTimeout.
+func refreshBound(interval time.Duration) time.Duration { return max(interval, refreshTimeout) }
 
 // refreshTimeout is the least time a refresh of watch is given.
 var refreshTimeout = 5 * time.Second
