@@ -58,13 +58,15 @@ func newReleaseCmd(e *env) *cobra.Command {
 			if !force {
 				return usagef("refusing to release %q without --force: it evicts the current holder (see `pglease release --help`)", key)
 			}
-			if timeout <= 0 {
-				return usagef("--timeout %v: must be positive", timeout)
+			if err := checkTimeout(timeout); err != nil {
+				return err
 			}
-			// The server bounds the wait for the row (lock_timeout): it then
-			// rolls the statement back and says so, a certain outcome. The
-			// context, a little longer, is the backstop should the server
-			// not answer (a cancel request is then sent, see openDB).
+			// The server bounds the wait for the row (lock_timeout, here and
+			// set again by ForceRelease from its deadline, see
+			// releaseDeadline): it then rolls the statement back and says
+			// so, a certain outcome. The context, a little longer, is the
+			// backstop should the server not answer (a cancel request is
+			// then sent, see openDB).
 			db, err := f.open(cmd.Context(), e, map[string]string{
 				"lock_timeout": strconv.FormatInt(timeout.Milliseconds(), 10),
 			})
@@ -84,7 +86,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 	}
 	f.registerConn(cmd) // --timeout is release's own (the wait for the row)
 	cmd.Flags().BoolVar(&force, "force", false, "really evict the current holder")
-	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "give up (releasing nothing) if open fenced transactions on KEY have not ended by then")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "give up (releasing nothing) if open fenced transactions on KEY have not ended by then (at most 24h)")
 	return cmd
 }
 
@@ -92,7 +94,8 @@ func newReleaseCmd(e *env) *cobra.Command {
 // for once that takes longer than waitNoticeAfter.
 func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout time.Duration,
 	release func(context.Context) (pglease.ForceReleaseResult, error)) (pglease.ForceReleaseResult, error) {
-	tctx, cancel := context.WithTimeout(ctx, timeout+cancelGrace)
+	deadline := releaseDeadline(timeout)
+	tctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	done := make(chan struct{})
 	noticed := make(chan struct{})
@@ -123,10 +126,20 @@ func forceRelease(ctx context.Context, e *env, f *dbFlags, key string, timeout t
 		return r, fmt.Errorf("%w while waiting for the row: the release of %q may or may not have happened (a cancel request was sent): check with `pglease list`",
 			errInterrupted, key)
 	case tctx.Err() != nil:
-		return r, fmt.Errorf("no answer from the server within --timeout %v + %v: the release of %q may or may not have happened: check with `pglease list`",
-			timeout, cancelGrace, key)
+		return r, fmt.Errorf("no answer from the server within --timeout %v and %v more (a cancel request was sent): the release of %q may or may not have happened: check with `pglease list`",
+			timeout, deadline-timeout+cancelGrace, key)
 	}
 	return r, explain(err, f.table)
+}
+
+// releaseDeadline is the deadline, from now, under which ForceRelease waits
+// timeout for the row on the server: it sets lock_timeout to d - max(d/4,
+// 100ms) for a deadline d away (SET LOCAL, which overrides the connection's
+// lock_timeout), so that its answer arrives before the client gives up.
+// The client then waits at most cancelGrace more after a cancel request
+// (see openDB).
+func releaseDeadline(timeout time.Duration) time.Duration {
+	return max(timeout*4/3, timeout+100*time.Millisecond)
 }
 
 func sqlState(err error) string {

@@ -197,3 +197,70 @@ func TestReleaseInterruptedWhileWaiting(t *testing.T) {
 		t.Errorf("the interrupted release went through on the server: %+v", l)
 	}
 }
+
+// TestReleaseWaitsAsLongAsTimeout: --timeout is how long release waits for
+// the row on the server, not more, not less (it used to be set from a
+// deadline --timeout + 3s: 2.6s for --timeout 500ms, 24.75s for 30s).
+//   - --timeout 500ms: release gives up, releasing nothing, before the
+//     fenced transaction commits 2s after the wait began (the old wait,
+//     2.6s, outlived the commit and released);
+//   - --timeout 3s: a commit 1s after the wait began lets release through.
+//
+// The wait begins before the notice (waitNoticeAfter, 50ms): the commits
+// are timed from the notice, so well inside or outside the bound.
+func TestReleaseWaitsAsLongAsTimeout(t *testing.T) {
+	shortWaitNotice(t)
+	for _, c := range []struct {
+		timeout  string
+		commitAt time.Duration // after the notice
+		released bool
+	}{
+		{"500ms", 2 * time.Second, false},
+		{"3s", time.Second, true},
+	} {
+		t.Run(c.timeout, func(t *testing.T) {
+			ctx := testCtx(t)
+			f := newLeaseFixture(t)
+			tx := fencedTx(t, ctx, f)
+			errb := &syncBuffer{}
+			res := make(chan cliResult, 1)
+			go func() {
+				res <- cliOn(ctx, f.env, false, errb, "release", "--force", "--timeout", c.timeout, "--table", f.table, "held")
+			}()
+			for !strings.HasPrefix(errb.String(), "waiting for open fenced transactions") {
+				select {
+				case r := <-res:
+					t.Fatalf("release returned while the fenced transaction was open: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			var r cliResult
+			select {
+			case r = <-res:
+				if c.released {
+					t.Fatalf("release --timeout %s gave up before the commit %v after the notice: code %d stdout %q stderr %q",
+						c.timeout, c.commitAt, r.code, r.stdout, r.stderr)
+				}
+			case <-time.After(c.commitAt):
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				r = <-res
+				if !c.released {
+					t.Fatalf("release --timeout %s still waited %v after the notice: code %d stdout %q stderr %q",
+						c.timeout, c.commitAt, r.code, r.stdout, r.stderr)
+				}
+			}
+			l := listJSON(t, f)["held"]
+			if c.released {
+				if r.code != exitOK || l.State != "released" || l.Fence != 2 {
+					t.Fatalf("release --timeout %s after the commit: code %d stderr %q; lease %+v", c.timeout, r.code, r.stderr, l)
+				}
+				return
+			}
+			if r.code != exitError || !strings.Contains(r.stderr, "was NOT released") || l.State != "held" || l.Fence != 1 {
+				t.Fatalf("release --timeout %s: code %d stderr %q; lease %+v", c.timeout, r.code, r.stderr, l)
+			}
+		})
+	}
+}

@@ -167,7 +167,7 @@ func TestTimeoutWhileBlocked(t *testing.T) {
 // anything else is a usage error, refused before connecting (no database
 // is given here).
 func TestTimeoutUsage(t *testing.T) {
-	for _, args := range blockedCommands {
+	for _, args := range append(blockedCommands, []string{"release", "--force", "k"}) {
 		for _, c := range []struct{ timeout, want string }{
 			{"0s", "--timeout 0s: must be positive"},
 			{"-1s", "--timeout -1s: must be positive"},
