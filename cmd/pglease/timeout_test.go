@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/pgleasetest"
+	"github.com/pglease/pglease/pgleasetest/pgserver"
 )
 
 // blockedCommands are the admin commands that read or write the lease
@@ -160,6 +161,24 @@ func TestTimeoutWhileBlocked(t *testing.T) {
 			t.Fatalf("watch's first frame while blocked:\n%s\nwant it to contain %q", first, want)
 		}
 	})
+}
+
+// TestTimeoutWhileConnecting: a server that does not answer the connection
+// (a network that drops every packet) is given up at --timeout (here below
+// the 10 s connect bound), exit 1, one line saying the connection timed out.
+func TestTimeoutWhileConnecting(t *testing.T) {
+	p, err := pgserver.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Stall()
+	for _, args := range blockedCommands {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			r := cli(t, testCtx(t), map[string]string{"DATABASE_URL": p.URL()}, append(args, "--timeout", "500ms")...)
+			wantError(t, r, exitError, "pglease: could not connect within --timeout 500ms: the server did not answer", "retry with a longer --timeout")
+		})
+	}
 }
 
 // TestTimeoutUsage: --timeout must be positive and at most 24h (the
