@@ -46,7 +46,7 @@ func checkTimeout(d time.Duration) error {
 		return usagef("--timeout %v: must be positive", d)
 	}
 	if d > maxTimeout {
-		return usagef("--timeout %v: must be at most %v", d, maxTimeout)
+		return usagef("--timeout %v: must be at most 24h", d)
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func checkTimeout(d time.Duration) error {
 func (f *dbFlags) register(cmd *cobra.Command) {
 	f.registerConn(cmd)
 	cmd.Flags().DurationVar(&f.timeout, "timeout", defaultTimeout,
-		fmt.Sprintf("give up if the command has not finished by then (at most %v)", maxTimeout))
+		"give up if the command has not finished by then (at most 24h)")
 	runE := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		if err := checkTimeout(f.timeout); err != nil {
