@@ -33,8 +33,14 @@ type dbFlags struct {
 	connected bool // open has connected (a timeout then came from a statement)
 }
 
-// defaultTimeout is --timeout of the admin commands that run once.
+// defaultTimeout is --timeout of the admin commands that run once, but
+// migrate's (migrateTimeout).
 const defaultTimeout = 30 * time.Second
+
+// migrateTimeout is migrate's --timeout: an upgrade's ALTER TABLE waits
+// for the transactions using the table, and an index build on a large
+// journal takes minutes.
+const migrateTimeout = 10 * time.Minute
 
 // maxTimeout bounds every --timeout: the server's lock_timeout and
 // statement_timeout are ints of milliseconds (under 2^31 ms, about 24.8 days).
@@ -51,13 +57,13 @@ func checkTimeout(d time.Duration) error {
 	return nil
 }
 
-// register adds the connection flags and --timeout, for the admin commands
-// that run once (list, history, audit, unschedule, migrate): their RunE
-// (set before register is called) then runs under a context that ends at
-// --timeout, and its error is explained by f.outcome.
-func (f *dbFlags) register(cmd *cobra.Command) {
+// register adds the connection flags and --timeout (default def), for the
+// admin commands that run once (list, history, audit, unschedule,
+// migrate): their RunE (set before register is called) then runs under a
+// context that ends at --timeout, and its error is explained by f.outcome.
+func (f *dbFlags) register(cmd *cobra.Command, def time.Duration) {
 	f.registerConn(cmd)
-	cmd.Flags().DurationVar(&f.timeout, "timeout", defaultTimeout,
+	cmd.Flags().DurationVar(&f.timeout, "timeout", def,
 		"give up if the command has not finished by then (at most 24h)")
 	runE := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {

@@ -134,7 +134,7 @@ so it can run from cron or CI.`,
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.register(cmd, defaultTimeout)
 	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the findings (overlaps, then missed ticks) as a JSON array")
 	return cmd

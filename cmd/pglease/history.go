@@ -185,7 +185,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.register(cmd, defaultTimeout)
 	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
 	cmd.Flags().IntVar(&limit, "limit", 50, "at most this many runs (0: no limit)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the runs as a JSON array")

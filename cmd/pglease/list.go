@@ -148,7 +148,7 @@ func newListCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.register(cmd, defaultTimeout)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the leases as a JSON array")
 	return cmd
 }

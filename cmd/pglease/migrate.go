@@ -48,6 +48,6 @@ it started.`,
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.register(cmd, migrateTimeout)
 	return cmd
 }

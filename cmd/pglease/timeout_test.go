@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"testing"
@@ -193,6 +194,23 @@ func TestTimeoutUsage(t *testing.T) {
 			{"600h", "--timeout 600h0m0s: must be at most 24h"},
 		} {
 			wantError(t, cli(t, testCtx(t), nil, append(args, "--timeout", c.timeout)...), exitUsage, c.want)
+		}
+	}
+}
+
+// migrate waits longer by default than the commands that only read: an
+// upgrade's ALTER TABLE waits for the transactions using the table, and an
+// index build on a large journal takes minutes.
+func TestTimeoutDefaults(t *testing.T) {
+	root := newRootCmd(&env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }})
+	want := map[string]string{"migrate": "10m0s", "list": "30s", "history": "30s", "audit": "30s", "unschedule": "30s"}
+	for name, def := range want {
+		cmd, _, err := root.Find([]string{name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := cmd.Flags().Lookup("timeout"); f == nil || f.DefValue != def {
+			t.Errorf("%s --timeout default: %v, want %s", name, f, def)
 		}
 	}
 }

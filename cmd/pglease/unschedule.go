@@ -46,6 +46,6 @@ func newUnscheduleCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.register(cmd, defaultTimeout)
 	return cmd
 }
