@@ -51,7 +51,10 @@ func foundWhat(res journal.AuditResult) string {
 	return "overlapping runs"
 }
 
-func printFindings(w io.Writer, res journal.AuditResult) {
+// printFindings prints the findings as text; it returns the first write
+// error.
+func printFindings(out io.Writer, res journal.AuditResult) error {
+	w := &stickyWriter{w: out}
 	window := "in the whole journal"
 	if !res.Since.IsZero() {
 		window = "since " + res.Since.UTC().Format(tsFormat)
@@ -59,7 +62,7 @@ func printFindings(w io.Writer, res journal.AuditResult) {
 	n := len(res.Findings) + len(res.Missed)
 	if n == 0 {
 		fmt.Fprintf(w, "no overlaps, no missed ticks: %d runs %s\n", res.Runs, window)
-		return
+		return outputError(w.err)
 	}
 	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(n), res.Runs, window)
 	for _, f := range res.Findings {
@@ -77,6 +80,7 @@ func printFindings(w io.Writer, res journal.AuditResult) {
 	for _, m := range res.Missed {
 		fmt.Fprintf(w, "  %s\n", missedLine(m))
 	}
+	return outputError(w.err)
 }
 
 func newAuditCmd(e *env) *cobra.Command {
@@ -125,8 +129,8 @@ so it can run from cron or CI.`,
 				if err := enc.Encode(auditJSON(res)); err != nil {
 					return err
 				}
-			} else {
-				printFindings(e.stdout, res)
+			} else if err := printFindings(e.stdout, res); err != nil {
+				return err
 			}
 			if n := len(res.Findings) + len(res.Missed); n > 0 {
 				return fmt.Errorf("%w %s: %s in %d runs", errFindings, foundWhat(res), findings(n), res.Runs)

@@ -49,11 +49,13 @@ const tsFormat = "2006-01-02 15:04:05.000Z"
 
 // printRuns prints the runs as a table; the TICK column only when a run has
 // one (a catch-up run's marked "catch-up": it ran a missed tick late), the
-// NEXT DUE column only when a run recorded one.
-func printRuns(w io.Writer, key string, runs []journal.Run) {
+// NEXT DUE column only when a run recorded one. It returns the first write
+// error.
+func printRuns(out io.Writer, key string, runs []journal.Run) error {
+	w := &stickyWriter{w: out}
 	if len(runs) == 0 {
 		fmt.Fprintf(w, "no runs of %q in the journal\n", key)
-		return
+		return outputError(w.err)
 	}
 	ticks, nexts := false, false
 	for _, r := range runs {
@@ -99,7 +101,10 @@ func printRuns(w io.Writer, key string, runs []journal.Run) {
 		}
 		fmt.Fprintln(tw)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil && w.err == nil {
+		w.err = err
+	}
+	return outputError(w.err)
 }
 
 // durCell shows a duration to the millisecond under a second (runs and
@@ -181,8 +186,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 				enc.SetIndent("", "  ")
 				return enc.Encode(runsJSON(runs))
 			}
-			printRuns(e.stdout, args[0], runs)
-			return nil
+			return printRuns(e.stdout, args[0], runs)
 		},
 	}
 	f.register(cmd, defaultTimeout)

@@ -79,12 +79,42 @@ func roundDur(d time.Duration) time.Duration {
 	return d.Round(time.Second)
 }
 
+// stickyWriter passes writes to w until one fails, then writes nothing
+// more and keeps that first error: a table printer checks err once, at the
+// end, and a full disk or a closed pipe is not taken for success.
+type stickyWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (s *stickyWriter) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	s.err = err
+	return n, err
+}
+
+// outputError is the error of a failed write to stdout, as the command
+// reports it (exit status 1).
+func outputError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("cannot write the output: %w", err)
+}
+
 // printLeases prints the table; the LAST TICK column only when some key has
-// a tick (pglease.Tick).
-func printLeases(w io.Writer, table string, ls []pglease.LeaseInfo) {
+// a tick (pglease.Tick). It returns the first write error.
+func printLeases(out io.Writer, table string, ls []pglease.LeaseInfo) error {
+	w := &stickyWriter{w: out}
 	if len(ls) == 0 {
 		fmt.Fprintf(w, "no leases in %q\n", table)
-		return
+		return outputError(w.err)
 	}
 	ticks := slices.ContainsFunc(ls, func(l pglease.LeaseInfo) bool { return l.LastTick != nil })
 	const ts = "2006-01-02 15:04:05.000Z"
@@ -106,7 +136,10 @@ func printLeases(w io.Writer, table string, ls []pglease.LeaseInfo) {
 		}
 		fmt.Fprintln(tw)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil && w.err == nil {
+		w.err = err
+	}
+	return outputError(w.err)
 }
 
 // oneLine keeps a key or holder with characters that are not printable —
@@ -144,8 +177,7 @@ func newListCmd(e *env) *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(toJSON(ls))
 			}
-			printLeases(e.stdout, f.table, ls)
-			return nil
+			return printLeases(e.stdout, f.table, ls)
 		},
 	}
 	f.register(cmd, defaultTimeout)

@@ -59,7 +59,11 @@ snapshots are separated by a blank line.`,
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for n := 0; ; n++ {
-				_, _ = io.WriteString(e.stdout, watchFrame(e.stdoutTTY, n, f.table, interval, ls, err))
+				// A write that fails (a full disk, a closed pipe) ends watch:
+				// it would otherwise refresh for ever, showing nothing.
+				if _, werr := io.WriteString(e.stdout, watchFrame(e.stdoutTTY, n, f.table, interval, ls, err)); werr != nil {
+					return outputError(werr)
+				}
 				select {
 				case <-ctx.Done():
 					return nil
@@ -122,7 +126,7 @@ func watchFrame(tty bool, n int, table string, interval time.Duration, ls []pgle
 	if err != nil {
 		fmt.Fprintf(&b, "error: %s (retrying)\n", errorLine(explain(err, table)))
 	} else {
-		printLeases(&b, table, ls)
+		_ = printLeases(&b, table, ls) // a strings.Builder never fails
 	}
 	return b.String()
 }
