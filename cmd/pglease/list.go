@@ -142,12 +142,25 @@ func printLeases(out io.Writer, table string, ls []pglease.LeaseInfo) error {
 	return outputError(w.err)
 }
 
-// oneLine keeps a key or holder with characters that are not printable —
-// control characters (C0, DEL, C1, which a terminal may obey) and format
-// characters such as bidirectional overrides — from breaking the table or
-// the operator's terminal: it is then shown quoted, with those escaped.
+// oneLine shows a key or holder as it is, or quoted (Go's %q: "...", with
+// \" \\ \t \n \x1b \u202e escapes) when it would not read back as
+// itself:
+//   - it holds a character that is not printable — a control character (C0,
+//     DEL, C1, which a terminal may obey) or a format character such as a
+//     bidirectional override — which could break the table or rewrite the
+//     operator's terminal;
+//   - it is empty, starts or ends with a space, or holds two spaces in a
+//     row: "job", "job " and " job" would look alike in a column;
+//   - it holds a backslash or starts with a double quote: `tab\there` would
+//     look like the quoted form of a key holding a tab, `"job"` like the
+//     quoted form of "job".
+//
+// So a cell that starts with a double quote is always a quoted one, and
+// every other cell is the key exactly.
 func oneLine(s string) string {
-	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+	if s == "" || strings.HasPrefix(s, " ") || strings.HasSuffix(s, " ") || strings.Contains(s, "  ") ||
+		strings.HasPrefix(s, `"`) || strings.Contains(s, `\`) ||
+		strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
 		return fmt.Sprintf("%q", s)
 	}
 	return s

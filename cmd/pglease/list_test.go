@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +61,47 @@ func TestWriteErrorsExit1(t *testing.T) {
 				t.Errorf("%s ran until its deadline", args[0])
 			}
 		})
+	}
+}
+
+// TestKeysThatWouldLookAlikePrintDistinct: keys that differ only in
+// spaces, or that would read as the quoted form of another key, print as
+// distinct cells: one of each pair is quoted.
+func TestKeysThatWouldLookAlikePrintDistinct(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	keys := []string{"job", "job ", " job", "j  ob", `tab\there`, "tab\there", `"tab\there"`, `"job"`}
+	for _, k := range keys {
+		if _, err := f.locker.Lock(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := cli(t, ctx, f.env, "list", "--table", f.table)
+	if r.code != exitOK {
+		t.Fatalf("list: code %d stderr %q", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	end := strings.Index(lines[0], "HOLDER")
+	cells := map[string]bool{}
+	for _, l := range lines[1:] {
+		if !strings.Contains(l, "worker-1") {
+			t.Fatalf("a key broke the table:\n%s", r.stdout)
+		}
+		cells[strings.TrimRight(l[:end], " ")] = true
+	}
+	// The fixture's keys (held, released, expired), and each of keys once.
+	if len(cells) != len(keys)+3 {
+		t.Fatalf("%d distinct key cells for %d keys:\n%s", len(cells), len(keys)+3, r.stdout)
+	}
+	for in, want := range map[string]string{
+		"job": "job", "job ": `"job "`, " job": `" job"`, "j  ob": `"j  ob"`, "j ob": "j ob",
+		`tab\there`: `"tab\\there"`, "tab\there": `"tab\there"`, `"job"`: `"\"job\""`, `a"b`: `a"b`, "": `""`,
+	} {
+		if got := oneLine(in); got != want {
+			t.Errorf("oneLine(%q) = %s, want %s", in, got, want)
+		}
+		if !cells[oneLine(in)] && slices.Contains(keys, in) {
+			t.Errorf("key %q: no cell %s in\n%s", in, oneLine(in), r.stdout)
+		}
 	}
 }
