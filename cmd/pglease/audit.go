@@ -139,7 +139,7 @@ so it can run from cron or CI.`,
 		},
 	}
 	f.register(cmd, defaultTimeout)
-	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
+	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since then: "+sinceForms)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the findings (overlaps, then missed ticks) as a JSON array")
 	return cmd
 }

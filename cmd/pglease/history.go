@@ -116,27 +116,36 @@ func durCell(d time.Duration) time.Duration {
 	return roundDur(d)
 }
 
-// parseSince reads --since: a duration back from now (90m, 24h, 7d) or a
-// time (RFC 3339). Empty: the zero time (all the journal holds).
+// sinceForms says what --since takes, for its flag help and usage error.
+const sinceForms = "a duration back from now (90m, 24h, 7d), a date (2026-12-07: midnight UTC) " +
+	"or a time with its zone (2026-12-07 02:49:50Z as history and audit print it, or RFC 3339: 2026-12-07T02:49:50+01:00)"
+
+// sinceLayouts are the times --since reads: RFC 3339, the same with a space
+// for the T (the layout history, audit and list print, tsFormat, and watch's
+// header; fractional seconds optional) and a bare date, midnight UTC.
+var sinceLayouts = []string{time.RFC3339Nano, "2006-01-02 15:04:05Z07:00", time.DateOnly}
+
+// parseSince reads --since (sinceForms). Empty: the zero time (all the
+// journal holds).
 func parseSince(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
+	for _, layout := range sinceLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
 	}
 	var d time.Duration
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseUint(days, 10, 16)
-		if err != nil {
-			return time.Time{}, usagef("--since %q: want a duration (90m, 24h, 7d) or a time (2006-01-02T15:04:05Z)", s)
+		if n, err := strconv.ParseUint(days, 10, 16); err == nil {
+			d = time.Duration(n) * 24 * time.Hour
 		}
-		d = time.Duration(n) * 24 * time.Hour
-	} else {
-		var err error
-		if d, err = time.ParseDuration(s); err != nil || d <= 0 {
-			return time.Time{}, usagef("--since %q: want a positive duration (90m, 24h, 7d) or a time (2006-01-02T15:04:05Z)", s)
-		}
+	} else if pd, err := time.ParseDuration(s); err == nil {
+		d = pd
+	}
+	if d <= 0 {
+		return time.Time{}, usagef("--since %q: want %s", s, sinceForms)
 	}
 	return now.Add(-d), nil
 }
@@ -190,7 +199,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 		},
 	}
 	f.register(cmd, defaultTimeout)
-	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since this long ago (90m, 24h, 7d) or this time (RFC 3339)")
+	cmd.Flags().StringVar(&since, "since", "", "only runs with journal rows since then: "+sinceForms)
 	cmd.Flags().IntVar(&limit, "limit", 50, "at most this many runs (0: no limit)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the runs as a JSON array")
 	return cmd

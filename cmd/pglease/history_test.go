@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -116,26 +117,52 @@ func TestHistoryCommand(t *testing.T) {
 		t.Fatalf("a key never run, JSON: %q", r.stdout)
 	}
 	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table, "--since", "yesterday", "nightly"), exitUsage, `--since "yesterday"`)
+	for _, since := range []string{time.Now().Add(-time.Hour).UTC().Format(tsFormat), time.Now().Add(-48 * time.Hour).UTC().Format(time.DateOnly)} {
+		if r := cli(t, ctx, f.env, "history", "--table", f.table, "--since", since, "nightly"); r.code != exitOK || strings.Count(r.stdout, "worker-") != 3 {
+			t.Fatalf("history --since %q: code %d stderr %q\n%s", since, r.code, r.stderr, r.stdout)
+		}
+		if r := cli(t, ctx, f.env, "audit", "--table", f.table, "--since", since); r.code != exitOK {
+			t.Fatalf("audit --since %q: code %d stderr %q", since, r.code, r.stderr)
+		}
+	}
+	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table, "--since", "0d", "nightly"), exitUsage, `--since "0d"`, "2026-12-07")
+	wantError(t, cli(t, ctx, f.env, "audit", "--table", f.table, "--since", "0d"), exitUsage, `--since "0d"`, "2026-12-07")
 	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table, "--limit", "-1", "nightly"), exitUsage, "--limit -1")
 	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table), exitUsage, "exactly one KEY")
 	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table, ""), exitUsage, "empty key")
 }
 
+// TestParseSince: durations back from now, RFC 3339, the layout the tool
+// prints (with or without milliseconds, as history and audit and as watch's
+// header print it) and a bare date are read; zero, negative and zone-less
+// ones are refused, saying what is accepted.
 func TestParseSince(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for in, want := range map[string]time.Time{
-		"":                     {},
-		"90m":                  now.Add(-90 * time.Minute),
-		"7d":                   now.Add(-7 * 24 * time.Hour),
-		"2026-02-01T00:00:00Z": time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC),
+		"":                          {},
+		"90m":                       now.Add(-90 * time.Minute),
+		"7d":                        now.Add(-7 * 24 * time.Hour),
+		"2026-02-01T00:00:00Z":      time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC),
+		"2026-02-01T01:00:00+01:00": time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC),
+		"2026-12-07 02:49:50Z":      time.Date(2026, 12, 7, 2, 49, 50, 0, time.UTC),
+		"2026-12-07 02:49:50.123Z":  time.Date(2026, 12, 7, 2, 49, 50, 123e6, time.UTC),
+		"2026-12-07 03:49:50+01:00": time.Date(2026, 12, 7, 2, 49, 50, 0, time.UTC),
+		"2026-12-07":                time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC),
 	} {
 		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
 			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"-1h", "0s", "xd", "soon"} {
-		if _, err := parseSince(bad, now); err == nil {
-			t.Errorf("parseSince(%q): want an error", bad)
+	// What the tool prints parses back to the same instant.
+	at := time.Date(2026, 12, 7, 2, 49, 50, 456e6, time.UTC)
+	if got, err := parseSince(at.Format(tsFormat), now); err != nil || !got.Equal(at) {
+		t.Errorf("parseSince(%q) = %v, %v; want %v", at.Format(tsFormat), got, err, at)
+	}
+	for _, bad := range []string{"-1h", "0s", "0", "0d", "00d", "-1d", "xd", "d", "soon", "2026-12-07 02:49:50", "2026-12-07T02:49:50", "2026-13-01", "07/12/2026"} {
+		_, err := parseSince(bad, now)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "2026-12-07 02:49:50Z") || !strings.Contains(err.Error(), "7d") {
+			t.Errorf("parseSince(%q): %v; want a usage error naming the accepted forms", bad, err)
 		}
 	}
 }
