@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -186,16 +187,53 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 				return err
 			}
 			defer db.Close()
-			runs, err := journal.History(cmd.Context(), db, args[0], from, limit, pglease.WithTable(f.table))
+			// One run more than --limit tells whether the limit cut the list.
+			ask := limit
+			if limit > 0 && limit < math.MaxInt {
+				ask = limit + 1
+			}
+			runs, err := journal.History(cmd.Context(), db, args[0], from, ask, pglease.WithTable(f.table))
 			if err != nil {
 				return explain(err, f.table)
+			}
+			cut := limit > 0 && len(runs) > limit
+			if cut {
+				runs = runs[:limit]
+			}
+			// No run: say whether the key has a lease at all (a mistyped key
+			// has none).
+			note := ""
+			if len(runs) == 0 {
+				var known bool
+				err := db.QueryRowContext(cmd.Context(), `SELECT EXISTS (SELECT 1 FROM `+quotedTable(f.table)+` WHERE key = $1)`, args[0]).Scan(&known)
+				if err != nil {
+					return explain(err, f.table)
+				}
+				if !known {
+					note = fmt.Sprintf("no lease has key %s in %q either: check the key (pglease list)", oneLine(args[0]), f.table)
+				}
+			}
+			if cut {
+				note = fmt.Sprintf("(the %d most recent runs shown; --limit N for more, --limit 0 for all)", limit)
 			}
 			if asJSON {
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(runsJSON(runs))
+				if err := enc.Encode(runsJSON(runs)); err != nil {
+					return err
+				}
+				if note != "" { // never inside the JSON: on stderr
+					fmt.Fprintln(e.stderr, "pglease: "+note)
+				}
+				return nil
 			}
-			return printRuns(e.stdout, args[0], runs)
+			if err := printRuns(e.stdout, args[0], runs); err != nil {
+				return err
+			}
+			if note != "" {
+				_, err = fmt.Fprintln(e.stdout, note)
+			}
+			return outputError(err)
 		},
 	}
 	f.register(cmd, defaultTimeout)

@@ -102,19 +102,39 @@ func TestHistoryCommand(t *testing.T) {
 	t.Logf("pglease history --json nightly:\n%s", r.stdout)
 	r = cli(t, ctx, f.env, "history", "--table", f.table, "--limit", "2", "nightly")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != exitOK || len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != "FENCE HOLDER ACQUIRED AT ENDED AT DURATION END OUTCOME" ||
+	if r.code != exitOK || len(lines) != 4 || lines[3] != "(the 2 most recent runs shown; --limit N for more, --limit 0 for all)" || strings.Join(strings.Fields(lines[0]), " ") != "FENCE HOLDER ACQUIRED AT ENDED AT DURATION END OUTCOME" ||
 		!strings.Contains(lines[1], "running") || !strings.Contains(lines[2], "released") || !strings.Contains(lines[2], "error") {
 		t.Fatalf("history --limit 2: code %d\n%s", r.code, r.stdout)
 	}
 	t.Logf("pglease history nightly:\n%s", r.stdout)
 
+	// All the runs, or fewer than --limit: no note.
+	for _, limit := range []string{"3", "0", "50"} {
+		r = cli(t, ctx, f.env, "history", "--table", f.table, "--limit", limit, "nightly")
+		if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != exitOK || len(lines) != 4 || strings.Contains(r.stdout, "most recent") {
+			t.Fatalf("history --limit %s: code %d\n%s", limit, r.code, r.stdout)
+		}
+	}
+	// JSON: the note on stderr, never in the array.
+	r = cli(t, ctx, f.env, "history", "--table", f.table, "--json", "--limit", "2", "nightly")
+	if err := json.Unmarshal([]byte(r.stdout), &runs); err != nil || len(runs) != 2 || r.code != exitOK ||
+		r.stderr != "pglease: (the 2 most recent runs shown; --limit N for more, --limit 0 for all)\n" {
+		t.Fatalf("history --json --limit 2: code %d stderr %q err %v\n%s", r.code, r.stderr, err, r.stdout)
+	}
+
+	// A key with no lease either (a typo): a hint; a key with a lease but
+	// no runs in the window: none.
 	r = cli(t, ctx, f.env, "history", "--table", f.table, "--since", "1h", "never-run")
-	if r.code != exitOK || r.stdout != "no runs of \"never-run\" in the journal\n" {
-		t.Fatalf("a key never run: code %d %q", r.code, r.stdout)
+	if want := "no runs of \"never-run\" in the journal\nno lease has key never-run in \"" + f.table + "\" either: check the key (pglease list)\n"; r.code != exitOK || r.stdout != want {
+		t.Fatalf("a key never run: code %d %q, want %q", r.code, r.stdout, want)
 	}
 	r = cli(t, ctx, f.env, "history", "--table", f.table, "--json", "never-run")
-	if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
-		t.Fatalf("a key never run, JSON: %q", r.stdout)
+	if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" || !strings.Contains(r.stderr, "no lease has key never-run") {
+		t.Fatalf("a key never run, JSON: %q stderr %q", r.stdout, r.stderr)
+	}
+	r = cli(t, ctx, f.env, "history", "--table", f.table, "--since", "2099-01-01", "nightly")
+	if r.code != exitOK || r.stdout != "no runs of \"nightly\" in the journal\n" || r.stderr != "" {
+		t.Fatalf("a key with no runs in the window: code %d %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 	wantError(t, cli(t, ctx, f.env, "history", "--table", f.table, "--since", "yesterday", "nightly"), exitUsage, `--since "yesterday"`)
 	for _, since := range []string{time.Now().Add(-time.Hour).UTC().Format(tsFormat), time.Now().Add(-48 * time.Hour).UTC().Format(time.DateOnly)} {
