@@ -61,10 +61,10 @@ func printFindings(out io.Writer, res journal.AuditResult) error {
 	}
 	n := len(res.Findings) + len(res.Missed)
 	if n == 0 {
-		fmt.Fprintf(w, "no overlaps, no missed ticks: %d runs %s\n", res.Runs, window)
+		fmt.Fprintf(w, "no overlaps, no missed ticks: %s %s\n", runsCount(res.Runs), window)
 		return outputError(w.err)
 	}
-	fmt.Fprintf(w, "%s in %d runs %s:\n", findings(n), res.Runs, window)
+	fmt.Fprintf(w, "%s in %s %s:\n", findings(n), runsCount(res.Runs), window)
 	for _, f := range res.Findings {
 		overlap := f.Overlap.Round(time.Microsecond)
 		if f.Overlap >= time.Second {
@@ -133,7 +133,7 @@ so it can run from cron or CI.`,
 				return err
 			}
 			if n := len(res.Findings) + len(res.Missed); n > 0 {
-				return fmt.Errorf("%w %s: %s in %d runs", errFindings, foundWhat(res), findings(n), res.Runs)
+				return fmt.Errorf("%w %s: %s in %s", errFindings, foundWhat(res), findings(n), runsCount(res.Runs))
 			}
 			return nil
 		},
@@ -149,4 +149,12 @@ func findings(n int) string {
 		return "1 finding"
 	}
 	return fmt.Sprintf("%d findings", n)
+}
+
+// runsCount is "1 run" or "N runs".
+func runsCount(n int) string {
+	if n == 1 {
+		return "1 run"
+	}
+	return fmt.Sprintf("%d runs", n)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/journal"
 )
 
 // TestAuditCommand: a clean run reports nothing and exits 0; a force-release
@@ -88,4 +89,22 @@ func TestAuditCommand(t *testing.T) {
 		t.Fatalf("overlap_ms %v", got["overlap_ms"])
 	}
 	wantError(t, cli(t, ctx, f.env, "audit", "--table", f.table, "extra"), exitUsage, "takes no arguments")
+}
+
+// TestAuditCountsInEnglish: "1 finding in 1 run", not "in 1 runs".
+func TestAuditCountsInEnglish(t *testing.T) {
+	var b strings.Builder
+	if err := printFindings(&b, journal.AuditResult{Runs: 1}); err != nil || b.String() != "no overlaps, no missed ticks: 1 run in the whole journal\n" {
+		t.Errorf("one run, no finding: %q, %v", b.String(), err)
+	}
+	b.Reset()
+	res := journal.AuditResult{Runs: 1, Findings: []journal.Overlap{{Key: "k", Fence: 2, Holder: "b", OverlapsFence: 1, OverlapsHolder: "a",
+		From: time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC), Overlap: time.Second, Cause: "unknown"}}}
+	if err := printFindings(&b, res); err != nil || !strings.HasPrefix(b.String(), "1 finding in 1 run in the whole journal:\n") {
+		t.Errorf("one finding in one run: %q, %v", b.String(), err)
+	}
+	b.Reset()
+	if err := printFindings(&b, journal.AuditResult{Runs: 2}); err != nil || b.String() != "no overlaps, no missed ticks: 2 runs in the whole journal\n" {
+		t.Errorf("two runs: %q, %v", b.String(), err)
+	}
 }
