@@ -121,7 +121,7 @@ so it can run from cron or CI.`,
 			defer db.Close()
 			res, err := journal.Audit(cmd.Context(), db, from, pglease.WithTable(f.table))
 			if err != nil {
-				return explain(err, f.table)
+				return explainTable(cmd.Context(), db, err, f.table)
 			}
 			if asJSON {
 				enc := json.NewEncoder(e.stdout)

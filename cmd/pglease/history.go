@@ -194,7 +194,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 			}
 			runs, err := journal.History(cmd.Context(), db, args[0], from, ask, pglease.WithTable(f.table))
 			if err != nil {
-				return explain(err, f.table)
+				return explainTable(cmd.Context(), db, err, f.table)
 			}
 			cut := limit > 0 && len(runs) > limit
 			if cut {

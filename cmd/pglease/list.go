@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -166,6 +169,23 @@ func oneLine(s string) string {
 	return s
 }
 
+// explainTable is explain for list, history and audit, which name the
+// table: a missing table whose name has upper-case letters gets a note that
+// table names are case-sensitive (migrating it would create a second,
+// empty table), and the lower-case name when that table exists.
+func explainTable(ctx context.Context, db *sql.DB, err error, table string) error {
+	e := explain(err, table)
+	lower := strings.ToLower(table)
+	if !errors.Is(err, pglease.ErrNotMigrated) || lower == table {
+		return e
+	}
+	var exists bool
+	if db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, quotedTable(lower)).Scan(&exists) == nil && exists {
+		return fmt.Errorf("%w (table names are case-sensitive: did you mean %s?)", e, lower)
+	}
+	return fmt.Errorf("%w (table names are case-sensitive)", e)
+}
+
 func newListCmd(e *env) *cobra.Command {
 	var (
 		f      dbFlags
@@ -183,7 +203,7 @@ func newListCmd(e *env) *cobra.Command {
 			defer db.Close()
 			ls, err := pglease.List(cmd.Context(), db, pglease.WithTable(f.table))
 			if err != nil {
-				return explain(err, f.table)
+				return explainTable(cmd.Context(), db, err, f.table)
 			}
 			if asJSON {
 				enc := json.NewEncoder(e.stdout)

@@ -105,3 +105,29 @@ func TestKeysThatWouldLookAlikePrintDistinct(t *testing.T) {
 		}
 	}
 }
+
+// TestMixedCaseTableNote: a missing table whose name has upper-case letters
+// gets a note that names are case-sensitive, and the lower-case table's name
+// when it exists: migrating the mixed-case one would create a second table.
+func TestMixedCaseTableNote(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	missing := unmigrated(t)
+	for _, args := range [][]string{{"list"}, {"history", "held"}, {"audit"}} {
+		upper := strings.ToUpper(f.table[:1]) + f.table[1:]
+		wantError(t, cli(t, ctx, f.env, append(args, "--table", upper)...), exitError,
+			"pglease migrate --table "+upper, "(table names are case-sensitive: did you mean "+f.table+"?)")
+		upper = strings.ToUpper(missing[:1]) + missing[1:]
+		r := cli(t, ctx, f.env, append(args, "--table", upper)...)
+		wantError(t, r, exitError, "(table names are case-sensitive)")
+		if strings.Contains(r.stderr, "did you mean") {
+			t.Errorf("%s: no lower-case table either, yet %q", args[0], r.stderr)
+		}
+		// All lower case: no note.
+		r = cli(t, ctx, f.env, append(args, "--table", missing)...)
+		wantError(t, r, exitError, "pglease migrate --table "+missing)
+		if strings.Contains(r.stderr, "case-sensitive") {
+			t.Errorf("%s: a lower-case name, yet %q", args[0], r.stderr)
+		}
+	}
+}
