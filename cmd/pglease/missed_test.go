@@ -68,8 +68,8 @@ func TestAuditMissedTicks(t *testing.T) {
 	stamp := func(tt time.Time) string { return tt.UTC().Format(tsFormat) }
 	r := cli(t, ctx, f.env, "audit", "--table", f.table)
 	t.Logf("pglease audit (overdue):\n%s", r.stdout)
-	wantError(t, cliResult{stderr: r.stderr, code: r.code}, exitError, "audit found missed ticks: 1 finding in 1 runs")
-	want := "1 finding in 1 runs in the whole journal:\n" +
+	wantError(t, cliResult{stderr: r.stderr, code: r.code}, exitError, "audit found missed ticks: 1 finding in 1 run")
+	want := "1 finding in 1 run in the whole journal:\n" +
 		"  nightly: tick " + stamp(ticks[1]) + " ran zero times (last run fence 1 by worker-1 for tick " + stamp(ticks[0]) +
 		" at "
 	if !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, "; none since: overdue now); cause: missed\n") {
