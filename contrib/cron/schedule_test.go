@@ -254,6 +254,20 @@ func catchUps(runs []journal.Run) (n int, last journal.Run) {
 	return n, last
 }
 
+// upTo keeps the runs of ticks at or before t. A catch-up run of a later
+// tick is legitimate: a replica that starts while a tick's scheduled run is
+// later than its grace (a loaded machine) catches that tick up, once; the
+// tests of an outage are about the ticks before it.
+func upTo(runs []journal.Run, t time.Time) []journal.Run {
+	var out []journal.Run
+	for _, r := range runs {
+		if !r.Tick.After(t) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // checkOncePerTick fails unless runs (oldest first) claimed distinct ticks
 // in increasing order, each tick of period from the first to the last
 // run's, and each recorded the next one as due (NextTick).
@@ -330,11 +344,15 @@ func catchUpOnceAfterAnOutage(t *testing.T, together bool) {
 	f.waitRuns(len(before) + 3)
 	f.stopAll(reps)
 	after := f.runs()
-	n, cu := catchUps(after)
-	if n != 1 || !cu.Tick.Equal(missedTick) {
-		t.Fatalf("catch-up runs: %d (last %+v); want exactly one, for the tick %v", n, cu, missedTick)
-	}
+	// Before the outage, a replica that started after the first tick's
+	// grace may have caught it up (a slow start): once per tick is what
+	// holds there.
+	checkOncePerTick(t, before, period)
 	tail := after[len(before):]
+	n, cu := catchUps(upTo(tail, missedTick))
+	if n != 1 || !cu.Tick.Equal(missedTick) {
+		t.Fatalf("catch-up runs of the outage's ticks: %d (last %+v); want exactly one, for the tick %v (runs after the outage: %+v)", n, cu, missedTick, tail)
+	}
 	if !tail[0].CatchUp {
 		t.Fatalf("the first run after the outage (%+v) is not the catch-up run", tail[0])
 	}
@@ -382,6 +400,7 @@ func TestAddJobNoCatchUpPastTheWindow(t *testing.T) {
 	for time.Since(*last.Tick) < 3*period+period/2 {
 		sleepPastTick(period, 300*time.Millisecond)
 	}
+	restart := time.Now()
 	reps = f.startAll(4, 800*time.Millisecond, spec, opts...)
 	for i, r := range reps {
 		if n := len(r.cron.Entries()); n != 1 {
@@ -401,8 +420,8 @@ func TestAddJobNoCatchUpPastTheWindow(t *testing.T) {
 	}
 	after := f.waitRuns(len(before) + 2)
 	f.stopAll(reps)
-	if n, _ := catchUps(f.runs()); n != 0 {
-		t.Fatalf("%d catch-up runs past the window, want none", n)
+	if n, _ := catchUps(upTo(f.runs()[len(before):], restart)); n != 0 {
+		t.Fatalf("%d catch-up runs of ticks past the window, want none", n)
 	}
 	checkOncePerTick(t, after[len(before):], period)
 	res, err = journal.Audit(context.Background(), db, time.Time{}, pglease.WithTable(f.table))
@@ -449,6 +468,7 @@ func TestAddJobScheduleChangeNoCatchUp(t *testing.T) {
 	for time.Since(*before[len(before)-1].Tick) < 4*time.Second {
 		sleepPastTick(time.Second, 100*time.Millisecond)
 	}
+	restart := time.Now()
 	reps = f.startAll(4, 500*time.Millisecond, "* * * * * *", opts...)
 	for i, r := range reps {
 		if n := len(r.cron.Entries()); n != 1 {
@@ -457,8 +477,8 @@ func TestAddJobScheduleChangeNoCatchUp(t *testing.T) {
 	}
 	after := f.waitRuns(len(before) + 3)
 	f.stopAll(reps)
-	if n, _ := catchUps(f.runs()); n != 0 {
-		t.Fatalf("%d catch-up runs after a schedule change, want none", n)
+	if n, _ := catchUps(upTo(f.runs()[len(before):], restart)); n != 0 {
+		t.Fatalf("%d catch-up runs of the old schedule's ticks after a schedule change, want none", n)
 	}
 	checkOncePerTick(t, after[len(before):], time.Second)
 }
