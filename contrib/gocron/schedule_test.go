@@ -692,18 +692,7 @@ func TestNewCronJobRunsInTheLockersZone(t *testing.T) {
 func TestNewCronJobRefusesAFiringInAnotherZone(t *testing.T) {
 	table := migrate(t)
 	day := time.Now().AddDate(0, 0, -10)
-	_, local := day.Zone()
-	var zone *time.Location
-	for _, name := range []string{"America/New_York", "Asia/Tokyo"} { // one of them is not the host's
-		z, err := time.LoadLocation(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, off := day.In(z).Zone(); off != local {
-			zone = z
-			break
-		}
-	}
+	zone := foreignZone(t, day, "America/New_York", "Asia/Tokyo")
 	d := day.In(zone)
 	d1 := time.Date(d.Year(), d.Month(), d.Day(), 9, 0, 0, 0, zone)
 	var ran atomic.Int64
@@ -746,18 +735,7 @@ func TestNewCronJobReadsItsClockInItsZone(t *testing.T) {
 		t.Skipf("time.Local is named %q (TZ is set, or there is no /etc/localtime): the case needs a zone named Local", time.Local)
 	}
 	day := time.Now().AddDate(0, 0, -10)
-	_, local := day.Zone()
-	var zone *time.Location
-	for _, name := range []string{"Asia/Tokyo", "America/New_York"} { // one of them is not the host's
-		z, err := time.LoadLocation(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, off := day.In(z).Zone(); off != local {
-			zone = z
-			break
-		}
-	}
+	zone := foreignZone(t, day, "Asia/Tokyo", "America/New_York")
 	table := migrate(t)
 	d1 := time.Date(day.Year(), day.Month(), day.Day(), 9, 0, 0, 0, time.Local)
 	var ran atomic.Int64
@@ -853,4 +831,22 @@ func TestRunNowAndStartImmediatelyUnderTheLedger(t *testing.T) {
 	if err != nil || len(runs) != 1 || !runs[0].Tick.Equal(hour.Add(time.Hour)) {
 		t.Fatalf("journal: %+v, %v; want the run of %v alone", runs, err, hour.Add(time.Hour))
 	}
+}
+
+// foreignZone returns the first of names whose offset on day differs from
+// the host's (of two zones hours apart, one is not the host's).
+func foreignZone(t *testing.T, day time.Time, names ...string) *time.Location {
+	t.Helper()
+	_, local := day.Zone()
+	for _, name := range names {
+		z, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, off := day.In(z).Zone(); off != local {
+			return z
+		}
+	}
+	t.Fatalf("none of %v differs from the host's zone on %v", names, day)
+	return nil
 }
