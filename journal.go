@@ -218,7 +218,7 @@ func (l *Locker) maybePrune() {
 	if l.cfg.journalOff || !l.prune.start(time.Now()) {
 		return
 	}
-	if !l.spawn(func() { defer l.prune.stop(); l.pruneJournal() }) {
+	if !l.spawnOn(&l.pruning, func() { defer l.prune.stop(); l.pruneJournal() }) {
 		l.prune.stop()
 	}
 }

@@ -518,3 +518,57 @@ func TestAStuckUnlockIsJournaledWhenCalled(t *testing.T) {
 		t.Fatalf("the run's end journaled at %v, after the deadline had passed (%v): want when Unlock was called", at, past)
 	}
 }
+
+// holdPruning holds the journal's pruning at its first statement (the
+// ledger's) until release is closed or the statement's context ends.
+type holdPruning struct {
+	backend
+	claim   string
+	entered chan struct{} // closed when the statement is held
+	release chan struct{}
+	done    chan struct{} // closed when the held statement returned
+}
+
+func (h *holdPruning) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	if q != h.claim {
+		return h.backend.QueryRow(ctx, q, args, dest...)
+	}
+	defer close(h.done)
+	close(h.entered)
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return h.backend.QueryRow(ctx, q, args, dest...)
+}
+
+// Close releases the leases it holds before it waits for a pruning in
+// flight, which it gives the release timeout: another replica gets the
+// key while the pruning is still held.
+func TestCloseReleasesBeforeWaitingForThePruning(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2, WithReleaseTimeout(30*time.Second))
+	h := &holdPruning{backend: l.prune.store.DB, claim: l.prune.store.SQL().ClaimPruning,
+		entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	l.prune.store.DB = h
+	c := ctx(t)
+	if _, err := l.Lock(c, "job"); err != nil { // the first claim that takes a key starts the pruning
+		t.Fatal(err)
+	}
+	<-h.entered
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	b := f.replica(2)
+	waitFor(t, 20*time.Second, func() bool { _, err := b.Lock(c, "job"); return err == nil })
+	select {
+	case <-h.done:
+		t.Fatal("the key was released only once the pruning had ended")
+	default:
+	}
+	close(h.release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}

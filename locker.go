@@ -43,6 +43,9 @@ type Locker struct {
 	// goroutines of their own (see hold); drained: Close has waited for it.
 	timers  sync.WaitGroup
 	drained bool
+	// pruning is the journal's pruning in flight: Close waits for it after
+	// releasing the held leases, which it would otherwise delay.
+	pruning sync.WaitGroup
 
 	prune pruner // the journal's retention (journal.go)
 
@@ -152,16 +155,20 @@ func (l *Locker) remove(le *Lease) {
 
 // spawn runs fn in a goroutine on the Locker's wait group, so Close waits
 // for it; it reports false (and does nothing) once the Locker is closed.
-func (l *Locker) spawn(fn func()) bool {
+func (l *Locker) spawn(fn func()) bool { return l.spawnOn(&l.wg, fn) }
+
+// spawnOn runs fn on a goroutine counted in wg, unless the Locker is
+// closed.
+func (l *Locker) spawnOn(wg *sync.WaitGroup, fn func()) bool {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return false
 	}
-	l.wg.Add(1)
+	wg.Add(1)
 	l.mu.Unlock()
 	go func() {
-		defer l.wg.Done()
+		defer wg.Done()
 		fn()
 	}()
 	return true
@@ -184,17 +191,17 @@ func (l *Locker) hold() (release func(), ok bool) {
 
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups and the journal's pruning in flight (each given the
-// release timeout from then;
+// background clean-ups in flight (each given the release timeout from then;
 // so is the release of a lease whose local deadline passes meanwhile),
 // closes the Done channels of the leases the Locker holds (ErrUnlocked as
 // the cause), waits for Election.Run's terms on them to return (at most the
 // release timeout, so that no next leader is granted while one still runs),
-// then releases them in one statement (bounded by the release timeout too):
-// Close takes at most about three times the release timeout, and leaves no
-// goroutine behind. Lock then returns ErrClosed. Close is idempotent. An
-// error means the leases could not be released; they expire by themselves,
-// unrenewed.
+// then releases them in one statement (bounded by the release timeout too),
+// and last waits for the journal's pruning in flight (given the release
+// timeout from Close's start): Close takes at most about three times the
+// release timeout, and leaves no goroutine behind. Lock then returns
+// ErrClosed. Close is idempotent. An error means the leases could not be
+// released; they expire by themselves, unrenewed.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -214,5 +221,6 @@ func (l *Locker) Close() error {
 	l.drained = true
 	l.mu.Unlock()
 	l.timers.Wait()
+	l.pruning.Wait()
 	return err
 }
