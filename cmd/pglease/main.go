@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/entry"
 )
 
 // Exit codes.
@@ -86,7 +85,7 @@ func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format
 // checkKeyArg refuses, before anything is opened, a KEY argument that no
 // lease can have (the library's own check, pglease.ErrInvalidKey).
 func checkKeyArg(key string) error {
-	if err := entry.CheckKey(key); err != nil {
+	if err := pglease.CheckKey(key); err != nil {
 		return usageError{err}
 	}
 	return nil

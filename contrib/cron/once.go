@@ -26,7 +26,6 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/entry"
 )
 
 // DefaultTolerance is how late after its activation a run may start and
@@ -193,7 +192,7 @@ func newWrapper(l *pglease.Locker, key string, sched cron.Schedule, loc *time.Lo
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasecron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	if err := entry.CheckKey(key); err != nil {
+	if err := pglease.CheckKey(key); err != nil {
 		return nil, fmt.Errorf("pgleasecron: %w", err)
 	}
 	if isNil(sched) {

@@ -10,7 +10,6 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/entry"
 )
 
 // ErrNotLeader is IsLeader's answer on a replica that does not hold the
@@ -74,7 +73,7 @@ func NewElector(l *pglease.Locker, key string, opts ...ElectorOption) (*Elector,
 	if l == nil {
 		return nil, fmt.Errorf("%w: pgleasegocron: nil *pglease.Locker", pglease.ErrInvalidOption)
 	}
-	if err := entry.CheckKey(key); err != nil {
+	if err := pglease.CheckKey(key); err != nil {
 		return nil, fmt.Errorf("pgleasegocron: election key: %w", err)
 	}
 	e := &Elector{l: l, key: key, onChange: func(bool) {}}

@@ -14,7 +14,6 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/entry"
 )
 
 // DefaultCatchUpWithin is how long after a missed tick a replica that
@@ -297,7 +296,7 @@ func checkJob(s gocron.Scheduler, name string, task gocron.Task) error {
 	if s == nil || task == nil {
 		return fmt.Errorf("%w: pgleasegocron: nil scheduler or task", pglease.ErrInvalidOption)
 	}
-	if err := entry.CheckKey(name); err != nil {
+	if err := pglease.CheckKey(name); err != nil {
 		return fmt.Errorf("pgleasegocron: job name (the lease key): %w", err)
 	}
 	return nil
