@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,15 +60,12 @@ func newReleaseCmd(e *env) *cobra.Command {
 			if err := checkTimeout(timeout); err != nil {
 				return err
 			}
-			// The server bounds the wait for the row (lock_timeout, here and
-			// set again by ForceRelease from its deadline, see
-			// releaseDeadline): it then rolls the statement back and says
-			// so, a certain outcome. The context, a little longer, is the
-			// backstop should the server not answer (a cancel request is
-			// then sent, see openDB).
-			db, err := f.open(cmd.Context(), e, map[string]string{
-				"lock_timeout": strconv.FormatInt(timeout.Milliseconds(), 10),
-			})
+			// The server bounds the wait for the row (lock_timeout, set by
+			// ForceRelease from its deadline, see releaseDeadline): it then
+			// rolls the statement back and says so, a certain outcome. The
+			// context, a little longer, is the backstop should the server
+			// not answer (a cancel request is then sent, see openDB).
+			db, err := f.open(cmd.Context(), e, nil)
 			if err != nil {
 				return err
 			}
