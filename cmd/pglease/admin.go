@@ -26,9 +26,10 @@ type dbFlags struct {
 	url   string
 	table string
 
-	// timeout (--timeout of the commands that run once) bounds the whole
-	// command, connecting included; 0 for the commands that bound their
-	// statements themselves (release, watch, serve).
+	// timeout bounds the server's statements (statement_timeout, see open):
+	// --timeout of the commands that run once, which it bounds whole,
+	// connecting included; a refresh's bound for watch; 0 for release and
+	// serve, which bound their statements themselves.
 	timeout   time.Duration
 	connected bool // open has connected (a timeout then came from a statement)
 }
@@ -103,10 +104,15 @@ func (f *dbFlags) outcome(ctx, tctx context.Context, err error) error {
 		if !f.connected {
 			return fmt.Errorf("could not connect within --timeout %v: the server did not answer; check it is up and reachable, or retry with a longer --timeout", f.timeout)
 		}
-		return fmt.Errorf("no answer from the server within --timeout %v: another session may hold a lock on %q (VACUUM FULL, ALTER TABLE...; see pg_locks), or the server is overloaded or unreachable; retry with a longer --timeout",
-			f.timeout, f.table)
+		return fmt.Errorf("no answer from the server within --timeout %v: %s; retry with a longer --timeout", f.timeout, noAnswerCauses(f.table))
 	}
 	return err
+}
+
+// noAnswerCauses is why the server may not answer a statement on table in
+// time.
+func noAnswerCauses(table string) string {
+	return fmt.Sprintf("another session may hold a lock on %q (VACUUM FULL, ALTER TABLE...; see pg_locks), or the server is overloaded or unreachable", table)
 }
 
 // statementTimedOut reports whether the server gave up at its statement_timeout.

@@ -36,8 +36,9 @@ snapshots are separated by a blank line.`,
 			}
 			ctx := cmd.Context()
 			// The server bounds each read too, a little below a refresh's
-			// bound, so that its own answer arrives first.
-			db, err := f.open(ctx, e, map[string]string{"statement_timeout": serverBound(refreshBound(interval))})
+			// bound, so that its own answer arrives first (see open).
+			f.timeout = refreshBound(interval)
+			db, err := f.open(ctx, e, nil)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil // Ctrl-C while connecting: watch ends that way
@@ -91,8 +92,7 @@ func refresh(ctx context.Context, db *sql.DB, table string, interval time.Durati
 	defer cancel()
 	ls, err := pglease.List(rctx, db, pglease.WithTable(table))
 	if err != nil && ctx.Err() == nil && (rctx.Err() != nil || statementTimedOut(err)) {
-		return nil, fmt.Errorf("%w within %v: another session may hold a lock on %q (VACUUM FULL, ALTER TABLE...; see pg_locks), or the server is overloaded or unreachable",
-			errNoAnswer, bound, table)
+		return nil, fmt.Errorf("%w within %v: %s", errNoAnswer, bound, noAnswerCauses(table))
 	}
 	return ls, err
 }
