@@ -67,8 +67,8 @@ func (k *Locker) NewDurationJob(s gocron.Scheduler, name string, period time.Dur
 // once per tick (Warn, once per job: see NewLocker); a claim that failed
 // (Error: gocron skips the run); a claim cut off by the scheduler or the job
 // stopping, and a cron job's late run refused because its activation has
-// run (Info); a cron job's run refused past the tolerance (Error when it
-// fired on the scheduler's grid, else Warn: see WithTolerance); a schedule
+// run (Info); a cron job's run refused past the tolerance (Warn: see
+// WithTolerance); a schedule
 // it could not record (Warn); a catch-up run it could not add (Error); and
 // a run refused because it holds no claim (Error: see NewCronJob). Default
 // slog.Default(). A *slog.Logger is a gocron.Logger.

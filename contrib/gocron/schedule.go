@@ -39,13 +39,12 @@ const DefaultTolerance = time.Minute
 // WithTolerance sets how late after an activation of its crontab a run of
 // a job added with NewCronJob may start and still claim that activation
 // (default DefaultTolerance). A run that finds no activation within the
-// tolerance before it is refused and logged, not credited to an older
-// activation: at Error when it fired on a whole second (of the minute, for
-// a crontab without seconds), as gocron fires scheduled runs, since the
-// scheduler then reads the crontab in another time zone than the Locker
-// (see WithLocation); at Warn otherwise (a run started by Job.RunNow or
-// gocron.WithStartImmediately, or one that started late: queued by
-// gocron's singleton mode, or a process paused). It does not
+// tolerance before it is refused and logged at Warn, not credited to an
+// older activation: a run started by Job.RunNow or
+// gocron.WithStartImmediately, one that started late (queued by gocron's
+// singleton mode, a process paused), or every run of a scheduler that
+// reads the crontab in another time zone than the Locker (see
+// WithLocation). It does not
 // apply to duration jobs, whose runs claim the period they fire in, nor to
 // the catch-up run of a missed tick. At most 24 hours.
 func WithTolerance(d time.Duration) Option {
@@ -101,8 +100,7 @@ func WithGrace(d time.Duration) Option {
 // both at their default. A scheduler that reads the crontab in another
 // zone fires the job at times that may be no activation of the Locker's
 // reading of it (a daily crontab; an hourly one reads alike in zones whole
-// hours apart): those runs are refused and logged at Error (see
-// WithTolerance).
+// hours apart): those runs are refused and logged (see WithTolerance).
 //
 // The zone is part of the schedule recorded in the database: moving a job
 // to another zone with WithLocation is a schedule change, so none of the
@@ -125,13 +123,12 @@ func WithLocation(loc *time.Location) Option {
 // jobSchedule is what the Locker of one job (NewCronJob, NewDurationJob)
 // knows of its schedule.
 type jobSchedule struct {
-	spec        string
-	withSeconds bool // a crontab with a seconds field
-	sched       pglease.Schedule
-	period      time.Duration // between two ticks, for the default grace
-	phased      bool          // a duration job: each replica runs a tick at its own phase in the period
-	registered  atomic.Bool   // RegisterSchedule succeeded
-	lastTry     atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
+	spec       string
+	sched      pglease.Schedule
+	period     time.Duration // between two ticks, for the default grace
+	phased     bool          // a duration job: each replica runs a tick at its own phase in the period
+	registered atomic.Bool   // RegisterSchedule succeeded
+	lastTry    atomic.Int64  // when it was last tried (Unix ns), to retry at most every registerRetry
 }
 
 // defaultGrace is WithGrace's default for a schedule of period: the period,
@@ -241,7 +238,7 @@ func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSecond
 			def = "CRON_TZ=" + k.location().String() + " " + crontab
 		}
 	}
-	js := &jobSchedule{spec: spec, sched: sched, withSeconds: withSeconds, period: time.Minute} // one activation left: a minute
+	js := &jobSchedule{spec: spec, sched: sched, period: time.Minute} // one activation left: a minute
 	if next := sched.Next(k.clock()); sched.Next(next).After(next) {
 		js.period = sched.Next(next).Sub(next)
 	}
@@ -349,28 +346,17 @@ const zoneSpread = 48 * time.Hour
 
 // refuseLate logs and returns the refusal of a run of a cron job that
 // started more than the tolerance after the latest activation of its
-// crontab. gocron fires scheduled runs on a whole second (of the minute,
-// for a crontab without seconds): a run that fired there is a scheduled
-// one, whose crontab the scheduler reads otherwise than the Locker — in
-// another time zone —, logged at Error; any other is a run started by
-// hand (Job.RunNow), at the scheduler's start (gocron.WithStartImmediately)
-// or late, logged at Warn.
+// crontab: a run started by hand (Job.RunNow), at the scheduler's start
+// (gocron.WithStartImmediately) or late, or a scheduled run of a scheduler
+// that reads the crontab in another time zone. The log names both.
 func (k *Locker) refuseLate(key string, now time.Time) error {
-	unit := time.Minute
-	if k.job.withSeconds {
-		unit = time.Second
-	}
 	args := []any{"job", key, "fired_at", now.Format("2006-01-02 15:04:05.000 MST"), "zone", k.location().String(), "tolerance", k.tolerance}
 	if latest, ok := pglease.LatestTick(k.job.sched, now, zoneSpread); ok {
 		args = append(args, "latest_activation", latest.Format("2006-01-02 15:04:05 MST"))
 	}
-	if now.Sub(now.Truncate(unit)) < offGridSlack {
-		k.log().Error("pgleasegocron: run refused: the scheduler fired it at a time that is no activation of its crontab in the Locker's time zone (none within the tolerance before it): "+
-			"does the scheduler read the crontab in another zone? Give the Locker the scheduler's zone (WithLocation, the scheduler's gocron.WithLocation)", args...)
-	} else {
-		k.log().Warn("pgleasegocron: run refused: no activation of its crontab within the tolerance before it; "+
-			"a run started by Job.RunNow or gocron.WithStartImmediately, or one that starts this late, is no activation's run", args...)
-	}
+	k.log().Warn("pgleasegocron: run refused: no activation of its crontab in the Locker's time zone within the tolerance before it. "+
+		"A run started by Job.RunNow or gocron.WithStartImmediately, or one that starts this late, is no activation's run; "+
+		"if every run is refused, the scheduler reads the crontab in another zone: give the Locker the scheduler's (WithLocation)", args...)
 	return fmt.Errorf("%w (job %q, at %s, tolerance %v)", errNoActivation, key, now.Format(time.RFC3339), k.tolerance)
 }
 
