@@ -323,7 +323,8 @@ func heldBehindFencedTx(t *testing.T, f *fixture, key string) *sql.Tx {
 // queues and goes from the queue once "first"'s transaction ends; over a
 // larger pool, it goes at once, on a busy Locker. It returns the claim's
 // cancel func, its result, and the transaction that holds it in the server.
-func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, chan error, *sql.Tx) {
+// The claim of "second" takes opts.
+func queuedInFlight(t *testing.T, f *fixture, b *Locker, opts ...LockOption) (context.CancelFunc, chan error, *sql.Tx) {
 	t.Helper()
 	c := ctx(t)
 	tx1, tx2 := heldBehindFencedTx(t, f, "first"), heldBehindFencedTx(t, f, "second")
@@ -332,7 +333,7 @@ func queuedInFlight(t *testing.T, f *fixture, b *Locker) (context.CancelFunc, ch
 	waitForLockWaiter(t, f.admin, f.table) // "first" holds the slot
 	short, cancel := context.WithCancel(c)
 	second := make(chan error, 1)
-	go func() { _, err := b.Lock(short, "second"); second <- err }()
+	go func() { _, err := b.Lock(short, "second", opts...); second <- err }()
 	if cap(b.slots) == 1 {
 		waitQueued(t, b, 1)
 	} else {

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"strings"
@@ -427,4 +428,165 @@ func TestCloseCutsAGrownCleanUpBudget(t *testing.T) {
 	if len(ends) <= inFlight || !errors.Is(ends[inFlight], context.Canceled) {
 		t.Fatalf("the attempt in flight at Close (budget %v) ended with %v, want cancelled by Close; all: %v", budgets[inFlight], ends, budgets)
 	}
+}
+
+// tickState is what a key's tick ledger holds: its lease row's last tick
+// and prior tick, its next due tick in <table>_schedules (invalid: none).
+type tickState struct{ last, prior, due sql.NullTime }
+
+func (f *fixture) ticks(key string) tickState {
+	f.t.Helper()
+	var s tickState
+	err := f.admin.QueryRowContext(ctx(f.t), `SELECT l.last_tick, l.prior_tick, s.next_due
+		FROM "`+f.table+`" AS l LEFT JOIN "`+f.table+`_schedules" AS s ON s.key = l.key WHERE l.key = $1`, key).
+		Scan(&s.last, &s.prior, &s.due)
+	if err != nil {
+		f.t.Fatalf("read ticks: %v", err)
+	}
+	return s
+}
+
+// wantTicks fails the test unless key's last tick is last and its next
+// due tick is due.
+func (f *fixture) wantTicks(what, key string, last, due time.Time) {
+	f.t.Helper()
+	s := f.ticks(key)
+	if !s.last.Valid || !s.last.Time.Equal(last) || !s.due.Valid || !s.due.Time.Equal(due) {
+		f.t.Fatalf("%s: last tick %v, next due %v; want %v, %v",
+			what, s.last.Time.UTC(), s.due.Time.UTC(), last.UTC(), due.UTC())
+	}
+}
+
+// threeTicks returns the ticks of a schedule around now: t1 and t2 past
+// (t2 the latest), t3 to come, and the key's JobSchedule on them, whose
+// clock is now.
+func threeTicks() (t1, t2, t3 time.Time, js JobSchedule) {
+	now := time.Now()
+	t1, t2, t3 = now.Add(-2*time.Hour).Truncate(time.Second), now.Add(-time.Hour).Truncate(time.Second), now.Add(time.Hour).Truncate(time.Second)
+	return t1, t2, t3, JobSchedule{Spec: "three ticks", Schedule: at{t1, t2, t3}, Grace: time.Minute, CatchUpWithin: 3 * time.Hour, Now: now}
+}
+
+// A claim of a scheduled tick that the server grants after its caller left
+// (it waited in the server behind a fenced transaction, on a busy Locker,
+// and its caller's context ended) is undone, and its tick with it: the
+// key's last tick goes back to the one before, and its next due tick back
+// to the undone claim's tick. That tick ran nowhere: a replica starting
+// now catches it up (RegisterSchedule returns it), and its claim is
+// granted, not refused with ErrAlreadyRun.
+func TestUndoneClaimGivesItsTickBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	t1, t2, t3, js := threeTicks()
+	b, err := New(pgleasetest.Pool(t, 3), WithTable(f.table), WithLeaseDuration(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.RegisterSchedule(c, "second", js); err != nil {
+		t.Fatal(err)
+	}
+	le, err := b.Lock(c, "second", Tick(t1), NextTick(t2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	cancel, second, tx := queuedInFlight(t, f, b, Tick(t2), NextTick(t3))
+	cancel()
+	if err := <-second; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock whose context ended in flight: %v, want context.Canceled", err)
+	}
+	if err := tx.Commit(); err != nil { // the claim goes on, takes the key and tick t2, and is undone
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		r, _ := f.row("second")
+		return r.Holder == b.Holder() && r.Released
+	})
+	f.wantTicks("after the undo", "second", t1, t2)
+	fresh := f.replica(2)
+	tick, err := fresh.RegisterSchedule(c, "second", js)
+	if err != nil || !tick.Equal(t2) {
+		t.Fatalf("a replica starting after the undo: catch-up tick %v, %v; want %v (the undone claim's)", tick.UTC(), err, t2.UTC())
+	}
+	le, err = fresh.Lock(c, "second", Tick(t2), NextTick(t3), CatchUp())
+	if err != nil {
+		t.Fatalf("another replica's claim of the undone claim's tick: %v; want it granted", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	f.wantTicks("after the catch-up", "second", t2, t3)
+}
+
+// A claim sent again with its token (a retry after a lost reply: the same
+// claim) keeps the tick the first send found as the one before it: its
+// undo gives the key's tick back to that one, not to the claim's own.
+func TestUndoAfterARetriedClaimGivesItsTickBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	t1, t2, t3, js := threeTicks()
+	l := f.replica(2)
+	if _, err := l.RegisterSchedule(c, "job", js); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.Lock(c, "job", Tick(t1), NextTick(t2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	const token = 4343
+	for i := range 2 { // the claim, then its retry
+		res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
+		if err != nil || res.Outcome != store.Acquired {
+			t.Fatalf("send %d of the claim: %+v, %v", i+1, res, err)
+		}
+	}
+	l.undoClaim("job", token)
+	waitFor(t, 20*time.Second, func() bool { r, _ := f.row("job"); return r.Released })
+	f.wantTicks("after the undo of a retried claim", "job", t1, t2)
+	le, err = f.replica(2).Lock(c, "job", Tick(t2), NextTick(t3))
+	if err != nil {
+		t.Fatalf("another replica's claim of the undone claim's tick: %v; want it granted", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An undo that finds a later claim in the key's row (the undone claim's
+// lease expired and another replica took the key for a later tick) undoes
+// nothing and gives nothing back: the later claim's tick and next due tick
+// stand.
+func TestUndoAfterALaterClaimGivesNothingBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	_, t2, t3, js := threeTicks()
+	t4 := t3.Add(time.Hour)
+	l := f.replica(2)
+	if _, err := l.RegisterSchedule(c, "job", js); err != nil {
+		t.Fatal(err)
+	}
+	const token = 4444
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("the claim to undo: %+v, %v", res, err)
+	}
+	f.expire("job")
+	le, err := f.replica(2).Lock(c, "job", Tick(t3), NextTick(t4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = le.Unlock(c) }()
+	n, err := l.abandon(c, "job", token)
+	if err != nil || n != 0 {
+		t.Fatalf("undo of a claim taken over: %d rows, %v; want 0", n, err)
+	}
+	f.wantTicks("after an undo that found a later claim", "job", t3, t4)
 }

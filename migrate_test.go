@@ -90,8 +90,8 @@ func TestMigrateOnANewerTableThatAllowsThisVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// What a next pglease whose migration only adds would do.
-	exec(`ALTER TABLE "` + table + `_version" ADD COLUMN compatible_from integer`)
+	// What a next pglease whose migration only adds would do (the column
+	// is there since schema version 11).
 	exec(`INSERT INTO "`+table+`_version" (version, compatible_from) VALUES ($1, 1)`, next)
 	before := pgleaseObjects(t, admin, table)
 	if err := Migrate(c, admin, WithTable(table)); err != nil {
@@ -121,7 +121,12 @@ func TestMigrateOnANewerTableThatAllowsThisVersion(t *testing.T) {
 	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
 		t.Fatalf("Migrate on a newer table that needs version %d: %v; want ErrSchemaTooNew", next, err)
 	}
-	// One that recorded nothing (no column: schema version 10 and before).
+	// One that recorded nothing (NULL, or no column: as schema version 10
+	// and before left the table).
+	exec(`UPDATE "`+table+`_version" SET compatible_from = NULL WHERE version = $1`, next)
+	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("Migrate on a newer table that recorded NULL: %v; want ErrSchemaTooNew", err)
+	}
 	exec(`ALTER TABLE "` + table + `_version" DROP COLUMN compatible_from`)
 	if err := Migrate(c, admin, WithTable(table)); !errors.Is(err, ErrSchemaTooNew) {
 		t.Fatalf("Migrate on a newer table that recorded nothing: %v; want ErrSchemaTooNew", err)
@@ -604,5 +609,37 @@ func TestRenewBeforeMigrateToVersion10(t *testing.T) {
 	renewedFor(t, le, time.Second)
 	if err := le.Unlock(c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Locker of this version on a table still at schema version 10 (no
+// prior_tick yet: replicas upgraded before Migrate ran) still undoes a
+// claim whose caller left: the undo of version 10 releases the key (its
+// tick is not given back, as before).
+func TestUndoBeforeMigrateToVersion11(t *testing.T) {
+	t.Parallel()
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 2)
+	c := ctx(t)
+	migrateTo(t, admin, tbl, 10)
+	l, err := New(admin, WithTable(tbl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const token = 4545
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: time.Now(), HasTick: true})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("claim on a version-10 table: %+v, %v", res, err)
+	}
+	for i := range 2 { // the first finds no prior_tick; the second goes straight to the older undo
+		n, err := l.abandon(c, "job", token)
+		if err != nil || n != int64(1-i) {
+			t.Fatalf("undo %d on a version-10 table: %d rows, %v; want %d", i+1, n, err, 1-i)
+		}
+	}
+	var released bool
+	if err := admin.QueryRowContext(c, `SELECT released_at IS NOT NULL FROM "`+tbl+`" WHERE key = 'job'`).Scan(&released); err != nil || !released {
+		t.Fatalf("the undone claim's row: released %v, %v", released, err)
 	}
 }

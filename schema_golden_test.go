@@ -83,7 +83,8 @@ func dumpSchema(t *testing.T, db *sql.DB) string {
 			FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'v' ORDER BY 1`},
 		{"functions", `SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
 			ORDER BY p.oid::regprocedure::text`},
-		{"versions", `SELECT string_agg(version::text, ' ' ORDER BY version) FROM pglease_leases_version`},
+		{"versions", `SELECT string_agg(version::text || coalesce(' (compatible from ' || compatible_from || ')', ''), ' ' ORDER BY version)
+			FROM pglease_leases_version`},
 	} {
 		fmt.Fprintf(&b, "\n## %s\n", q.title)
 		rows, err := db.QueryContext(ctx(t), q.sql)

@@ -80,7 +80,7 @@ func TestMigrateOnANewerTable(t *testing.T) {
 	}
 	next := pglease.SchemaVersion() + 1
 	db := pgleasetest.DB(t, 1)
-	for _, q := range []string{`ALTER TABLE "` + table + `_version" ADD COLUMN compatible_from integer`,
+	for _, q := range []string{`ALTER TABLE "` + table + `_version" ADD COLUMN IF NOT EXISTS compatible_from integer`,
 		fmt.Sprintf(`INSERT INTO "%s_version" (version, compatible_from) VALUES (%d, 1)`, table, next)} {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)

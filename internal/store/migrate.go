@@ -28,10 +28,37 @@ CREATE TABLE IF NOT EXISTS "pglease_leases_version" (
 	applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 )`
 
+// recordVersionSQL records a migration applied up to schema version 10;
+// recordCompatibleSQL one from version 11 on, with its compatible_from (see
+// compatibleFromSQL).
 const (
-	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM "pglease_leases_version"`
-	recordVersionSQL  = `INSERT INTO "pglease_leases_version" (version) VALUES ($1)`
+	currentVersionSQL   = `SELECT coalesce(max(version), 0) FROM "pglease_leases_version"`
+	recordVersionSQL    = `INSERT INTO "pglease_leases_version" (version) VALUES ($1)`
+	recordCompatibleSQL = `INSERT INTO "pglease_leases_version" (version, compatible_from) VALUES ($1, $2)`
 )
+
+// compatibleFrom lists, for each migration from schema version 11 on (the
+// one that added the version table's compatible_from column), the oldest
+// schema version whose code still works on the table it leaves, which
+// Migrate records with its version row (compatibleFromSQL). A new
+// migration adds its entry here: the test of the schema fails without
+// one.
+var compatibleFrom = []int{
+	11: 1, // prior_tick, the claim function that sets it: only added
+}
+
+// firstCompatibleVersion is the first schema version whose row records
+// compatible_from.
+const firstCompatibleVersion = 11
+
+// CompatibleFrom returns what the version row of schema version v records
+// as compatible_from, and false for a version before the column existed.
+func CompatibleFrom(v int) (int, bool) {
+	if v < firstCompatibleVersion {
+		return 0, false
+	}
+	return compatibleFrom[v], true
+}
 
 // compatibleFromSQL reads, on a table migrated by a newer pglease, the
 // oldest schema version whose code may still use the table: the newest
@@ -42,10 +69,11 @@ const (
 // The promise a later migration keeps: it adds that column (integer) if it
 // is not there, and records with its version row the oldest schema version
 // whose code still works on the table it leaves: 1 while every migration
-// only adds objects (every one up to version 10 does), its own version when
+// only adds objects (every one up to version 11 does), its own version when
 // it changes what older code relies on. Migrate of an older version then
 // succeeds on the newer table (a rolled-back deploy starts) or fails with
-// ErrSchemaTooNew.
+// ErrSchemaTooNew. Version 11 added the column; Migrate records it from
+// compatibleFrom. A version row without it (NULL) allows no older code.
 const compatibleFromSQL = `
 SELECT coalesce((to_jsonb(v) ->> 'compatible_from')::integer, 2147483647)
 FROM "pglease_leases_version" AS v ORDER BY v.version DESC LIMIT 1`
@@ -128,7 +156,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, s.names.Bind(migrations[v])); err != nil {
 				return fmt.Errorf("migration to version %d: %w", v+1, err)
 			}
-			if _, err := tx.Exec(ctx, s.sql.RecordVersion, v+1); err != nil {
+			if err := s.recordVersion(ctx, tx, v+1); err != nil {
 				return err
 			}
 		}
@@ -138,6 +166,18 @@ func (s *Store) Migrate(ctx context.Context) error {
 		_, err = tx.Exec(ctx, s.sql.TimelineCreated) // a new table: no holder of an older primary can exist
 		return err
 	})
+}
+
+// recordVersion records in tx that the migration to version v was applied,
+// with its compatible_from from version 11 on.
+func (s *Store) recordVersion(ctx context.Context, tx Backend, v int) error {
+	var err error
+	if from, ok := CompatibleFrom(v); ok {
+		_, err = tx.Exec(ctx, s.sql.RecordCompatible, v, from)
+	} else {
+		_, err = tx.Exec(ctx, s.sql.RecordVersion, v)
+	}
+	return err
 }
 
 // stillUsable is Migrate's answer on a table migrated by a newer pglease:
@@ -233,7 +273,11 @@ func SchemaSQL(n Names) string {
 	b.WriteString(strings.TrimSpace(n.Bind(versionTableSQL)) + ";\n")
 	for v, m := range migrations {
 		b.WriteString(strings.TrimSuffix(strings.TrimSpace(n.Bind(m)), ";") + ";\n")
-		fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", n.Version, v+1)
+		if from, ok := CompatibleFrom(v + 1); ok {
+			fmt.Fprintf(&b, "INSERT INTO %s (version, compatible_from) VALUES (%d, %d) ON CONFLICT DO NOTHING;\n", n.Version, v+1, from)
+		} else {
+			fmt.Fprintf(&b, "INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", n.Version, v+1)
+		}
 	}
 	b.WriteString(strings.TrimSpace(n.Bind(timelineCreatedSQL)) + ";\n")
 	return b.String()

@@ -52,3 +52,25 @@ func TestStateViewQuery(t *testing.T) {
 		t.Errorf("migration 9 does not create %s AS the query", n.StateView)
 	}
 }
+
+// Every migration from schema version 11 on records its compatible_from
+// (Migrate, SchemaSQL): a new one without an entry in compatibleFrom fails
+// here. The entries never go down (a table that older code could not use
+// stays so) and never past their own version.
+func TestCompatibleFromForEveryVersion(t *testing.T) {
+	if len(compatibleFrom) != Version()+1 {
+		t.Fatalf("compatibleFrom has entries up to version %d; the schema is at version %d: add the new migration's",
+			len(compatibleFrom)-1, Version())
+	}
+	prev := 1
+	for v := firstCompatibleVersion; v <= Version(); v++ {
+		from, ok := CompatibleFrom(v)
+		if !ok || from < prev || from < 1 || from > v {
+			t.Fatalf("compatible_from of version %d: %d (ok %v); want from %d to %d", v, from, ok, prev, v)
+		}
+		prev = from
+	}
+	if _, ok := CompatibleFrom(firstCompatibleVersion - 1); ok {
+		t.Fatalf("version %d records compatible_from: the column came with version %d", firstCompatibleVersion-1, firstCompatibleVersion)
+	}
+}

@@ -13,6 +13,9 @@ type Store struct {
 	// renewInline is set once the renew function was found missing (a
 	// table at schema version 9): Renew runs its statement from then on.
 	renewInline atomic.Bool
+	// abandonKeepTick is set once the lease table was found without
+	// prior_tick (schema version 10): Abandon runs the older undo.
+	abandonKeepTick atomic.Bool
 }
 
 // New returns the Store of the table named by n on db; journal chooses
@@ -28,15 +31,15 @@ func (s *Store) SQL() *Statements { return s.sql }
 
 // Statements are the SQL texts bound to one table.
 type Statements struct {
-	Claim, ClaimMany, AbandonLock, Abandon, Renew, RenewInline, TimelineBase string
-	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout             string
-	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe             string
-	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows         string
-	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows    string
-	JournalLastRuns                                                          string
-	VersionTable, CurrentVersion, RecordVersion, TimelineCreated             string
-	CompatibleFrom, LastClaim                                                string
-	TableExists, MigrateLock, Drop                                           string
+	Claim, ClaimMany, AbandonLock, Abandon, AbandonKeepTick, Renew, RenewInline, TimelineBase string
+	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout                              string
+	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                              string
+	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                          string
+	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                     string
+	JournalLastRuns                                                                           string
+	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated            string
+	CompatibleFrom, LastClaim                                                                 string
+	TableExists, MigrateLock, Drop                                                            string
 }
 
 // bind binds every statement for the table named by n, the writing ones
@@ -53,6 +56,7 @@ func bind(n Names, journal bool) *Statements {
 		ClaimMany:        pick(claimManyJournaledSQL, claimManySQL),
 		AbandonLock:      n.Bind(abandonLockSQL),
 		Abandon:          pick(abandonJournaledSQL, abandonSQL),
+		AbandonKeepTick:  pick(abandonKeepTickJournaledSQL, abandonKeepTickSQL),
 		Renew:            n.Bind(renewSQL),
 		RenewInline:      n.Bind(renewInlineSQL),
 		TimelineBase:     n.Bind(timelineBaseSQL),
@@ -81,6 +85,7 @@ func bind(n Names, journal bool) *Statements {
 		VersionTable:     n.Bind(versionTableSQL),
 		CurrentVersion:   n.Bind(currentVersionSQL),
 		RecordVersion:    n.Bind(recordVersionSQL),
+		RecordCompatible: n.Bind(recordCompatibleSQL),
 		CompatibleFrom:   n.Bind(compatibleFromSQL),
 		LastClaim:        n.Bind(lastClaimSQL),
 		TimelineCreated:  n.Bind(timelineCreatedSQL),
