@@ -27,7 +27,9 @@
 //	                gone, or it unlocked a lease it had been told it lost —
 //	                dated when it did, so the latest lost row of a run is
 //	                when its holder really stopped
-//	abandoned       a claim whose reply never arrived was undone
+//	abandoned       a claim whose reply never arrived was undone: the run
+//	                did not run, and its tick was given back (History
+//	                shows it abandoned; Audit counts its tick as not run)
 //
 // # History
 //

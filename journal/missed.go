@@ -46,7 +46,9 @@ func readOverdue(ctx context.Context, st *store.Store) (map[string]MissedTick, e
 // came due between two runs and got none: a run recorded its next due tick
 // (NextTick) and the key's next run with a tick claimed a later one. Only
 // runs claimed since the key's current schedule became known are compared:
-// across a schedule change, the old schedule's next tick is not due.
+// across a schedule change, the old schedule's next tick is not due. An
+// abandoned run (EndAbandoned) is passed over: its claim was undone, so it
+// neither ran its tick nor moved the key's next due tick on.
 func findMissed(runs []Run, scheduledSince *time.Time) []MissedTick {
 	if scheduledSince == nil {
 		return nil
@@ -55,7 +57,7 @@ func findMissed(runs []Run, scheduledSince *time.Time) []MissedTick {
 	var prev *Run // the latest run that recorded its next due tick
 	for i := range runs {
 		r := &runs[i]
-		if r.Tick == nil {
+		if r.Tick == nil || r.End == EndAbandoned {
 			continue
 		}
 		if prev != nil && r.Tick.After(*prev.NextTick) {

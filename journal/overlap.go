@@ -51,7 +51,8 @@ type Overlap struct {
 // findOverlaps sweeps the runs (ordered by key, fence; Audit passes one
 // key's at a time, the sweep takes any): for each run, the
 // earlier runs of its key still going when it began, and an earlier run of
-// the same tick.
+// the same tick. An abandoned run (EndAbandoned) did not run its tick: a
+// later run of that tick is no tick run twice.
 func findOverlaps(runs []Run, now time.Time) []Overlap {
 	var out []Overlap
 	var active []Run             // earlier runs of the key that may still overlap
@@ -68,7 +69,7 @@ func findOverlaps(runs []Run, now time.Time) []Overlap {
 			}
 		}
 		active = append(keep, r)
-		if r.Tick != nil {
+		if r.Tick != nil && r.End != EndAbandoned {
 			if a, ok := ticks[r.Tick.UTC()]; ok && !runEnd(a, now).After(r.AcquiredAt) {
 				tick := *r.Tick
 				out = append(out, overlap(a, r, now, &tick))

@@ -17,6 +17,7 @@ const (
 	EndForceReleased RunEnd = "force-released" // evicted by pglease.ForceRelease
 	EndSuperseded    RunEnd = "superseded"     // no end recorded; a later run of the key began
 	EndLost          RunEnd = "lost"           // its holder gave it up or found it gone
+	EndAbandoned     RunEnd = "abandoned"      // undone: its caller had left before the reply; it did not run
 )
 
 // Run describes one run (tenure) of a key from the journal: History
@@ -41,11 +42,14 @@ type Run struct {
 	// Duration is EndedAt - AcquiredAt; while running, up to now.
 	Duration time.Duration
 	// End is how the run ended: EndRunning, EndReleased, EndExpired,
-	// EndForceReleased, EndSuperseded or EndLost. Superseded: the journal
-	// holds no end for this run and a later run of the key began (its end
-	// was written on a primary lost in an asynchronous failover, by a
-	// Locker with the journal off, or pruned); it is taken to end when
-	// that run began.
+	// EndForceReleased, EndSuperseded, EndLost or EndAbandoned. Superseded:
+	// the journal holds no end for this run and a later run of the key
+	// began (its end was written on a primary lost in an asynchronous
+	// failover, by a Locker with the journal off, or pruned); it is taken
+	// to end when that run began. Abandoned: the server granted the claim
+	// after its caller had stopped waiting (its context ended, its reply
+	// was lost), and the Locker undid it: no job ran, and its tick (Tick)
+	// was given back, due again — Audit counts it as not run.
 	End RunEnd
 	// Outcome is the job's outcome for runs made through Do or a scheduler
 	// adapter (pglease's Lease.UnlockWithOutcome); "" if none was recorded.

@@ -47,7 +47,9 @@ func readRuns(ctx context.Context, read func(context.Context, func(journalRow) e
 }
 
 // endRank orders the end events: the strongest one names how a run ended.
-var endRank = map[string]int{"lost": 1, "abandoned": 1, "released": 2, "expired": 3, "force-released": 4}
+// An abandoned row outranks every other: the claim was undone, so the run
+// did not run, whatever else its rows say.
+var endRank = map[string]int{"lost": 1, "released": 2, "expired": 3, "force-released": 4, "abandoned": 5}
 
 // assembleRuns groups rows (of one key, ordered by fence and time) into runs.
 func assembleRuns(rows []journalRow, now time.Time) []Run {
@@ -98,8 +100,6 @@ func oneRun(rows []journalRow, now time.Time) Run {
 		}
 	}
 	switch {
-	case r.End == "abandoned":
-		r.End = EndLost
 	case r.End != "":
 	case first.LeaseFence.Valid && first.LeaseFence.Int64 == r.Fence && first.LeaseLive:
 		r.End = EndRunning

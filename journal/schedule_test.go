@@ -1,12 +1,15 @@
 package journal
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // The scheduling tests whose runs are checked in the journal: the
@@ -218,5 +221,183 @@ func TestForgetScheduleEndsItsReport(t *testing.T) {
 	}
 	if tick, err := l.RegisterSchedule(ctx(t), key, js); err != nil || !tick.IsZero() {
 		t.Fatalf("registration after forgetting: tick %v, err %v; want a first registration, nothing to catch up", tick, err)
+	}
+}
+
+// tickList is a Schedule with the listed ticks only.
+type tickList []time.Time
+
+func (a tickList) Next(t time.Time) time.Time {
+	for _, x := range a {
+		if x.After(t) {
+			return x
+		}
+	}
+	return time.Time{}
+}
+
+// undoneTick sets up a scheduled key whose tick t2 was claimed and the
+// claim undone: l registers key's schedule (ticks t1 and t2 past, t3 to
+// come; its clock now) and runs t1; then its claim of t2 waits in the
+// server behind a fenced transaction of a holder whose lease has expired,
+// on a busy Locker (its claim of "busy" waits the same way), and its
+// caller's context ends; the server then grants it, and l undoes it. It
+// returns once the undo is journaled: the ticks and the schedule.
+func undoneTick(t *testing.T, f *fixture, key string) (t1, t2, t3 time.Time, js pglease.JobSchedule) {
+	t.Helper()
+	c := ctx(t)
+	now := time.Now()
+	t1, t2, t3 = now.Add(-2*time.Hour).Truncate(time.Second), now.Add(-time.Hour).Truncate(time.Second), now.Add(time.Hour).Truncate(time.Second)
+	js = pglease.JobSchedule{Spec: "three ticks", Schedule: tickList{t1, t2, t3}, Grace: time.Minute, CatchUpWithin: 3 * time.Hour, Now: now}
+	l := f.replica(3, pglease.WithLeaseDuration(time.Minute))
+	if _, err := l.RegisterSchedule(c, key, js); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.Lock(c, key, pglease.Tick(t1), pglease.NextTick(t2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	dbA := pgleasetest.DB(t, 3)
+	a := f.locker(dbA, pglease.WithLeaseDuration(time.Minute))
+	held := func(k string) *sql.Tx { // k's row under a's fenced transaction, its lease expired
+		la, err := a.Lock(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := dbA.BeginTx(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback() })
+		if err := la.Guard(c, tx); err != nil {
+			t.Fatal(err)
+		}
+		f.expire(k)
+		return tx
+	}
+	txBusy, txKey := held("busy"), held(key)
+	busy := make(chan error, 1)
+	go func() {
+		le, err := l.Lock(c, "busy")
+		if err == nil {
+			err = le.Unlock(c)
+		}
+		busy <- err
+	}()
+	f.waitClaimsWaiting(1)
+	short, cancel := context.WithCancel(c)
+	claim := make(chan error, 1)
+	go func() { _, err := l.Lock(short, key, pglease.Tick(t2), pglease.NextTick(t3)); claim <- err }()
+	f.waitClaimsWaiting(2)
+	cancel()
+	if err := <-claim; !errors.Is(err, context.Canceled) {
+		t.Fatalf("claim of %v whose context ended in flight: %v, want context.Canceled", t2.UTC(), err)
+	}
+	for _, tx := range []*sql.Tx{txBusy, txKey} { // the claims go on; the one left is granted, then undone
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		var n int
+		if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM "`+f.table+`_journal" WHERE key = $1 AND event = 'abandoned'`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	return t1, t2, t3, js
+}
+
+// waitClaimsWaiting waits until n claims of f's table wait for a lock in
+// the server.
+func (f *fixture) waitClaimsWaiting(n int) {
+	f.t.Helper()
+	waitFor(f.t, 20*time.Second, func() bool {
+		var got int
+		if err := f.admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '_claim"(%'`, f.table).Scan(&got); err != nil {
+			f.t.Fatal(err)
+		}
+		return got >= n
+	})
+}
+
+// A tick whose claim was undone (the server granted it after its caller
+// left) ran nowhere: History shows its run abandoned, and Audit reports
+// the tick missed — overdue while no run follows, then, once a later
+// tick's run follows (the undone tick never caught up), as the gap
+// between the run before it and that run.
+func TestAuditReportsAnUndoneTickMissed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	const key = "nightly"
+	t1, t2, t3, _ := undoneTick(t, f, key)
+	runs, err := History(c, f.admin, key, time.Time{}, 0, pglease.WithTable(f.table))
+	if err != nil || len(runs) == 0 || runs[0].Tick == nil || !runs[0].Tick.Equal(t2) || runs[0].End != EndAbandoned {
+		t.Fatalf("History of the undone claim: %+v, %v; want its run of %v first, ended %s", runs, err, t2.UTC(), EndAbandoned)
+	}
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Findings) != 0 || len(res.Missed) != 1 || !res.Missed[0].Due.Equal(t2) || !res.Missed[0].Overdue {
+		t.Fatalf("Audit after the undo: findings %+v, missed %+v; want tick %v overdue, no finding", res.Findings, res.Missed, t2.UTC())
+	}
+	t4 := t3.Add(time.Hour)
+	le, err := f.replica(2).Lock(c, key, pglease.Tick(t3), pglease.NextTick(t4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	res, err = Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Findings) != 0 || len(res.Missed) != 1 {
+		t.Fatalf("Audit after the run of %v: findings %+v, missed %+v; want tick %v missed between the runs of %v and %v",
+			t3.UTC(), res.Findings, res.Missed, t2.UTC(), t1.UTC(), t3.UTC())
+	}
+	m := res.Missed[0]
+	if !m.Due.Equal(t2) || m.Overdue || m.LastRun == nil || !m.LastRun.Tick.Equal(t1) || m.NextRun == nil || !m.NextRun.Tick.Equal(t3) {
+		t.Fatalf("Audit after the run of %v: missed %+v; want tick %v missed between the runs of %v and %v",
+			t3.UTC(), m, t2.UTC(), t1.UTC(), t3.UTC())
+	}
+}
+
+// The catch-up run of a tick whose claim was undone is the tick's only
+// run: Audit reports no tick run twice, and nothing missed.
+func TestAuditCatchUpOfAnUndoneTick(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	const key = "nightly"
+	_, t2, t3, js := undoneTick(t, f, key)
+	fresh := f.replica(2)
+	tick, err := fresh.RegisterSchedule(c, key, js)
+	if err != nil || !tick.Equal(t2) {
+		t.Fatalf("a replica starting after the undo: catch-up tick %v, %v; want %v", tick.UTC(), err, t2.UTC())
+	}
+	le, err := fresh.Lock(c, key, pglease.Tick(t2), pglease.NextTick(t3), pglease.CatchUp())
+	if err != nil {
+		t.Fatalf("catch-up of the undone tick: %v", err)
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Audit(c, f.admin, time.Time{}, pglease.WithTable(f.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Findings) != 0 || len(res.Missed) != 0 {
+		t.Fatalf("Audit after the catch-up of the undone tick %v: findings %+v, missed %+v; want none", t2.UTC(), res.Findings, res.Missed)
 	}
 }

@@ -27,7 +27,7 @@ type runJSON struct {
 	AcquiredAt time.Time      `json:"acquired_at"`
 	EndedAt    *time.Time     `json:"ended_at"` // null while running
 	DurationMS int64          `json:"duration_ms"`
-	End        journal.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost
+	End        journal.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost, abandoned
 	Outcome    *string        `json:"outcome"` // ok, error, panic, lost, or null
 }
 
@@ -164,7 +164,8 @@ func newHistoryCmd(e *env) *cobra.Command {
 		Long: `history shows the runs (tenures) of KEY recorded in the lease table's journal,
 newest first: holder, fence, when the lease was acquired and when the run
 ended, how it ended (running, released, expired, force-released, superseded,
-lost) and, for runs made through Do or a scheduler adapter, the job's outcome
+lost, abandoned: a claim undone because its caller had left, which did not
+run) and, for runs made through Do or a scheduler adapter, the job's outcome
 (ok, error, panic, lost). Runs of a scheduled job also show the tick they ran
 (TICK; "catch-up" marks the catch-up run of a missed tick, run late, once) and
 when the key's next tick was due (NEXT DUE). Times are the server's clock.`,

@@ -19,7 +19,9 @@ import (
 // (no tick run twice), no tick past the last recorded next due tick and no
 // due tick below an earlier one (no missed tick between two runs), and no
 // fence above the lease row's (whose run's end would be now or its expiry),
-// nor a key with no lease row.
+// nor a key with no lease row, nor an abandoned row (a claim undone: its
+// run did not run its tick, and the next due tick it recorded is void, so
+// the rows' ticks and due ticks no longer tell a gap).
 // Each test errs towards reading: a key read for nothing costs time, never
 // a finding. The rows are those at or after $1 and, per key, its last
 // granted row before $1 (found through the (key, occurred_at) index from
@@ -40,16 +42,16 @@ import (
 // Result rows: (key, runs, must read).
 const auditScanSQL = `
 WITH j AS (
-	SELECT g.key, g.fence, g.at, g.tick, g.due FROM "pglease_leases" AS l CROSS JOIN LATERAL (
+	SELECT g.key, g.fence, g.at, g.tick, g.due, false AS undone FROM "pglease_leases" AS l CROSS JOIN LATERAL (
 		SELECT g.key, g.fence, g.occurred_at AS at, g.tick, g.due FROM "pglease_leases_journal" AS g
 		WHERE g.key = l.key AND g.occurred_at < $1 AND g.event = 'granted'
 		ORDER BY g.occurred_at DESC LIMIT 1) AS g
 	UNION ALL
 	SELECT j.key, j.fence, j.occurred_at,
-	       CASE WHEN j.event = 'granted' THEN j.tick END, CASE WHEN j.event = 'granted' THEN j.due END
+	       CASE WHEN j.event = 'granted' THEN j.tick END, CASE WHEN j.event = 'granted' THEN j.due END, j.event = 'abandoned'
 	FROM "pglease_leases_journal" AS j WHERE j.occurred_at >= $1
 ), r AS (
-	SELECT j.key, j.fence, j.at, j.tick, j.due,
+	SELECT j.key, j.fence, j.at, j.tick, j.due, j.undone,
 	       max(j.at) OVER p AS prev_at, max(j.fence) OVER p AS max_fence,
 	       max(j.tick) OVER p AS max_tick, max(j.due) OVER p AS max_due
 	FROM j
@@ -57,7 +59,7 @@ WITH j AS (
 ), k AS (
 	SELECT r.key,
 	       count(*) FILTER (WHERE r.at >= $1 AND (r.max_fence IS NULL OR r.fence > r.max_fence OR r.prev_at < $1)) AS runs,
-	       coalesce(bool_or(r.fence < r.max_fence OR r.tick <= r.max_tick OR r.tick > r.max_due OR r.due < r.max_due), false) AS odd,
+	       coalesce(bool_or(r.fence < r.max_fence OR r.tick <= r.max_tick OR r.tick > r.max_due OR r.due < r.max_due OR r.undone), false) AS odd,
 	       max(r.fence) AS max_fence
 	FROM r GROUP BY r.key
 )

@@ -14,7 +14,7 @@ type Tenure struct {
 	Start  time.Time  // granted, on the database's clock
 	End    *time.Time // nil while running
 	// Ended says how it ended: running, released, expired,
-	// force-released, superseded or lost.
+	// force-released, superseded, lost or abandoned.
 	Ended string
 	// Outcome is the job's outcome for runs made through Do or a
 	// scheduler adapter: ok, error, panic, lost; "" otherwise.
