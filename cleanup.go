@@ -16,7 +16,8 @@ import (
 
 // undoClaim releases, in the background, whatever a claim with this token
 // took, once the claim's outcome is known: the undo queues behind the
-// claim's advisory lock. A claim whose statement had not yet begun on the
+// claim's advisory lock. It gives back the tick the claim took, if any
+// (store.Abandon): that tick ran nowhere. A claim whose statement had not yet begun on the
 // server when the undo ran (still on its way, or waiting for its backend
 // to be scheduled) takes no such lock in time, and may take the key after
 // the undo found nothing: the undo then looks once more, a release

@@ -42,7 +42,13 @@ func SchemaVersion() int { return store.Version() }
 // calls: its UPDATE is planned once per server session, not at every beat
 // (through PgBouncer, statements are sent as text and planned each time). A
 // Locker on a table still at version 9 renews with the same UPDATE sent as
-// a statement, and keeps its leases until Migrate has run.
+// a statement, and keeps its leases until Migrate has run. Schema version 11
+// added prior_tick to the lease table, which the claim function (replaced,
+// same signature) sets, so that the undo of a claim whose caller left
+// gives back the tick it took; a Locker on a table still at version 10
+// undoes such claims without giving their ticks back until Migrate has
+// run. Its ALTER TABLE waits, as version 3's, for every open transaction
+// that has used the lease table, fenced transactions included.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory
