@@ -54,6 +54,10 @@ func SchemaVersion() int { return store.Version() }
 // concurrent runs are serialised by a transaction-scoped advisory
 // lock, and each applies only what is missing, in one transaction. It takes
 // only WithTable. The schema part of a "schema.table" name must exist.
+// Creating a table, it refuses, changing nothing, when relations already
+// exist under the names of its companions (<table>_journal, _fences,
+// _timelines, _journal_pruned, _schedules, _state) without a version
+// table: they are not pglease's, and Drop would drop them.
 //
 // Migrate also creates <table>_timelines, which the failover delay uses
 // (see WithFailoverDelay). When it creates the lease table, it records the
@@ -90,6 +94,7 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 	}
 	err = op(t.Store(b, true), ctx)
 	var tooNew *store.TooNewError
+	var foreign *store.ForeignError
 	switch {
 	case err == nil:
 		return nil
@@ -100,6 +105,13 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 		}
 		err = fmt.Errorf("%w: %s is at version %d, this pglease knows up to %d%s",
 			ErrSchemaTooNew, t.Display, tooNew.Version, SchemaVersion(), suffix)
+	case errors.As(err, &foreign):
+		if what == "drop" {
+			return fmt.Errorf("pglease: drop %s: %w: no version table %s, yet %s: nothing dropped",
+				t.Display, ErrNotMigrated, t.Names.Version, foreign)
+		}
+		return fmt.Errorf("pglease: %s %s: %s; drop or rename them, or choose another table name: nothing changed",
+			what, t.Display, foreign)
 	case errors.Is(err, store.ErrNoVersionTable):
 		err = fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
 			ErrNotMigrated, t.Display, t.Names.Version)
@@ -123,8 +135,10 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 // it returns an error: on an invalid table name (ErrInvalidOption), on a
 // table migrated by a newer pglease (ErrSchemaTooNew: it may have objects
 // this version does not know), on a lease table without its version table
-// (ErrNotMigrated: not one that Migrate created), or when an object of the
-// application depends on one of the tables (a view, a foreign key).
+// (ErrNotMigrated: not one that Migrate created), on a table never migrated
+// whose companions' names are taken (ErrNotMigrated: Migrate did not create
+// them either), or when an object of the application depends on one of the
+// tables (a view, a foreign key).
 func Drop[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	return schemaOp(ctx, db, opts, "drop", (*store.Store).Drop)
 }

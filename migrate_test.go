@@ -643,3 +643,51 @@ func TestUndoBeforeMigrateToVersion11(t *testing.T) {
 		t.Fatalf("the undone claim's row: released %v, %v", released, err)
 	}
 }
+
+// Relations of the application that carry the names of a table's
+// companions (here <table>_journal and <table>_state) are not pglease's:
+// Drop of the table never migrated refuses and keeps them, Migrate refuses
+// to create the table over them, and neither changes the catalogue.
+func TestForeignCompanionsLeftAlone(t *testing.T) {
+	t.Parallel()
+	c := ctx(t)
+	admin := pgleasetest.DB(t, 1)
+	tbl := unmigrated(t)
+	exec := func(q string) {
+		t.Helper()
+		if _, err := admin.ExecContext(c, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`CREATE TABLE "` + tbl + `_journal" (id int)`)
+	exec(`INSERT INTO "` + tbl + `_journal" VALUES (1)`)
+	exec(`CREATE VIEW "` + tbl + `_state" AS SELECT 1 AS one`)
+	t.Cleanup(func() {
+		_, _ = admin.ExecContext(context.Background(), `DROP VIEW IF EXISTS "`+tbl+`_state"; DROP TABLE IF EXISTS "`+tbl+`_journal"`)
+	})
+	exists := func(name string) bool {
+		var ok bool
+		if err := admin.QueryRowContext(c, `SELECT to_regclass($1) IS NOT NULL`, `"`+name+`"`).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	err := Drop(c, admin, WithTable(tbl))
+	if !errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), tbl+`_journal"`) || !strings.Contains(err.Error(), tbl+`_state"`) {
+		t.Fatalf("Drop of a table never migrated beside foreign companions: %v; want ErrNotMigrated naming both", err)
+	}
+	if !exists(tbl+"_journal") || !exists(tbl+"_state") {
+		t.Fatal("a refused Drop dropped the application's relations")
+	}
+	err = Migrate(c, admin, WithTable(tbl))
+	if err == nil || errors.Is(err, ErrNotMigrated) || !strings.Contains(err.Error(), tbl+`_journal"`) {
+		t.Fatalf("Migrate over foreign companions: %v; want a refusal naming them", err)
+	}
+	if exists(tbl) || exists(tbl+"_version") || exists(tbl+"_fences") {
+		t.Fatal("a refused Migrate created tables")
+	}
+	var n int
+	if err := admin.QueryRowContext(c, `SELECT count(*) FROM "`+tbl+`_journal"`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the application's table after the refusals: %d rows, %v", n, err)
+	}
+}

@@ -129,11 +129,46 @@ func (e *TooNewError) Error() string {
 // table: not one that Migrate created.
 var ErrNoVersionTable = errors.New("the lease table has no version table")
 
+// companions are the suffixes of the relations Migrate creates beside the
+// lease table and its version table.
+var companions = []string{"_fences", "_timelines", "_journal", "_journal_pruned", "_schedules", "_state"}
+
+// ForeignError is the error of Migrate creating a table, or of Drop on a
+// table never migrated, when relations already exist under the names of
+// its companions: Migrate did not create them (there is no version table),
+// so Migrate does not take them over and Drop does not drop them.
+type ForeignError struct{ Names []string }
+
+func (e *ForeignError) Error() string {
+	return strings.Join(e.Names, ", ") + " already exist without a version table: pglease.Migrate did not create them"
+}
+
+// foreign returns the companions that exist in tx, quoted, as a
+// *ForeignError, or nil when none does.
+func (s *Store) foreign(ctx context.Context, tx Backend) error {
+	var found []string
+	for _, suffix := range companions {
+		quoted := s.names.Prefix + suffix + `"`
+		ok, err := s.exists(ctx, tx, quoted)
+		if err != nil {
+			return err
+		}
+		if ok {
+			found = append(found, quoted)
+		}
+	}
+	if found == nil {
+		return nil
+	}
+	return &ForeignError{Names: found}
+}
+
 // Migrate creates the table or upgrades it to Version(), in one
 // transaction serialised across replicas by the table's migration lock:
 // each migration not yet applied, recorded in the version table; on a
 // table it has just created, the current timeline as past its failover
-// delay. On a table migrated by a newer pglease it changes nothing: it
+// delay. It refuses to create a table whose companions' names are taken
+// (*ForeignError), changing nothing. On a table migrated by a newer pglease it changes nothing: it
 // succeeds if that pglease recorded that this version may still use the
 // table, else fails with *TooNewError.
 func (s *Store) Migrate(ctx context.Context) error {
@@ -151,6 +186,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 		existed, err := s.exists(ctx, tx, s.names.Quoted)
 		if err != nil {
 			return err
+		}
+		if current == 0 && !existed {
+			if err := s.foreign(ctx, tx); err != nil {
+				return err
+			}
 		}
 		for v := current; v < len(migrations); v++ {
 			if _, err := tx.Exec(ctx, s.names.Bind(migrations[v])); err != nil {
@@ -196,8 +236,9 @@ func (s *Store) stillUsable(ctx context.Context, tx Backend, tooNew *TooNewError
 
 // Drop drops everything Migrate created for the table, in one transaction
 // serialised with Migrate. A table never migrated is fine; a lease table
-// without its version table (ErrNoVersionTable) and a table migrated by a
-// newer pglease (*TooNewError) are refused, and nothing is dropped.
+// without its version table (ErrNoVersionTable), companions without it
+// (*ForeignError) and a table migrated by a newer pglease (*TooNewError)
+// are refused, and nothing is dropped.
 func (s *Store) Drop(ctx context.Context) error {
 	return s.schemaTx(ctx, func(tx Backend) error {
 		hasTable, err := s.exists(ctx, tx, s.names.Quoted)
@@ -210,6 +251,11 @@ func (s *Store) Drop(ctx context.Context) error {
 		}
 		if hasTable && !hasVersion {
 			return ErrNoVersionTable
+		}
+		if !hasVersion {
+			if err := s.foreign(ctx, tx); err != nil {
+				return err
+			}
 		}
 		if hasVersion {
 			if _, err := s.version(ctx, tx); err != nil {
