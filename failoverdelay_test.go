@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -354,6 +355,31 @@ func TestWithFailoverDelay(t *testing.T) {
 			t.Errorf("%v: err %v; want ErrInvalidOption", tc.opts, err)
 		case !tc.err && (err != nil || l.FailoverDelay() != tc.want):
 			t.Errorf("%v: delay %v, err %v; want %v", tc.opts, l.FailoverDelay(), err, tc.want)
+		}
+	}
+}
+
+// A claim of a free key on a hot standby (a pool still pointed at an old
+// primary that rejoined as one) fails with ErrReadOnly, with the failover
+// delay on or off: the claim function refuses before its failover gate,
+// which would fail reading the WAL position ("recovery is in progress").
+// A held key is still answered: the skip path only reads.
+func TestLockOnHotStandbyIsReadOnly(t *testing.T) {
+	x := newPromotedPair(t)
+	a := x.locker(x.pdb, "a")
+	if _, err := a.Lock(x.c, "held"); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.s.WaitReplayed(x.c, x.p); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{foLease, 0} {
+		s := x.locker(x.sdb, fmt.Sprintf("s-%v", d), WithFailoverDelay(d))
+		if _, err := s.Lock(x.c, "free"); !errors.Is(err, ErrReadOnly) {
+			t.Errorf("failover delay %v: Lock of a free key on a standby: %v; want ErrReadOnly", d, err)
+		}
+		if _, err := s.Lock(x.c, "held"); !errors.Is(err, ErrAlreadyLocked) {
+			t.Errorf("failover delay %v: Lock of a held key on a standby: %v; want ErrAlreadyLocked", d, err)
 		}
 	}
 }

@@ -41,7 +41,10 @@ ALTER TABLE "pglease_leases_version" ADD COLUMN IF NOT EXISTS compatible_from in
 ALTER TABLE "pglease_leases" ADD COLUMN IF NOT EXISTS prior_tick timestamptz;
 
 -- The claim function of version 8, but for prior_tick (its comment there
--- describes it).
+-- describes it), and for a standby: a claim that would write on a server
+-- in recovery fails as a write on a read-only server does (SQLSTATE
+-- 25006), where version 8's failover gate failed first, reading the WAL
+-- position ("recovery is in progress", 55000).
 CREATE OR REPLACE FUNCTION "pglease_leases_claim"(
 	p_key text, p_holder text, p_token bigint, p_lease_us bigint, p_tick timestamptz,
 	p_delay_us bigint, p_journal boolean, p_next_tick timestamptz, p_catch_up boolean,
@@ -74,6 +77,10 @@ BEGIN
 		END IF;
 		r_outcome := CASE WHEN ran THEN 'ran' WHEN prev.released_at IS NOT NULL THEN 'min-hold' ELSE 'held' END;
 		RETURN;
+	END IF;
+	IF pg_is_in_recovery() THEN
+		RAISE EXCEPTION 'cannot claim "%" on a server in recovery (a standby)', p_key
+			USING ERRCODE = 'read_only_sql_transaction';
 	END IF;
 	IF p_delay_us > 0 THEN
 		tl_id := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
