@@ -23,7 +23,9 @@ import (
 //     the end of the minimum hold of a key released under one (the release
 //     is notified: the waiter woken learns the hold's end from its claim);
 //   - the poll interval (WithPollInterval, ±20 %) when notifications are
-//     not known to work, else one heartbeat as a safety net.
+//     not known to work, else one heartbeat as a safety net; a waiter
+//     asleep for a heartbeat when the listener is lost looks again within
+//     the poll interval.
 //
 // Transient errors (server unreachable, read-only during a failover) are
 // retried after min(poll interval, failures × 100 ms), the heartbeat taking
@@ -144,24 +146,35 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // sleepUntilRetry waits for d, a notification for the key, ctx or Close.
+// If the listener stops being live meanwhile, the rest of d (planned as one
+// heartbeat while notifications worked) is cut to the poll interval
+// (±20 %): waiters poll while notifications are not known to work.
 func (l *Locker) sleepUntilRetry(ctx context.Context, w *waiter, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-w.c:
-		w.woken = true
-		if !ctxsleep.For(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
+	until := time.Now().Add(d)
+	for {
+		select {
+		case <-w.replan:
+			if p := jitter(l.cfg.poll); time.Until(until) > p && !l.lis.isLive() {
+				until = time.Now().Add(p)
+				t.Reset(p)
+			}
+		case <-w.c:
+			w.woken = true
+			if !ctxsleep.For(ctx, time.Duration(rand.IntN(2000))*time.Microsecond) {
+				return ctx.Err()
+			}
+			return nil
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
 			return ctx.Err()
+		case <-l.ctx.Done():
+			if ctx.Err() != nil { // both ended: the caller's reason first
+				return ctx.Err()
+			}
+			return ErrClosed
 		}
-		return nil
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-l.ctx.Done():
-		if ctx.Err() != nil { // both ended: the caller's reason first
-			return ctx.Err()
-		}
-		return ErrClosed
 	}
 }

@@ -668,3 +668,93 @@ func TestAcquireWhileListeningClaimsOnce(t *testing.T) {
 	<-done
 	<-done
 }
+
+// noRelisten wraps a Locker's backend and, once fail is set, refuses the
+// listener's connection settings: the listener cannot reconnect.
+type noRelisten struct {
+	backend
+	fail atomic.Bool
+}
+
+func (n *noRelisten) ListenConfig(ctx context.Context) (*pgx.ConnConfig, error) {
+	if n.fail.Load() {
+		return nil, errors.New("test: no listening connection")
+	}
+	return n.backend.ListenConfig(ctx)
+}
+
+// The listener is lost and cannot reconnect while a waiter and an observer
+// sleep on the heartbeat they planned while it was live (here a minute; the
+// holder's lease runs three): both look again at the poll interval from
+// then on, so a release during the outage is seen long before the
+// heartbeat, which is beyond the test's bound.
+func TestAcquireListenerLostWaitersPoll(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db, app := namedDB(t, "pgx", 3)
+	w := f.locker(db, WithHolder("w"), WithLeaseDuration(3*time.Minute), WithHeartbeat(time.Minute),
+		WithPollInterval(50*time.Millisecond))
+	cc := countClaims(w)
+	nl := &noRelisten{backend: w.store.DB}
+	w.store.DB = nl
+	holder := f.replica(2, WithHolder("h"), WithLeaseDuration(3*time.Minute))
+	c := ctx(t)
+	held, err := holder.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewElection(w, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The observer keeps the listener live, so that Acquire registers
+	// before its one claim and then sleeps for a heartbeat.
+	seen := make(chan string, 16)
+	go func() {
+		for li := range e.Observe(c) {
+			select {
+			case seen <- li.Holder:
+			case <-c.Done():
+			}
+		}
+	}()
+	if h := <-seen; h != "h" {
+		t.Fatalf("observer saw leader %q first, want h", h)
+	}
+	waitFor(t, 20*time.Second, w.lis.isLive)
+	got := make(chan error, 1)
+	go func() {
+		le, err := w.Acquire(c, "job")
+		if err == nil {
+			err = le.Unlock(c)
+		}
+		got <- err
+	}()
+	waitFor(t, 20*time.Second, func() bool { return cc.claimsOf("job") == 1 })
+	nl.fail.Store(true)
+	killListener(t, f.admin, app)
+	waitFor(t, 20*time.Second, func() bool { return !w.lis.isLive() })
+	if err := held.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	bound := time.After(30 * time.Second) // the heartbeat is 48 s or more
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-bound:
+		t.Fatalf("the waiter did not take the released key with the listener down: %d claims, "+
+			"the first before the listener was lost (it sleeps until its heartbeat)", cc.claimsOf("job"))
+	}
+	for {
+		select {
+		case h := <-seen:
+			if h != "h" {
+				return // nobody, or w: the observer saw the release
+			}
+		case <-bound:
+			t.Fatal("the observer did not see the release with the listener down (it sleeps until its heartbeat)")
+		}
+	}
+}

@@ -33,7 +33,10 @@ import (
 // before the waiter registered is found by a claim made after it — at once
 // if LISTEN came into effect meanwhile (startWaiting), else when the
 // listener goes live, which wakes every waiter (setLive); later releases
-// are notified to a waiter of the key.
+// are notified to a waiter of the key. When the listener stops being live
+// (its connection lost or silent), every waiter and observer shortens the
+// sleep it planned while notifications worked (one heartbeat) to the poll
+// interval, without claiming at once (setLive, sleepUntilRetry).
 //
 // Notifications only make waiting faster, never correct: a waiter also wakes
 // when the lease it waits for expires (the claim's reply says when, on the
@@ -112,6 +115,11 @@ type waiter struct {
 	c        chan struct{}
 	lis      *listener
 	observer bool
+	// replan gets a value when the listener stops being live: the waiting
+	// goroutine, asleep on a timer planned while notifications worked (one
+	// heartbeat), shortens it to the poll interval (sleepUntilRetry). It
+	// does not claim at once, so no herd follows a lost listener.
+	replan chan struct{}
 	// woken is set when the waiting goroutine takes a wake-up from c and
 	// cleared once a claim has used it (taken the key, or found it taken
 	// again); a claimer that leaves with it set hands it on (stop). Only
@@ -130,7 +138,7 @@ func (ls *listener) wait(key string) *waiter { return ls.register(key, false) }
 func (ls *listener) watch(key string) *waiter { return ls.register(key, true) }
 
 func (ls *listener) register(key string, observer bool) *waiter {
-	w := &waiter{key: key, c: make(chan struct{}, 1), lis: ls, observer: observer}
+	w := &waiter{key: key, c: make(chan struct{}, 1), replan: make(chan struct{}, 1), lis: ls, observer: observer}
 	ls.mu.Lock()
 	m := ls.waiters[key]
 	if m == nil {
@@ -386,9 +394,10 @@ func (ls *listener) setLive(ctx context.Context, live bool) {
 		ls.mu.Unlock()
 		return
 	}
+	was := ls.live
 	ls.live = live
 	var all []*waiter
-	if ls.live {
+	if live || was {
 		for _, m := range ls.waiters {
 			for w := range m {
 				all = append(all, w)
@@ -396,10 +405,17 @@ func (ls *listener) setLive(ctx context.Context, live bool) {
 		}
 	}
 	ls.mu.Unlock()
-	// Waiters that tried while LISTEN was not in effect may have missed a
-	// release: let them try again now.
 	for _, w := range all {
-		w.wake()
+		if live {
+			// Waiters that tried while LISTEN was not in effect may have
+			// missed a release: let them try again now.
+			w.wake()
+		} else {
+			// Notifications stopped: a waiter asleep for a heartbeat
+			// would miss a release until then. It looks again within the
+			// poll interval instead (no claim now: no herd).
+			w.replanSleep()
+		}
 	}
 }
 
@@ -437,6 +453,14 @@ func (ls *listener) dispatch(payload string) {
 func (w *waiter) wake() {
 	select {
 	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// replanSleep tells w's goroutine that notifications stopped (setLive).
+func (w *waiter) replanSleep() {
+	select {
+	case w.replan <- struct{}{}:
 	default:
 	}
 }
