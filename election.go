@@ -191,7 +191,9 @@ type LeaderCallbacks struct {
 	OnStartedLeading func(ctx context.Context, lead *Lease) error
 	// OnStoppedLeading runs after each term of this replica, once the
 	// lease is released, lost, or given up to expire (a resign that
-	// failed). Optional.
+	// failed). Optional. A lease lost, or released by Close, after the
+	// campaign took it but before its term began starts no term: neither
+	// callback runs for it.
 	OnStoppedLeading func()
 	// OnNewLeader runs for each change of leader seen (any replica,
 	// including this one; Holder "" when nobody leads). Optional.
@@ -230,13 +232,13 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 			}
 			return err
 		}
-		err = e.lead1(ctx, lead, cb.OnStartedLeading)
+		started, err := e.lead1(ctx, lead, cb.OnStartedLeading)
 		rerr := e.Resign(context.WithoutCancel(ctx))
 		if rerr != nil {
 			e.l.log.Warn("pglease: resigning failed: the key stays blocked until the lease expires",
 				"key", e.key, "fence", lead.Fence(), "expires_at", lead.ExpiresAt(), "error", rerr)
 		}
-		if cb.OnStoppedLeading != nil {
+		if started && cb.OnStoppedLeading != nil {
 			cb.OnStoppedLeading()
 		}
 		if err != nil && ctx.Err() == nil {
@@ -253,11 +255,18 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 // next leader is never granted while this one's OnStartedLeading still runs
 // (unless the lease is lost: then its context has ended first): Run
 // resigns after it, and Close waits for it (at most the release timeout).
-func (e *Election) lead1(ctx context.Context, lead *Lease, fn func(context.Context, *Lease) error) error {
-	defer close(lead.beginTerm())
+// A lease no longer held when the term would begin (Close released it, or
+// it was lost, after the campaign took it) starts no term: fn is not
+// called (started false), since the next leader may already lead.
+func (e *Election) lead1(ctx context.Context, lead *Lease, fn func(context.Context, *Lease) error) (started bool, err error) {
+	term := lead.beginTerm()
+	if term == nil {
+		return false, nil
+	}
+	defer close(term)
 	lctx, cancel := context.WithCancelCause(lead.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	defer stop()
-	return fn(lctx, lead)
+	return true, fn(lctx, lead)
 }

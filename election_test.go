@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -307,5 +308,79 @@ func TestCloseDuringRunEndsTheTermBeforeTheNextLeader(t *testing.T) {
 	}
 	if err := <-errA; !errors.Is(err, ErrClosed) && err != nil {
 		t.Fatalf("Run after Close: %v", err)
+	}
+}
+
+// failFirstClaim is a backend whose first claim statement fails as if the
+// connection broke (nothing sent), so that the next claim that works is
+// logged at INFO ("claim attempts work again").
+type failFirstClaim struct {
+	backend
+	claim  string
+	failed atomic.Bool
+}
+
+func (b *failFirstClaim) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	if sql == b.claim && b.failed.CompareAndSwap(false, true) {
+		return errors.New("simulated: connection refused")
+	}
+	return b.backend.QueryRow(ctx, sql, args, dest...)
+}
+
+// blockOnLog is a log handler that records, and blocks the goroutine that
+// first logs msg until proceed is closed (reached is closed then).
+type blockOnLog struct {
+	logs
+	msg     string
+	once    atomic.Bool
+	reached chan struct{}
+	proceed chan struct{}
+}
+
+func (h *blockOnLog) Handle(c context.Context, r slog.Record) error {
+	_ = h.logs.Handle(c, r)
+	if r.Message == h.msg && h.once.CompareAndSwap(false, true) {
+		close(h.reached)
+		<-h.proceed
+	}
+	return nil
+}
+
+// TestCloseBetweenCampaignAndTermStartsNoTerm: the Locker is closed after
+// Run's campaign took the key but before its term began (Run is held there
+// by a log line of the claim that took it): Close releases the key and the
+// next leader is granted it, so the term must not begin — OnStartedLeading
+// is never called, nor OnStoppedLeading, and Run returns.
+func TestCloseBetweenCampaignAndTermStartsNoTerm(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := &blockOnLog{msg: "pglease: claim attempts work again", reached: make(chan struct{}), proceed: make(chan struct{})}
+	la := f.replica(2, WithLogger(slog.New(h)), WithPollInterval(50*time.Millisecond))
+	la.store.DB = &failFirstClaim{backend: la.store.DB, claim: la.store.SQL().Claim}
+	ea, _ := NewElection(la, "lead")
+	c := ctx(t)
+	var callbacks atomic.Int32
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- ea.Run(c, LeaderCallbacks{
+			OnStartedLeading: func(context.Context, *Lease) error { callbacks.Add(1); return nil },
+			OnStoppedLeading: func() { callbacks.Add(1) },
+		})
+	}()
+	<-h.reached // the campaign's claim took the key; the term has not begun
+	if err := la.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := f.replica(2).Lock(c, "lead")
+	if err != nil {
+		t.Fatalf("the next leader after Close: %v", err)
+	}
+	close(h.proceed)
+	if err := <-runErr; err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close: %v", err)
+	}
+	if n := callbacks.Load(); n != 0 {
+		t.Fatalf("%d callbacks ran for a term whose lease Close had released, after the next leader "+
+			"(fence %d) was granted the key", n, next.Fence())
 	}
 }

@@ -290,13 +290,20 @@ func (le *Lease) endJournaled() {
 }
 
 // beginTerm marks the lease as led by a Run term until the channel it
-// returns is closed: Close waits for that before releasing it.
+// returns is closed: Close waits for that before releasing it. It returns
+// nil, and marks nothing, if the lease is no longer held (Close began its
+// release, or it was lost, between the campaign and the term): the term
+// must not begin, since the next leader may already be granted the key.
+// The check and the mark share le.mu with beginUnlock, which Close calls
+// before it looks for a term (waitTerms).
 func (le *Lease) beginTerm() chan struct{} {
-	ch := make(chan struct{})
 	le.mu.Lock()
-	le.term = ch
-	le.mu.Unlock()
-	return ch
+	defer le.mu.Unlock()
+	if le.state != stateHeld {
+		return nil
+	}
+	le.term = make(chan struct{})
+	return le.term
 }
 
 // termEnded is closed when the Run term leading with the lease has
