@@ -206,6 +206,9 @@ type LeaderCallbacks struct {
 // then stays blocked until the lease expires). Before that it returns
 // OnStartedLeading's error, or an error that campaigning cannot get past
 // (closed Locker, missing table). A resign that fails is logged at WARN.
+// If OnStartedLeading panics, Run resigns (bounded by the release
+// timeout), calls OnStoppedLeading and lets the panic go on: a caller that
+// recovers it does not go on leading.
 func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 	if cb.OnStartedLeading == nil {
 		return fmt.Errorf("%w: LeaderCallbacks.OnStartedLeading is required", ErrInvalidOption)
@@ -232,12 +235,8 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 			}
 			return err
 		}
-		started, err := e.lead1(ctx, lead, cb.OnStartedLeading)
-		rerr := e.Resign(context.WithoutCancel(ctx))
-		if rerr != nil {
-			e.l.log.Warn("pglease: resigning failed: the key stays blocked until the lease expires",
-				"key", e.key, "fence", lead.Fence(), "expires_at", lead.ExpiresAt(), "error", rerr)
-		}
+		started, err := e.lead1(ctx, lead, cb)
+		rerr := e.resignTerm(ctx, lead)
 		if started && cb.OnStoppedLeading != nil {
 			cb.OnStoppedLeading()
 		}
@@ -250,23 +249,49 @@ func (e *Election) Run(ctx context.Context, cb LeaderCallbacks) error {
 	}
 }
 
-// lead1 runs one term: fn gets a context that ends when the lease ends or
-// ctx does. The lease is released only after fn has returned, so that the
-// next leader is never granted while this one's OnStartedLeading still runs
-// (unless the lease is lost: then its context has ended first): Run
-// resigns after it, and Close waits for it (at most the release timeout).
-// A lease no longer held when the term would begin (Close released it, or
-// it was lost, after the campaign took it) starts no term: fn is not
-// called (started false), since the next leader may already lead.
-func (e *Election) lead1(ctx context.Context, lead *Lease, fn func(context.Context, *Lease) error) (started bool, err error) {
+// lead1 runs one term: OnStartedLeading gets a context that ends when the
+// lease ends or ctx does. The lease is released only after it has
+// returned, so that the next leader is never granted while this one's
+// OnStartedLeading still runs (unless the lease is lost: then its context
+// has ended first): Run resigns after it, and Close waits for it (at most
+// the release timeout). A lease no longer held when the term would begin
+// (Close released it, or it was lost, after the campaign took it) starts
+// no term: no callback runs (started false), since the next leader may
+// already lead.
+//
+// If OnStartedLeading panics, the term ends as if it had returned — its
+// context ends, the lease is released (bounded by the release timeout),
+// OnStoppedLeading runs — and the panic goes on, so that a caller that
+// recovers it is not left leading (renewing a lease nobody acts on).
+func (e *Election) lead1(ctx context.Context, lead *Lease, cb LeaderCallbacks) (started bool, err error) {
 	term := lead.beginTerm()
 	if term == nil {
 		return false, nil
 	}
+	defer func() { // runs after the term is marked ended (close(term))
+		if r := recover(); r != nil {
+			_ = e.resignTerm(ctx, lead)
+			if cb.OnStoppedLeading != nil {
+				cb.OnStoppedLeading()
+			}
+			panic(r)
+		}
+	}()
 	defer close(term)
 	lctx, cancel := context.WithCancelCause(lead.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	defer stop()
-	return true, fn(lctx, lead)
+	return true, cb.OnStartedLeading(lctx, lead)
+}
+
+// resignTerm resigns at the end of one of Run's terms (bounded by the
+// release timeout, whatever ctx), logging a failure at WARN.
+func (e *Election) resignTerm(ctx context.Context, lead *Lease) error {
+	err := e.Resign(context.WithoutCancel(ctx))
+	if err != nil {
+		e.l.log.Warn("pglease: resigning failed: the key stays blocked until the lease expires",
+			"key", e.key, "fence", lead.Fence(), "expires_at", lead.ExpiresAt(), "error", err)
+	}
+	return err
 }

@@ -384,3 +384,41 @@ func TestCloseBetweenCampaignAndTermStartsNoTerm(t *testing.T) {
 			"(fence %d) was granted the key", n, next.Fence())
 	}
 }
+
+// TestRunPanicResignsAndStopsLeading: OnStartedLeading panics and the
+// caller recovers (a supervisor): by then Run has resigned and called
+// OnStoppedLeading, so this replica no longer leads and another one is
+// granted the key at once, not a lease duration later (or never: the
+// renewer kept a lease nobody acted on).
+func TestRunPanicResignsAndStopsLeading(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	la := f.replica(2)
+	ea, _ := NewElection(la, "lead")
+	c := ctx(t)
+	var events []string
+	recovered := func() (r any) {
+		defer func() { r = recover() }()
+		_ = ea.Run(c, LeaderCallbacks{
+			OnStartedLeading: func(context.Context, *Lease) error { events = append(events, "started"); panic("boom") },
+			OnStoppedLeading: func() { events = append(events, "stopped") },
+		})
+		return nil
+	}()
+	if recovered != "boom" {
+		t.Fatalf("recovered %v, want the callback's panic", recovered)
+	}
+	if want := []string{"started", "stopped"}; !slices.Equal(events, want) {
+		t.Errorf("callbacks %v, want %v", events, want)
+	}
+	if ea.IsLeader() || la.NumHeld() != 0 {
+		t.Errorf("after a panic in OnStartedLeading: IsLeader %v, %d leases held", ea.IsLeader(), la.NumHeld())
+	}
+	next, err := f.replica(2).Lock(c, "lead")
+	if err != nil {
+		t.Fatalf("another replica after the panicked term: %v", err)
+	}
+	if r, _ := f.row("lead"); r.Fence != next.Fence() || r.Holder != next.Holder() {
+		t.Fatalf("row %+v after the next leader's claim (fence %d)", r, next.Fence())
+	}
+}
