@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease/internal/ctxsleep"
+	"github.com/pglease/pglease/internal/entry"
 )
 
 // Acquire waits until this Locker holds key, or ctx ends — for work that
@@ -33,9 +34,11 @@ import (
 // first failure of a streak is logged at WARN, the next ones at DEBUG, and
 // the first attempt that works again (takes the key or finds it held) at
 // INFO. Errors retrying cannot fix (bad key or option, closed Locker,
-// missing table, a tick already run) are returned.
-// When ctx ends, Acquire returns an error wrapping ctx's error; the lease
-// it returns lives until Unlock, like Lock's.
+// missing table, no privilege on the table, a tick already run) are
+// returned. When ctx ends, Acquire returns an error wrapping ctx's error
+// and, if an attempt failed since the last one that found the key held,
+// the last such failure; the lease it returns lives until Unlock, like
+// Lock's.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	lc, err := l.prepareClaim(ctx, key, opts)
 	if err != nil {
@@ -55,6 +58,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	}()
 	start := time.Now()
 	streak := l.failStreak("pglease: claim attempt failed, will retry", "pglease: claim attempts work again")
+	var failed error // the last failure, unless a later claim found the key held
 	for {
 		le, err := l.lockOnce(ctx, key, lc)
 		if w != nil && usedWakeUp(err) {
@@ -68,14 +72,21 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 			return le, err
 		}
 		failures := 0
-		if !errors.Is(err, ErrAlreadyLocked) && ctx.Err() == nil {
+		switch {
+		case errors.Is(err, ErrAlreadyLocked):
+			failed = nil
+		case ctx.Err() == nil:
 			failures = streak.failed(ctx, err, "key", key, "holder", l.holder)
+			failed = err
 		}
 		if w == nil {
 			w = l.startWaiting(key)
 		}
 		if err := l.sleepUntilRetry(ctx, w, l.retryIn(err, failures)); err != nil {
 			l.obs.waited(ctx, key, time.Since(start), false)
+			if failed != nil {
+				return nil, fmt.Errorf("pglease: acquire %q: %w; last claim error: %w", key, err, failed)
+			}
 			return nil, fmt.Errorf("pglease: acquire %q: %w", key, err)
 		}
 	}
@@ -110,14 +121,16 @@ func usedWakeUp(err error) bool {
 	return err == nil || errors.Is(err, ErrAlreadyLocked)
 }
 
-// final reports errors that waiting cannot fix.
+// final reports errors that waiting cannot fix: among the server's, a
+// missing table, column, function or schema (ErrNotMigrated) and a role
+// without the privilege (SQLSTATE 42501, insufficient_privilege).
 func final(err error) bool {
 	for _, e := range []error{ErrInvalidKey, ErrInvalidOption, ErrClosed, ErrNotMigrated, ErrSchemaTooNew, ErrAlreadyRun} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
-	return false
+	return entry.SQLState(err) == "42501"
 }
 
 // retryIn is how long to sleep at most before the next attempt.

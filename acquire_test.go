@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,9 +16,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pglease/pglease/internal/entry"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -756,5 +760,92 @@ func TestAcquireListenerLostWaitersPoll(t *testing.T) {
 		case <-bound:
 			t.Fatal("the observer did not see the release with the listener down (it sleeps until its heartbeat)")
 		}
+	}
+}
+
+// TestAcquireWithoutPrivilegeReturns: a role without rights on the table
+// gets "permission denied" (SQLSTATE 42501) from Acquire's first claim,
+// at once, as from Lock: no retry can fix it (no claim failure is logged,
+// and the context's end is not what returns).
+func TestAcquireWithoutPrivilegeReturns(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	role := fmt.Sprintf("pglt_%d_noprivilege_%d", os.Getpid(), appSeq.Add(1))
+	if _, err := f.admin.ExecContext(c, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.admin.ExecContext(context.Background(), `DROP ROLE `+role) })
+	cfg, err := pgxpool.ParseConfig(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.MaxConns = role, 2
+	pool, err := pgxpool.NewWithConfig(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	h := &logs{}
+	l, err := New(pool, WithTable(f.table), WithLogger(slog.New(h)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	ac, cancel := context.WithTimeout(c, 20*time.Second) // a bound, not a measure: one claim takes milliseconds
+	defer cancel()
+	_, err = l.Acquire(ac, "k")
+	if entry.SQLState(err) != "42501" || ac.Err() != nil {
+		t.Fatalf("Acquire without privilege: %v (ctx: %v); want the permission error at once", err, ac.Err())
+	}
+	if _, ok := h.find(slog.LevelWarn, "claim attempt failed"); ok {
+		t.Fatalf("Acquire retried a permission error: %v", err)
+	}
+}
+
+// failClaims is a backend whose claim statements all fail as if the
+// server were starting up; failed gets a value at each failure.
+type failClaims struct {
+	backend
+	claim  string
+	failed chan struct{}
+}
+
+// errClaimUnreachable is a server's refusal: a verdict (nothing to look
+// for afterwards), and not one waiting cannot fix.
+var errClaimUnreachable = &pgconn.PgError{Severity: "FATAL", Code: "57P03", Message: "simulated: the database system is starting up"}
+
+func (b *failClaims) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	if sql == b.claim {
+		select {
+		case b.failed <- struct{}{}:
+		default:
+		}
+		return errClaimUnreachable
+	}
+	return b.backend.QueryRow(ctx, sql, args, dest...)
+}
+
+// TestAcquireEndedWhileRetryingNamesTheFailure: an Acquire whose claims
+// fail until its context ends returns an error wrapping both the context's
+// error and the last claim's, so that the caller learns why it waited.
+func TestAcquireEndedWhileRetryingNamesTheFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(2)
+	fc := &failClaims{backend: l.store.DB, claim: l.store.SQL().Claim, failed: make(chan struct{}, 1)}
+	l.store.DB = fc
+	ac, cancel := context.WithCancel(ctx(t))
+	got := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ac, "k")
+		got <- err
+	}()
+	<-fc.failed
+	<-fc.failed // a second failure: Acquire retries
+	cancel()
+	err := <-got
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, errClaimUnreachable) {
+		t.Fatalf("Acquire ended while its claims failed: %v; want it to wrap context.Canceled and the claim's error", err)
 	}
 }
