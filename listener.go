@@ -78,6 +78,8 @@ var (
 	errCannotListen  = errors.New("pglease: the driver cannot listen (database/sql with lib/pq): waiters poll")
 	errNotDelivering = errors.New("pglease: listener probe: no notification came back within 2s " +
 		"(PgBouncer in transaction pooling mode? use WithListen(ListenNever)); waiters poll")
+	errWentSilent = errors.New("pglease: listener probe: no notification came back within 2s " +
+		"on a connection that delivered before: taken as lost")
 	errBehindPooler = errors.New("pglease: listener: the connection goes through a pooler (the backend " +
 		"pid differs from the one announced at connection: PgBouncer?), so LISTEN is not sent and no " +
 		"probe either; use WithListen(ListenNever); waiters poll")
@@ -228,9 +230,11 @@ func (ls *listener) isLive() bool {
 // once a connection has gone live. The first failure of a streak is
 // logged at WARN, the next ones at DEBUG, the reconnection at INFO.
 //
-// A connection that does not deliver (the probe did not come back), or
-// that goes through a pooler, is not retried for notDeliveringPause, and
-// said once per Locker. The pause, like the backoff, is the Locker's
+// A connection that does not deliver (its first probe, sent after
+// LISTEN, did not come back), or that goes through a pooler, is not
+// retried for notDeliveringPause, and said once per Locker. A connection
+// that delivered and then missed a probe (after silence) is a lost
+// connection: backoff and the lost-connection log lines. The pause, like the backoff, is the Locker's
 // (notBefore), not this run's: a run ends with its last waiter, and the
 // next waiter's run waits for it too.
 func (ls *listener) run(ctx context.Context) {
@@ -324,7 +328,12 @@ func (ls *listener) session(ctx context.Context, onLive func()) error {
 		case ctx.Err() != nil:
 			return nil
 		case wctx.Err() != nil: // silence: prove the connection still delivers
-			if err := ls.checkDelivery(ctx, conn); err != nil {
+			if err := ls.checkDelivery(ctx, conn); errors.Is(err, errNotDelivering) {
+				// It delivered before (its first probe came back): not a
+				// pooler, but a connection gone silent (a partition, a
+				// failover without a reset). Reconnect as after a loss.
+				return errWentSilent
+			} else if err != nil {
 				return err
 			}
 		default:

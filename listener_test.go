@@ -469,3 +469,62 @@ func TestListenerWithLibPQPolls(t *testing.T) {
 		}
 	}
 }
+
+// dropOneProbe wraps a Locker's backend and, once armed, sends no probe
+// the next time one is due (armed is cleared then).
+type dropOneProbe struct {
+	backend
+	armed atomic.Bool
+}
+
+func (d *dropOneProbe) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	if len(args) == 1 {
+		if p, ok := args[0].(string); ok && strings.HasPrefix(p, "probe ") && d.armed.CompareAndSwap(true, false) {
+			return 1, nil
+		}
+	}
+	return d.backend.Exec(ctx, q, args...)
+}
+
+// A live connection that misses a health probe (after silence) has gone
+// silent — a partition, a failover without a reset — it is not behind a
+// pooler (its first probe came back): the listener reconnects after the
+// backoff's first step, logs a lost connection and its reconnection, and
+// neither pauses a minute nor advises ListenNever.
+func TestListenerConnectionGoneSilentIsLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := &logs{}
+	l := f.replica(2, WithLogger(slog.New(h)))
+	dp := &dropOneProbe{backend: l.store.DB}
+	l.store.DB = dp
+	w := l.lis.wait("job")
+	defer w.stop()
+	live(t, l, w)
+	dp.armed.Store(true) // the next probe, after listenHealthEvery of silence, is lost
+	// The next wake-up is the listener's going live again (nobody releases
+	// the key): the next session's first probe came back, after the pause
+	// set when the silent session ended. Without the reconnection it would
+	// come a minute later, beyond the bound.
+	if !woken(w, 3*(listenHealthEvery+listenProbeWait)) {
+		t.Fatalf("the listener was not live again within %v of its connection going silent (probe dropped: %v)",
+			3*(listenHealthEvery+listenProbeWait), !dp.armed.Load())
+	}
+	if dp.armed.Load() {
+		t.Fatal("woken before the health probe was dropped")
+	}
+	l.lis.mu.Lock()
+	pause := l.lis.lastPause
+	l.lis.mu.Unlock()
+	if pause >= notDeliveringPause {
+		t.Errorf("the listener paused %v after a live connection went silent, as if behind a pooler", pause)
+	}
+	if m, ok := h.find(slog.LevelWarn, "not delivering"); ok {
+		t.Errorf("a live connection gone silent was logged as not delivering: %v", m)
+	}
+	if _, ok := h.find(slog.LevelWarn, "listener connection lost"); !ok {
+		t.Error("no WARN for the listener connection gone silent")
+	}
+	// Logged once live (after the waiters are woken).
+	waitFor(t, 10*time.Second, func() bool { _, ok := h.find(slog.LevelInfo, "listener reconnected"); return ok })
+}
