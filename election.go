@@ -112,8 +112,8 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 	return li, nil
 }
 
-// Observe streams leadership changes until ctx ends, then closes the
-// channel. It sends the current state first, then each change of holder or
+// Observe streams leadership changes until ctx ends or the Locker is
+// closed, then closes the channel (on a closed Locker, at once). It sends the current state first, then each change of holder or
 // fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It
 // reads the leader on release notifications, at the leader's expiry and,
 // while nobody leads, at the poll interval (a claim sends no

@@ -422,3 +422,26 @@ func TestRunPanicResignsAndStopsLeading(t *testing.T) {
 		t.Fatalf("row %+v after the next leader's claim (fence %d)", r, next.Fence())
 	}
 }
+
+// TestResignUnderTheLockersMinHold: a minimum hold set on the Locker
+// (WithMinHold) applies to Campaign's lease, as docs/election.md says: a
+// leader that resigns before it has passed keeps the key blocked, and the
+// next candidate is told so (LockedMinHold), not granted it.
+func TestResignUnderTheLockersMinHold(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	la := f.replica(2, WithMinHold(time.Minute))
+	ea, _ := NewElection(la, "lead")
+	c := ctx(t)
+	if _, err := ea.Campaign(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := ea.Resign(c); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.replica(2).Lock(c, "lead")
+	var held *AlreadyLockedError
+	if !errors.As(err, &held) || held.Reason != LockedMinHold {
+		t.Fatalf("a claim right after a resign under a minute's minimum hold: %v; want the key blocked by it", err)
+	}
+}

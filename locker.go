@@ -190,9 +190,10 @@ func (l *Locker) hold() (release func(), ok bool) {
 }
 
 // Close resigns everything: it stops the renewer, the listener and the
-// waiters (Acquire, Campaign and Observe return ErrClosed), waits for the
-// background clean-ups in flight (each given the release timeout from then;
-// so is the release of a lease whose local deadline passes meanwhile),
+// waiters (Acquire and Campaign return ErrClosed, Observe's channel
+// closes), waits for the background clean-ups in flight (each given the
+// release timeout from then; so is the release of a lease whose local
+// deadline passes meanwhile),
 // closes the Done channels of the leases the Locker holds (ErrUnlocked as
 // the cause), waits for Election.Run's terms on them to return (at most the
 // release timeout, so that no next leader is granted while one still runs),
