@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -600,5 +601,67 @@ func TestQueuedClaimWithARefusedValueFailsNoOther(t *testing.T) {
 	}
 	if singles, batches := count.counts(); len(batches) != 1 || singles != 2 {
 		t.Fatalf("statements: %d single, batches %v; want the batch, then each claim alone", singles, batches)
+	}
+}
+
+// TestCloseUndoesABatchWithinItsBound: Close cuts a batch of queued claims
+// in flight (over a pool of 2: one claim slot) and undoes each claim, then
+// looks once more for each (the undo finds nothing: the cut claims took no
+// key), within its documented bound of about three release timeouts
+// whatever the batch's size. A look-again that took a claim slot of its
+// own waited for the one its undo held, a release timeout per claim, and
+// gave up ("the row expires by itself").
+func TestCloseUndoesABatchWithinItsBound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	tx1, _ := heldBehindFencedTx(t, f, "first"), heldBehindFencedTx(t, f, "last")
+	const n, rt = 8, 3 * time.Second // 16 transactions through one slot, on a loaded machine
+	h := &logs{}
+	b := f.locker(pgleasetest.DB(t, 2), WithLeaseDuration(time.Minute), WithReleaseTimeout(rt), WithLogger(slogLogger(h)))
+	undos := countUndos(b)
+	first := make(chan error, 1)
+	go func() { _, err := b.Lock(c, "first"); first <- err }()
+	waitForLockWaiter(t, f.admin, f.table) // "first" holds the only slot
+	errs := make(chan error, n)
+	for i := range n {
+		key := "last" // the batch waits in the server for its fenced transaction
+		if i < n-1 {
+			key = fmt.Sprintf("k%d", i)
+		}
+		go func() { _, err := b.Lock(c, key); errs <- err }()
+	}
+	waitQueued(t, b, n)
+	if err := tx1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("claim of first: %v", err)
+	}
+	waitQueued(t, b, 0)                    // the batch is taken,
+	waitForLockWaiter(t, f.admin, f.table) // and waits in the server
+	start := time.Now()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	for range n {
+		if err := <-errs; err == nil {
+			t.Errorf("a claim of the batch Close cut got a lease")
+		}
+	}
+	if a, ok := h.find(slog.LevelWarn, "gave up"); ok {
+		t.Errorf("a clean-up at Close gave up: %v", a)
+	}
+	if got := undos.n.Load(); got < 2*n {
+		t.Errorf("%d undo transactions, want an undo and a look-again for each of the %d claims", got, n)
+	}
+	if took > 3*rt {
+		t.Errorf("Close took %v with a batch of %d claims in flight; its bound is about three release timeouts (%v)", took, n, 3*rt)
+	}
+	for i := range n - 1 {
+		if r, _ := f.row(fmt.Sprintf("k%d", i)); r.Live {
+			t.Errorf("k%d held after Close: %+v", i, r)
+		}
 	}
 }

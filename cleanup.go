@@ -22,30 +22,51 @@ import (
 // to be scheduled) takes no such lock in time, and may take the key after
 // the undo found nothing: the undo then looks once more, a release
 // timeout later, so that such a lease is released then rather than left to
-// expire, unrenewed, a lease duration later.
+// expire, unrenewed, a lease duration later. Once the Locker is closed it
+// looks again at once, in the undo's claim slot and within its budget: a
+// look taking a slot of its own would wait for the one its caller holds
+// (with a single slot, for the whole release timeout), and Close would
+// wait a release timeout more per undo.
 func (l *Locker) undoClaim(key string, token int64) {
-	l.retryInBackground("undoing a claim whose reply was lost", key, 0, 0, func(ctx context.Context) error {
+	again := false
+	l.retryThen("undoing a claim whose reply was lost", key, 0, 0, func(ctx context.Context) error {
 		n, err := l.abandon(ctx, key, token)
-		if err == nil && n == 0 {
+		if err != nil || n > 0 {
+			return err
+		}
+		if l.ctx.Err() == nil {
+			again = true // after the slot is given back
+			return nil
+		}
+		return l.abandonLate(ctx, key, token)
+	}, func() {
+		if again {
 			l.lookAgain(key, token)
 		}
-		return err
 	})
 }
 
 // lookAgain undoes, a release timeout from now (or at Close), a claim with
 // this token that reached the server after its undo, logging it if there
 // was one. It retries as the other clean-ups do, and gives up after one
-// lease duration: such a lease has expired by then.
+// lease duration: such a lease has expired by then. Its caller must hold
+// no claim slot: once the Locker is closed it runs on its caller's
+// goroutine and takes one.
 func (l *Locker) lookAgain(key string, token int64) {
 	l.retryInBackground("looking again for a claim whose reply was lost", key, l.cfg.releaseTimeout, l.cfg.duration, func(ctx context.Context) error {
-		n, err := l.abandon(ctx, key, token)
-		if err == nil && n > 0 {
-			l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
-				"key", key, "holder", l.holder)
-		}
-		return err
+		return l.abandonLate(ctx, key, token)
 	})
+}
+
+// abandonLate is lookAgain's statement: it releases what a claim with this
+// token took after its undo found nothing, and logs it if there was one.
+func (l *Locker) abandonLate(ctx context.Context, key string, token int64) error {
+	n, err := l.abandon(ctx, key, token)
+	if err == nil && n > 0 {
+		l.log.Warn("pglease: a claim whose reply was lost reached the server after its undo; released",
+			"key", key, "holder", l.holder)
+	}
+	return err
 }
 
 // abandon releases what the claim with this token took (0 rows: nothing).
@@ -89,6 +110,12 @@ func (l *Locker) releaseInBackground(le *Lease) {
 // timeout (the row then expires by itself). Close cuts the wait and the
 // backoff short.
 func (l *Locker) retryInBackground(what, key string, wait, giveUp time.Duration, fn func(ctx context.Context) error) {
+	l.retryThen(what, key, wait, giveUp, fn, nil)
+}
+
+// retryThen is retryInBackground, then runs then (if not nil) once fn
+// succeeded, on the same goroutine, its claim slot given back.
+func (l *Locker) retryThen(what, key string, wait, giveUp time.Duration, fn func(ctx context.Context) error, then func()) {
 	l.background(func() {
 		if wait > 0 {
 			ctxsleep.For(l.ctx, wait)
@@ -102,6 +129,9 @@ func (l *Locker) retryInBackground(what, key string, wait, giveUp time.Duration,
 			if err == nil {
 				if attempt > 1 {
 					l.log.Info("pglease: "+what+": done", "key", key, "holder", l.holder, "attempts", attempt)
+				}
+				if then != nil {
+					then()
 				}
 				return
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -589,4 +590,38 @@ func TestUndoAfterALaterClaimGivesNothingBack(t *testing.T) {
 		t.Fatalf("undo of a claim taken over: %d rows, %v; want 0", n, err)
 	}
 	f.wantTicks("after an undo that found a later claim", "job", t3, t4)
+}
+
+// TestUndoClaimsAtCloseShareOneTimeout: once the Locker is closed, the
+// undos of a batch (each with its look-again, in its own claim slot's
+// budget) run side by side: with each undo statement slowed to 30% of the
+// release timeout, eight take well under two release timeouts, not eight
+// times 60% of one.
+func TestUndoClaimsAtCloseShareOneTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const n, rt = 8, time.Second
+	h := &logs{}
+	l := f.replica(n+2, WithReleaseTimeout(rt), WithLogger(slogLogger(h)))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	slow := &slowUndo{backend: l.store.DB, lock: l.store.SQL().AbandonLock, hold: 3 * rt / 10}
+	l.store.DB = slow
+	claims := make([]store.ClaimArgs, n)
+	for i := range claims {
+		claims[i] = store.ClaimArgs{Key: fmt.Sprintf("k%d", i), Token: int64(i + 1)}
+	}
+	start := time.Now()
+	l.undoClaims(claims)
+	took := time.Since(start)
+	if budgets, _ := slow.seen(); len(budgets) != 2*n {
+		t.Errorf("%d undo statements, want an undo and a look-again for each of %d claims", len(budgets), n)
+	}
+	if a, ok := h.find(slog.LevelWarn, "gave up"); ok {
+		t.Errorf("an undo gave up: %v", a)
+	}
+	if took > 2*rt {
+		t.Errorf("%d undos at Close took %v, want them side by side within one release timeout (%v)", n, took, rt)
+	}
 }
