@@ -97,7 +97,15 @@ func claimErr(r store.ClaimResult, key string, lc lockConfig) error {
 // claim runs the claim statement once. It returns the lease, or the result
 // of a claim that did not acquire (Busy: a concurrent claim of the key was
 // in flight).
+//
+// The claim counts in the Locker's wait group: Close waits for its outcome,
+// so that a claim that lands meanwhile is released (or undone) before Close
+// returns, not after (when the application may have closed its pool).
 func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, store.ClaimResult, error) {
+	if !l.enter() {
+		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: %w", key, ErrClosed)
+	}
+	defer l.wg.Done()
 	token := rand.Int64()
 	sentAt := time.Now()
 	parent, deadline := ctx, sentAt.Add(l.cfg.duration-l.cfg.margin)
@@ -116,6 +124,9 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		// Locker closed.
 		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: waiting for a connection (this Locker's claims in flight "+
 			"leave one of the pool's connections to its renewer): %w", key, err)
+	case err != nil && l.ctx.Err() != nil && !ended(ctx) && errors.Is(err, context.Canceled):
+		// Close cut the claim off; its sender undoes it.
+		return nil, res, fmt.Errorf("pglease: lock %q: the Locker closed during the claim: %w", key, ErrClosed)
 	case err != nil:
 		// A claim the server may have run without a verdict reaching us
 		// (ctx ended while it ran, connection lost) is undone by its sender
@@ -151,6 +162,18 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		return nil, res, ErrClosed
 	}
 	return le, res, nil
+}
+
+// enter counts a claim in the Locker's wait group (see claim), unless the
+// Locker is closed.
+func (l *Locker) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.wg.Add(1) // before Close's Wait, which sets closed (under mu) first
+	return true
 }
 
 func (l *Locker) isClosed() bool {

@@ -739,3 +739,56 @@ func TestContendedClaimsUnderAStricterDefaultIsolation(t *testing.T) {
 		})
 	}
 }
+
+// claimReturns records when a Locker's single claim statements return.
+type claimReturns struct {
+	backend
+	claim    string
+	returned atomic.Int32
+}
+
+func (c *claimReturns) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	err := c.backend.QueryRow(ctx, q, args, dest...)
+	if q == c.claim {
+		c.returned.Add(1)
+	}
+	return err
+}
+
+// TestCloseWaitsForALockInFlight: a Lock on an idle Locker, sent on its
+// caller's goroutine, is in flight (waiting in the server behind a fenced
+// transaction) when Close runs: Close cuts it off and returns only once
+// its statement has returned, Lock returns ErrClosed, and the key is not
+// taken by the closed Locker when the transaction ends (the application
+// has closed its pool by then). Close used to return at once, and the
+// claim landed afterwards, held by a closed Locker for a whole lease.
+func TestCloseWaitsForALockInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	tx := heldBehindFencedTx(t, f, "job")
+	db := pgleasetest.DB(t, 4)
+	b := f.locker(db, WithLeaseDuration(time.Minute))
+	hook := &claimReturns{backend: b.store.DB, claim: b.store.SQL().Claim}
+	b.store.DB = hook
+	res := make(chan error, 1)
+	go func() { _, err := b.Lock(c, "job"); res <- err }()
+	waitForLockWaiter(t, f.admin, f.table)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if hook.returned.Load() == 0 {
+		t.Fatal("Close returned while the Lock's claim was still in flight")
+	}
+	db.Close() // the application shuts its pool after Close
+	if err := <-res; !errors.Is(err, ErrClosed) {
+		t.Errorf("Lock cut off by Close: %v, want ErrClosed", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
+	if r, _ := f.row("job"); r.Holder == b.Holder() {
+		t.Errorf("the closed Locker took the key after Close: %+v", r)
+	}
+}

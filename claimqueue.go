@@ -109,10 +109,16 @@ func (l *Locker) sendClaim(ctx context.Context, deadline time.Time, a store.Clai
 
 // sendAlone sends a claim in the claim slot that free gives back: on a
 // busy Locker from a goroutine of its own, which the caller can leave
-// behind; otherwise in the caller's goroutine, under its context.
+// behind; otherwise in the caller's goroutine, under its context and until
+// the Locker closes.
 func (l *Locker) sendAlone(ctx context.Context, deadline time.Time, a store.ClaimArgs, free func()) (store.ClaimResult, bool, error) {
 	if !l.busy() {
+		// Close cuts the claim off, and waits for it (see claim).
+		ctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(l.ctx, cancel)
 		res, err := l.store.Claim(ctx, a)
+		stop()
+		cancel()
 		free()
 		if noVerdict(err) {
 			l.undoClaim(a.Key, a.Token)

@@ -646,8 +646,8 @@ func TestCloseUndoesABatchWithinItsBound(t *testing.T) {
 	}
 	took := time.Since(start)
 	for range n {
-		if err := <-errs; err == nil {
-			t.Errorf("a claim of the batch Close cut got a lease")
+		if err := <-errs; !errors.Is(err, ErrClosed) {
+			t.Errorf("a claim of the batch Close cut: %v, want ErrClosed", err)
 		}
 	}
 	if a, ok := h.find(slog.LevelWarn, "gave up"); ok {

@@ -191,8 +191,9 @@ func (l *Locker) hold() (release func(), ok bool) {
 
 // Close resigns everything: it stops the renewer, the listener and the
 // waiters (Acquire and Campaign return ErrClosed, Observe's channel
-// closes), waits for the background clean-ups in flight (each given the
-// release timeout from then; so is the release of a lease whose local
+// closes), cuts the claims in flight off (their Lock returns ErrClosed) and
+// waits for them, waits for the background clean-ups in flight (each given
+// the release timeout from then; so is the release of a lease whose local
 // deadline passes meanwhile),
 // closes the Done channels of the leases the Locker holds (ErrUnlocked as
 // the cause), waits for Election.Run's terms on them to return (at most the
