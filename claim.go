@@ -30,7 +30,9 @@ import (
 // background; one that waited for a claim slot (see DB), or was sent while
 // another claim or release of the Locker was in flight, is finished on its
 // connection instead (see the package documentation, "Racing claims, lost
-// replies").
+// replies"). A claim whose pooled connection the server had closed (it
+// restarted since the pool last used it) is sent again on another, as a
+// release is, with the same token: the server takes it for the same claim.
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	lc, err := l.prepareClaim(ctx, key, opts)
 	if err != nil {

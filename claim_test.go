@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -790,5 +791,145 @@ func TestCloseWaitsForALockInFlight(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool { return noBackendWaits(t, f) })
 	if r, _ := f.row("job"); r.Holder == b.Holder() {
 		t.Errorf("the closed Locker took the key after Close: %+v", r)
+	}
+}
+
+// TestLockAfterTheServerClosedThePoolsConnections: a server restarted just
+// before a claim (here: every connection through the proxy closed, new
+// ones accepted) leaves the pool's idle connections closed: the claim goes
+// again, with the same token, on a new connection and takes the key (both
+// pool types). It used to fail with "unexpected EOF".
+func TestLockAfterTheServerClosedThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"database/sql", "pgxpool"} {
+		t.Run(strings.ReplaceAll(driver, "/", "-"), func(t *testing.T) { lockAfterClosedConns(t, driver) })
+	}
+}
+
+func lockAfterClosedConns(t *testing.T, driver string) {
+	f := newFixture(t)
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	var l *Locker
+	if driver == "pgxpool" {
+		p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		if l, err = New(p, WithTable(f.table), WithLeaseDuration(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+	} else {
+		l = f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second))
+	}
+	count := countClaims(l)
+	c := ctx(t)
+	warm, err := l.Lock(c, "warm") // leaves the pool an idle connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+	proxy.CloseConns()
+	le, err := l.Lock(c, "a")
+	if err != nil {
+		t.Fatalf("Lock after the server closed the pool's connections: %v", err)
+	}
+	if r, _ := f.row("a"); r.Token != le.token || r.Fence != le.Fence() || !r.Live {
+		t.Errorf("row %+v, want the lease's (fence %d)", r, le.Fence())
+	}
+	if sent := count.claimsOf("a"); sent < 2 {
+		t.Fatalf("the claim went %d time(s): no connection was found closed, the test proves nothing", sent)
+	}
+}
+
+// lostReplyOnce runs a Locker's first claim statement (alone or of several
+// claims), then fails it as a connection the server closed does, its reply
+// lost: the claims landed.
+type lostReplyOnce struct {
+	backend
+	one, many string
+	done      atomic.Bool
+}
+
+func (b *lostReplyOnce) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	err := b.backend.QueryRow(ctx, q, args, dest...)
+	if q == b.one && err == nil && b.done.CompareAndSwap(false, true) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func (b *lostReplyOnce) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	err := b.backend.Query(ctx, q, args, each)
+	if q == b.many && err == nil && b.done.CompareAndSwap(false, true) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// TestAClaimSentAgainIsGrantedOnce: a claim whose statement landed but
+// whose connection broke before the reply (as a server restarting does) is
+// sent again with its token, alone and in a statement of several claims:
+// each claim gets its key with the fence the first attempt took, and each
+// key is granted once (one granted row in the journal), not twice.
+func TestAClaimSentAgainIsGrantedOnce(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "batch"}[batch], func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			l := f.replica(2, WithLeaseDuration(30*time.Second), WithJournal(true)) // one claim slot
+			count := countClaims(l)
+			l.store.DB = &lostReplyOnce{backend: l.store.DB, one: l.store.SQL().Claim, many: l.store.SQL().ClaimMany}
+			c := ctx(t)
+			keys := []string{"a"}
+			var free func()
+			if batch {
+				keys = []string{"a", "b", "c"}
+				var err error
+				if free, err = l.takeSlot(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			type got struct {
+				le  *Lease
+				err error
+			}
+			res := make(chan got, len(keys))
+			for _, k := range keys {
+				go func() { le, err := l.Lock(c, k); res <- got{le, err} }()
+			}
+			if batch {
+				waitQueued(t, l, len(keys))
+				free()
+			}
+			for range keys {
+				g := <-res
+				if g.err != nil {
+					t.Fatalf("Lock whose first reply was lost: %v", g.err)
+				}
+				if r, _ := f.row(g.le.Key()); r.Token != g.le.token || r.Fence != g.le.Fence() || !r.Live {
+					t.Errorf("%s: row %+v, want the lease's (fence %d)", g.le.Key(), r, g.le.Fence())
+				}
+				var granted int
+				if err := f.admin.QueryRowContext(c, `SELECT count(*) FROM "`+f.table+`_journal" WHERE key = $1 AND event = 'granted'`,
+					g.le.Key()).Scan(&granted); err != nil {
+					t.Fatal(err)
+				}
+				if granted != 1 {
+					t.Errorf("%s granted %d times, want once", g.le.Key(), granted)
+				}
+			}
+			if singles, batches := count.counts(); count.claimsOf("a") != 2 {
+				t.Errorf("claims of a sent %d times (singles %d, batches %v), want twice", count.claimsOf("a"), singles, batches)
+			}
+		})
 	}
 }

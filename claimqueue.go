@@ -63,6 +63,7 @@ type queuedClaim struct {
 	res      store.ClaimResult
 	err      error
 	sent     bool          // it was sent (else err says why not)
+	resent   bool          // sent again after an attempt that may have landed
 	state    atomic.Int32  // claimPending, claimAnswered or claimLeft
 	done     chan struct{} // closed once res, err and sent are set
 }
@@ -116,11 +117,11 @@ func (l *Locker) sendAlone(ctx context.Context, deadline time.Time, a store.Clai
 		// Close cuts the claim off, and waits for it (see claim).
 		ctx, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(l.ctx, cancel)
-		res, err := l.store.Claim(ctx, a)
+		res, resent, err := l.sendOne(ctx, a)
 		stop()
 		cancel()
 		free()
-		if noVerdict(err) {
+		if undoNeeded(res, resent, err) {
 			l.undoClaim(a.Key, a.Token)
 		}
 		return res, true, err
@@ -219,8 +220,32 @@ func (l *Locker) undoClaims(claims []store.ClaimArgs) {
 
 // claimAlone sends c in a statement of its own.
 func (l *Locker) claimAlone(ctx context.Context, c *queuedClaim) {
-	c.res, c.err = l.store.Claim(ctx, c.args)
+	c.res, c.resent, c.err = l.sendOne(ctx, c.args)
 	c.sent = true
+}
+
+// sendOne sends a claim in a statement of its own, again on another
+// connection while it fails on one the server had closed (it restarted
+// since the pool last used it; see againOnClosedConn). The claim sent
+// again has the same token: the claim function takes it for a retry of the
+// same claim (it keeps the fence, journals no second grant), so a first
+// attempt that landed before its connection broke grants nothing twice.
+// resent says whether such an attempt may have landed (see undoNeeded).
+func (l *Locker) sendOne(ctx context.Context, a store.ClaimArgs) (res store.ClaimResult, resent bool, err error) {
+	resent, err = againOnClosedConn(ctx, func() (err error) {
+		res, err = l.store.Claim(ctx, a)
+		return err
+	})
+	return res, resent, err
+}
+
+// undoNeeded reports whether a sent claim must be undone: the server may
+// have run it without giving a verdict (noVerdict), or an attempt that may
+// have landed was followed by one that did not take the key — a first
+// attempt still running in the server when it was sent again finds the
+// claim lock taken (Busy) and may take the key after.
+func undoNeeded(res store.ClaimResult, resent bool, err error) bool {
+	return noVerdict(err) || resent && (err != nil || res.Outcome != store.Acquired)
 }
 
 // claimTogether sends batch in one statement. If the server refuses a
@@ -232,7 +257,12 @@ func (l *Locker) claimTogether(ctx context.Context, batch []*queuedClaim) {
 	for i, c := range batch {
 		args[i] = c.args
 	}
-	res, err := l.store.ClaimMany(ctx, l.claimant, args)
+	// Sent again as sendOne's: each claim of the batch keeps its token.
+	var res []store.ClaimResult
+	resent, err := againOnClosedConn(ctx, func() (err error) {
+		res, err = l.store.ClaimMany(ctx, l.claimant, args)
+		return err
+	})
 	if strings.HasPrefix(entry.SQLState(err), "22") { // data_exception
 		for _, c := range batch {
 			l.claimAlone(ctx, c)
@@ -240,7 +270,7 @@ func (l *Locker) claimTogether(ctx context.Context, batch []*queuedClaim) {
 		return
 	}
 	for i, c := range batch {
-		c.res, c.err, c.sent = res[i], err, true
+		c.res, c.resent, c.err, c.sent = res[i], resent, err, true
 	}
 }
 
@@ -257,7 +287,7 @@ func noVerdict(err error) bool {
 // the key the claim took for it; either way, if the server may have run it
 // without giving a verdict. Its claim slot must be free: an undo needs one.
 func (l *Locker) settle(c *queuedClaim) (undo bool) {
-	undo = noVerdict(c.err)
+	undo = undoNeeded(c.res, c.resent, c.err)
 	if !c.state.CompareAndSwap(claimPending, claimAnswered) && c.err == nil && c.res.Outcome == store.Acquired {
 		l.obs.journaled(c.res.Journaled)
 		undo = true

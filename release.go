@@ -124,8 +124,9 @@ func (le *Lease) endedInTime(ctx context.Context) bool {
 	return c.Fence == le.fence+1 && c.AcquiredAt.After(le.serverTime(le.stopAt(time.Time{})))
 }
 
-// againOnClosedConn runs a release, and again while it fails on a
-// connection the server had closed (store.ClosedConn), within ctx and at
+// againOnClosedConn runs a release (or a claim: see sendOne), and again
+// while it fails on a connection the server had closed (store.ClosedConn),
+// within ctx and at
 // most maxReleaseRuns times: a server restarted just before Close or Unlock
 // leaves the pool's idle connections closed, each failing once before the
 // pool dials anew, and a release that fails leaves its key blocked until
