@@ -159,6 +159,11 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	}
 	le.arm()
 	if !l.add(le) {
+		if le.lostErr() != nil {
+			// The local deadline passed before add (it released the row).
+			return nil, res, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
+				key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
+		}
 		le.discard()
 		l.releaseInBackground(le)
 		return nil, res, ErrClosed

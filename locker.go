@@ -116,10 +116,22 @@ func (l *Locker) NumHeld() int {
 // released, expired or force-released — and it is declared lost now: it
 // must not keep its holder working, and only the newest lease of a key is
 // renewed.
+//
+// It refuses (false) a lease no longer held: its local deadline, armed
+// before add, may pass first, and its loss then finds nothing to remove.
+// The listener is retained before the lease can be found and removed, so
+// that a loss right after add cannot unretain it first.
 func (l *Locker) add(le *Lease) bool {
+	always := l.cfg.listen == ListenAlways
+	if always {
+		l.lis.retain()
+	}
 	l.mu.Lock()
-	if l.closed {
+	if st, _ := le.snapshotState(); l.closed || st != stateHeld {
 		l.mu.Unlock()
+		if always {
+			l.lis.unretain()
+		}
 		return false
 	}
 	old := l.byKey[le.key]
@@ -131,9 +143,6 @@ func (l *Locker) add(le *Lease) bool {
 		go l.renewLoop()
 	}
 	l.mu.Unlock()
-	if l.cfg.listen == ListenAlways {
-		l.lis.retain()
-	}
 	if old != nil && old.fence < le.fence {
 		old.lose(context.Background(), fmt.Sprintf("superseded: this Locker claimed the key again (fence %d), so the lease was released, expired or force-released", le.fence), lossSuperseded)
 	}

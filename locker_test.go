@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -376,4 +377,44 @@ func TestCloseWaitsForTheReleaseOfADeadlinePassedMeanwhile(t *testing.T) {
 	if !errors.Is(le.Err(), ErrLeaseLost) {
 		t.Fatalf("lease Err after its deadline passed in Close: %v", le.Err())
 	}
+}
+
+// listenUsers is how many users l's listener counts.
+func listenUsers(l *Locker) int {
+	l.lis.mu.Lock()
+	defer l.lis.mu.Unlock()
+	return l.lis.users
+}
+
+// TestAddRefusesALeaseLostBeforeIt: a claim arms its lease's local
+// deadline, then registers the lease (add); if the deadline passes in
+// between, the loss finds nothing to unregister, and add must not register
+// a lost lease: it would stay counted in NumHeld, the renewer would go on,
+// and with ListenAlways the listener would never be let go. The window is
+// reached here by arming a lease whose deadline has passed and waiting for
+// its loss before add.
+func TestAddRefusesALeaseLostBeforeIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(3, WithLeaseDuration(time.Minute), WithListen(ListenAlways))
+	c := ctx(t)
+	const key, token = "job", 79
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	long := time.Now().Add(-2 * time.Minute) // sent a lease ago: its deadline has passed
+	le := newLease(l, c, key, res.Fence, token, lockConfig{}, res.ExpiresAt, long)
+	le.arm()
+	waitFor(t, 20*time.Second, func() bool { return le.lostErr() != nil })
+	if l.add(le) {
+		t.Error("add registered a lease already lost")
+	}
+	if n := l.NumHeld(); n != 0 {
+		t.Errorf("NumHeld %d after the lost lease's add, want 0", n)
+	}
+	if n := listenUsers(l); n != 0 {
+		t.Errorf("the listener has %d users after the lost lease's add, want 0", n)
+	}
+	waitFor(t, 20*time.Second, func() bool { r, _ := f.row(key); return r.Released }) // its loss released the row
 }
