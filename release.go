@@ -34,8 +34,9 @@ var errNilLease = errors.New("pglease: Unlock of a nil *Lease (the claim failed:
 //     longer renewed and expires by itself. Calling Unlock again retries:
 //     nil if the retry releases the lease, or finds that it ended after its
 //     holder stopped at the first Unlock, when Done closed (its release
-//     landed, it expired, or the next claim took it since); the loss if it
-//     ended before (evicted, or taken by a claim granted earlier).
+//     landed, it expired, ForceRelease evicted it, or the next claim took
+//     it since); the loss if it ended before (evicted, or taken by a claim
+//     granted earlier).
 //   - On a nil *Lease (a deferred Unlock placed before the claim's error
 //     check) it returns an error instead of panicking.
 //   - With the journal on (WithJournal), a release that finds the lease
@@ -110,18 +111,25 @@ func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (rele
 // release, whether it ended after its holder stopped (at the first Unlock
 // or Close): the key's row still shows its claim (its first release
 // landed, or it expired since), or shows the one claim that follows it
-// (its fence + 1), granted after the holder stopped. Anything else — an
-// eviction that moved the fence on, a claim granted before, no answer —
+// (its fence + 1), granted after the holder stopped, or ForceRelease
+// evicted it after the holder stopped (its force-released journal row,
+// written also with the journal off, says when; claims may have followed).
+// Anything else — an eviction before, a claim granted before, no answer —
 // may have ended it while its holder ran: a loss.
 func (le *Lease) endedInTime(ctx context.Context) bool {
-	c, err := le.locker.store.LastClaimOf(ctx, le.key)
+	l := le.locker
+	c, err := l.store.LastClaimOf(ctx, le.key)
+	stopped := le.serverTime(le.stopAt(time.Time{}))
 	switch {
 	case err != nil:
 		return false
-	case c.Holder == le.locker.holder && c.Fence == le.fence && c.Token == le.token:
+	case c.Holder == l.holder && c.Fence == le.fence && c.Token == le.token:
+		return true
+	case c.Fence == le.fence+1 && c.AcquiredAt.After(stopped):
 		return true
 	}
-	return c.Fence == le.fence+1 && c.AcquiredAt.After(le.serverTime(le.stopAt(time.Time{})))
+	at, err := l.store.ForceReleasedAt(ctx, le.key, l.holder, le.fence, le.token)
+	return err == nil && at.After(stopped)
 }
 
 // againOnClosedConn runs a release (or a claim: see sendOne), and again

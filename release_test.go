@@ -743,3 +743,58 @@ func TestAResentReleaseStillReportsALossBeforeTheUnlock(t *testing.T) {
 		})
 	}
 }
+
+// TestUnlockRetriedAfterAForceReleaseIsNoLoss: Unlock fails (the server
+// unreachable until its release timeout), then an operator force-releases the key (which moves the
+// fence on) and, in one case, another holder takes it; Unlock retried
+// finds the lease ended after its holder stopped at the first Unlock: nil,
+// no loss logged. It used to report ErrLeaseLost: only a row at fence + 1
+// claimed after the stop counted, not the force release's fence + 1 and
+// the next claim's fence + 2.
+func TestUnlockRetriedAfterAForceReleaseIsNoLoss(t *testing.T) {
+	t.Parallel()
+	for _, taken := range []bool{false, true} {
+		t.Run(map[bool]string{false: "force-released", true: "then-taken"}[taken], func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			c := ctx(t)
+			proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			h := &logs{}
+			a := f.locker(proxy.DB(t, 2), WithLeaseDuration(30*time.Second), WithReleaseTimeout(time.Second), WithLogger(slogLogger(h)))
+			le, err := a.Lock(c, "job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.Stall() // the first Unlock fails at its release timeout, a second after its holder stopped
+			if err := le.Unlock(c); err == nil {
+				t.Fatal("Unlock through a stalled network succeeded")
+			}
+			if _, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil {
+				t.Fatal(err)
+			}
+			if taken {
+				lb, err := f.replica(2).Lock(c, "job")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if lb.Fence() != le.Fence()+2 {
+					t.Fatalf("next fence %d, want %d (the force release's, then the claim's)", lb.Fence(), le.Fence()+2)
+				}
+			}
+			proxy.Restore()
+			if err := le.Unlock(c); err != nil {
+				t.Errorf("Unlock retried after a force release that followed the first: %v, want nil", err)
+			}
+			if !errors.Is(le.Err(), ErrUnlocked) {
+				t.Errorf("Err %v, want ErrUnlocked", le.Err())
+			}
+			if a, ok := h.find(levelError, "lease lost"); ok {
+				t.Errorf("a loss was logged: %v", a)
+			}
+		})
+	}
+}

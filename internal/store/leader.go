@@ -55,3 +55,24 @@ func (s *Store) LastClaimOf(ctx context.Context, key string) (LastClaim, error) 
 	err := s.DB.QueryRow(ctx, s.sql.LastClaim, []any{key}, &c.Holder, &c.Fence, &c.Token, &c.AcquiredAt)
 	return c, err
 }
+
+// forceReleasedSQL reads when ForceRelease evicted the lease of this key,
+// holder, fence and claim token (its force-released journal row, which
+// ForceRelease writes whether or not the Lockers journal). It writes
+// nothing.
+//
+//	$1 key, $2 holder, $3 fence, $4 token
+//
+// Result: (occurred_at), or no row.
+const forceReleasedSQL = `SELECT j.occurred_at FROM "pglease_leases_journal" AS j
+WHERE j.key = $1 AND j.holder = $2 AND j.fence = $3 AND j.token = $4 AND j.event = 'force-released'
+ORDER BY j.occurred_at LIMIT 1`
+
+// ForceReleasedAt is when ForceRelease evicted the lease of key, holder,
+// fence and token (server time); ErrNoRows if it did not (or the journal's
+// retention pruned the row).
+func (s *Store) ForceReleasedAt(ctx context.Context, key, holder string, fence, token int64) (time.Time, error) {
+	var at time.Time
+	err := s.DB.QueryRow(ctx, s.sql.ForceReleased, []any{key, holder, fence, token}, &at)
+	return at, err
+}

@@ -38,7 +38,7 @@ type Statements struct {
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                     string
 	JournalLastRuns                                                                           string
 	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated            string
-	CompatibleFrom, LastClaim                                                                 string
+	CompatibleFrom, LastClaim, ForceReleased                                                  string
 	TableExists, MigrateLock, Drop                                                            string
 }
 
@@ -88,6 +88,7 @@ func bind(n Names, journal bool) *Statements {
 		RecordCompatible: n.Bind(recordCompatibleSQL),
 		CompatibleFrom:   n.Bind(compatibleFromSQL),
 		LastClaim:        n.Bind(lastClaimSQL),
+		ForceReleased:    n.Bind(forceReleasedSQL),
 		TimelineCreated:  n.Bind(timelineCreatedSQL),
 		TableExists:      n.Bind(tableExistsSQL),
 		MigrateLock:      n.Bind(migrateLockSQL),
