@@ -933,3 +933,54 @@ func TestAClaimSentAgainIsGrantedOnce(t *testing.T) {
 		})
 	}
 }
+
+// lateClaimReply hands the claim's reply back only once the claim's lease
+// duration has passed since it was sent: a server slower than the lease.
+type lateClaimReply struct {
+	backend
+	claim string
+	lease time.Duration
+}
+
+func (c *lateClaimReply) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	sent := time.Now()
+	err := c.backend.QueryRow(ctx, q, args, dest...)
+	if q == c.claim {
+		time.Sleep(c.lease - time.Since(sent))
+	}
+	return err
+}
+
+// A claim of a scheduled tick whose reply comes past the local deadline is
+// not handed out, and nothing runs the tick: the claim is undone and the
+// tick given back, so another replica's claim of it is granted. It used to
+// be released with its tick kept: every claim of the tick was refused as
+// already run, and the tick ran nowhere.
+func TestLateReplyGivesTheTickBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	const lease = time.Second
+	a := f.replica(2, WithHolder("a"), WithLeaseDuration(lease))
+	a.store.DB = &lateClaimReply{backend: a.store.DB, claim: a.store.SQL().Claim, lease: lease}
+	tick := time.Now().Truncate(time.Minute)
+	if _, err := a.Lock(c, "job", Tick(tick)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock whose reply came past the local deadline: %v; want context.DeadlineExceeded", err)
+	}
+	if err := a.Close(); err != nil { // waits for the background undo
+		t.Fatal(err)
+	}
+	var events string
+	if err := f.admin.QueryRowContext(c, `SELECT string_agg(event, ',' ORDER BY occurred_at) FROM "`+f.table+`_journal" WHERE key = 'job'`).Scan(&events); err != nil {
+		t.Fatal(err)
+	}
+	if events != "granted,abandoned" {
+		t.Errorf("journal of the late claim: %s; want granted,abandoned", events)
+	}
+	b := f.replica(2, WithHolder("b"))
+	le, err := b.Lock(c, "job", Tick(tick))
+	if err != nil {
+		t.Fatalf("another replica's claim of the tick nobody ran: %v; want it granted", err)
+	}
+	_ = le.Unlock(c)
+}

@@ -78,6 +78,22 @@ func (l *Locker) abandon(ctx context.Context, key string, token int64) (int64, e
 	return n, err
 }
 
+// dropUnhanded frees, in the background, the row of a lease granted but
+// never handed out (its reply came past the local deadline, or the Locker
+// closed meanwhile). A claim of a scheduled tick is undone (store.Abandon),
+// which gives its tick back: nothing ran it. Another is released as one
+// given up at its local deadline.
+func (l *Locker) dropUnhanded(le *Lease, lc lockConfig) {
+	if !lc.hasTick {
+		l.releaseInBackground(le)
+		return
+	}
+	l.retryInBackground("undoing a scheduled claim never handed out", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
+		_, err := l.abandon(ctx, le.key, le.token)
+		return err
+	})
+}
+
 // releaseInBackground frees the row of a lease that was never handed out or
 // that its holder gave up at the local deadline, scoped to its holder, fence
 // and token, without a minimum hold. It stops trying after one lease
