@@ -113,8 +113,9 @@ func (e *Election) Leader(ctx context.Context) (LeaseInfo, error) {
 }
 
 // Observe streams leadership changes until ctx ends or the Locker is
-// closed, then closes the channel (on a closed Locker, at once). It sends the current state first, then each change of holder or
-// fence; a LeaseInfo with only Key set (Holder "") means nobody leads. It
+// closed, then closes the channel (on a closed Locker, at once). It sends
+// the current state first, then each change of holder or fence; a
+// LeaseInfo with only Key set (Holder "") means nobody leads. It
 // reads the leader on release notifications, at the leader's expiry and,
 // while nobody leads, at the poll interval (a claim sends no
 // notification), so a term shorter than that can go unseen. Read errors
