@@ -247,7 +247,9 @@ func WithJournal(on bool) Option {
 
 // WithJournalRetention sets how long journal rows are kept (default
 // DefaultJournalRetention; between a minute and ten years). Older rows are
-// deleted in the background, in batches of a few hundred, by one Locker at
+// deleted run by run (a run's rows once all of them, and all of any earlier
+// run of the key, are older: a run straddling the cut-off keeps its start)
+// in the background, in batches of a few hundred, by one Locker at
 // a time: after its first claim that takes a key, and then after such a
 // claim once its last attempt is more than ten minutes old, a Locker tries
 // to take the journal's one-row pruning ledger; the first Locker in a

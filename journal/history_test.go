@@ -79,7 +79,7 @@ func TestHistory(t *testing.T) {
 }
 
 // A run whose end the journal does not hold (written on a primary lost in
-// an asynchronous failover, by a Locker with the journal off, or pruned) is
+// an asynchronous failover, or by a Locker with the journal off) is
 // superseded by the next run, and ends when that run began.
 func TestHistorySuperseded(t *testing.T) {
 	t.Parallel()

@@ -63,6 +63,10 @@ func findOverlaps(runs []Run, now time.Time) []Overlap {
 		}
 		keep := active[:0]
 		for _, a := range active {
+			if r.AcquiredAt.IsZero() { // its start is not in the journal: no overlap can be told
+				keep = append(keep, a)
+				continue
+			}
 			if end := runEnd(a, now); end.After(r.AcquiredAt) {
 				out = append(out, overlap(a, r, now, nil))
 				keep = append(keep, a)

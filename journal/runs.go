@@ -67,7 +67,7 @@ func assembleRuns(rows []journalRow, now time.Time) []Run {
 		if r.End != EndSuperseded {
 			continue
 		}
-		if i+1 < len(runs) && runs[i+1].Key == r.Key {
+		if i+1 < len(runs) && runs[i+1].Key == r.Key && !runs[i+1].AcquiredAt.IsZero() {
 			t := runs[i+1].AcquiredAt
 			r.EndedAt = &t
 			r.Duration = t.Sub(r.AcquiredAt)
@@ -76,10 +76,13 @@ func assembleRuns(rows []journalRow, now time.Time) []Run {
 	return runs
 }
 
-// oneRun builds the run of one key and fence from its rows.
+// oneRun builds the run of one key and fence from its rows. A run whose
+// granted row is gone (deleted by hand, or pruned by an older
+// pglease, which pruned rows by age alone) has no start: a zero AcquiredAt
+// and Duration, its holder taken from its end rows.
 func oneRun(rows []journalRow, now time.Time) Run {
 	first := rows[0]
-	r := Run{Key: first.Key, Fence: first.Fence, Holder: first.Holder, AcquiredAt: first.At}
+	r := Run{Key: first.Key, Fence: first.Fence, Holder: first.Holder}
 	rank := 0
 	var ended time.Time
 	for _, row := range rows {
@@ -112,6 +115,8 @@ func oneRun(rows []journalRow, now time.Time) Run {
 		return r
 	}
 	r.EndedAt = &ended
-	r.Duration = ended.Sub(r.AcquiredAt)
+	if !r.AcquiredAt.IsZero() {
+		r.Duration = ended.Sub(r.AcquiredAt)
+	}
 	return r
 }

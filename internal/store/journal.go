@@ -34,22 +34,37 @@ UPDATE "pglease_leases_journal_pruned" SET last_pruned_at = clock_timestamp()
 WHERE last_pruned_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
 RETURNING 1`
 
-// pruneSQL deletes one batch of journal rows older than the retention:
-// at most $2 rows, found key by key (the lease table lists every key that
-// has journal rows: its rows are never deleted) through the (key,
-// occurred_at) index — one index probe for a key with nothing to prune —
-// and deleted by ctid (a TID scan), in its own short transaction.
+// pruneSQL deletes one batch of journal rows older than the retention,
+// run by run: a row goes only if its run (key and fence) has no row within
+// the retention, nor has any earlier run of the key — so a run straddling
+// the cut-off keeps its granted row until its last row is past it, and is
+// never read back as a run that starts at its end (the keys' fences grow
+// with time, but a late row, as a lost row written long after its grant,
+// can sit past the cut-off among later runs' rows: the earliest fence with
+// a row within the retention bounds the deletion). At most $2 rows, found
+// key by key (the lease table lists every key that has journal rows: its
+// rows are never deleted) through the (key, occurred_at) index — one index
+// probe for a key with nothing to prune; for a key with something to
+// prune, once per statement, a read of its rows within the retention for
+// their least fence (measured on a journal of 1,000,000 rows on 100 keys:
+// 4 ms for a batch of 500 from a 300,000-row backlog, 1 ms with nothing to
+// prune, 0.4 s when every key has a few rows to prune: a pass over the
+// rows within the retention, against 1.5 ms when rows were deleted by age
+// alone) — and deleted by ctid (a TID scan), in its own short transaction.
 //
 //	$1 retention in µs, $2 batch size
 //
 // Durability: not durable (synchronous_commit off): a lost batch is pruned
 // again next time.
 const pruneSQL = `
-WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc)
+WITH now AS (SELECT clock_timestamp() - $1::bigint * interval '1 microsecond' AS cut,
+	set_config('synchronous_commit', 'off', true) AS sc)
 DELETE FROM "pglease_leases_journal" WHERE ctid = ANY (ARRAY(
 	SELECT j.ctid FROM now, "pglease_leases" AS l CROSS JOIN LATERAL (
 		SELECT ctid FROM "pglease_leases_journal" AS j
-		WHERE j.key = l.key AND j.occurred_at < now.ts - $1::bigint * interval '1 microsecond'
+		WHERE j.key = l.key AND j.occurred_at < now.cut
+		AND j.fence < (SELECT coalesce(min(r.fence), 9223372036854775807) FROM "pglease_leases_journal" AS r
+			WHERE r.key = l.key AND r.occurred_at >= now.cut)
 		LIMIT $2) AS j
 	LIMIT $2))`
 
@@ -72,8 +87,9 @@ func (s *Store) ClaimPruning(ctx context.Context, interval time.Duration) error 
 	return s.DB.QueryRow(ctx, s.sql.ClaimPruning, []any{interval.Microseconds()}, &one)
 }
 
-// Prune deletes up to batch journal rows older than retention and returns
-// how many it deleted.
+// Prune deletes up to batch journal rows older than retention, of runs
+// with no row within it (nor an earlier run of the key with one), and
+// returns how many it deleted.
 func (s *Store) Prune(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	return s.DB.Exec(ctx, s.sql.Prune, retention.Microseconds(), batch)
 }
