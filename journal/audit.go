@@ -83,12 +83,18 @@ func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (Au
 		return AuditResult{}, err
 	}
 	res := AuditResult{Since: since}
-	lastRun := func(runs []Run) {
-		if m, ok := overdue[runs[0].Key]; ok {
-			last := runs[len(runs)-1]
-			m.LastRun = &last
-			overdue[m.Key] = m
+	lastRun := func(runs []Run) { // the overdue key's latest run acquired at or before its Due
+		m, ok := overdue[runs[0].Key]
+		if !ok {
+			return
 		}
+		for i := range runs {
+			r := runs[i]
+			if !r.AcquiredAt.IsZero() && !r.AcquiredAt.After(m.Due) && (m.LastRun == nil || r.AcquiredAt.After(m.LastRun.AcquiredAt)) {
+				m.LastRun = &r
+			}
+		}
+		overdue[m.Key] = m
 	}
 	read := func(ctx context.Context, each func(journalRow) error) error {
 		return st.JournalRows(ctx, since, nil, nil, each)
@@ -137,19 +143,22 @@ func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (Au
 	return res, nil
 }
 
-// scanned is what the audit's scan found: the keys to read run by run, the
-// overdue keys of which only the last run is needed (each a JSON array, ""
-// for none), and the runs of the keys not read run by run.
+// scanned is what the audit's scan found: the keys to read run by run (a
+// JSON array), the overdue keys of which only the last run before their
+// due tick is needed (a JSON object of key and due tick; "" for none), and
+// the runs of the keys not read run by run.
 type scanned struct {
 	read, last string
 	runs       int
 }
 
 // scanKeys runs the store's AuditScan. The keys it marks are read run by
-// run; of the overdue keys it does not mark, only the last run.
+// run; of the overdue keys it does not mark, only the last run acquired at
+// or before the due tick.
 func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map[string]MissedTick) (scanned, error) {
 	var s scanned
 	var read, last []string
+	dues := map[string]time.Time{}
 	err := st.AuditScan(ctx, since, func(key string, n int, mark bool) error {
 		_, late := overdue[key]
 		switch {
@@ -157,6 +166,7 @@ func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map
 			read = append(read, key)
 		case late:
 			last = append(last, key)
+			dues[key] = overdue[key].Due
 			s.runs += n
 		default:
 			s.runs += n
@@ -166,7 +176,11 @@ func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map
 	if err != nil {
 		return scanned{}, err
 	}
-	s.read, s.last = jsonKeys(read), jsonKeys(last)
+	s.read = jsonKeys(read)
+	if len(dues) > 0 {
+		b, _ := json.Marshal(dues) // keys are valid UTF-8, times marshal as RFC 3339: cannot fail
+		s.last = string(b)
+	}
 	return s, nil
 }
 

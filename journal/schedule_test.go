@@ -401,3 +401,35 @@ func TestAuditCatchUpOfAnUndoneTick(t *testing.T) {
 		t.Fatalf("Audit after the catch-up of the undone tick %v: findings %+v, missed %+v; want none", t2.UTC(), res.Findings, res.Missed)
 	}
 }
+
+// An overdue tick's LastRun is the key's latest run acquired at or before
+// the tick, not a later run without a tick (a plain Lock of the key after
+// the tick came due), through Audit's scan and through its oracle.
+func TestOverdueLastRunIsBeforeDue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const key = "nightly"
+	g := grid(200 * time.Millisecond)
+	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
+	l := f.replica(2)
+	t0 := overdue(t, l, key, js)
+	le, err := l.Lock(ctx(t), key) // no tick: the schedule's next tick stays overdue
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Unlock(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, scan := range []bool{true, false} {
+		res, err := audit(ctx(t), f.store(), time.Time{}, scan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Missed) != 1 || !res.Missed[0].Overdue || !res.Missed[0].Due.Equal(g.Next(t0)) {
+			t.Fatalf("audit (scan %v) missed: %+v; want the tick after %v, overdue", scan, res.Missed, t0)
+		}
+		if r := res.Missed[0].LastRun; r == nil || r.Tick == nil || !r.Tick.Equal(t0) || r.AcquiredAt.After(res.Missed[0].Due) {
+			t.Fatalf("audit (scan %v): LastRun %+v; want the run of tick %v, acquired before the due tick %v", scan, r, t0, res.Missed[0].Due)
+		}
+	}
+}

@@ -14,8 +14,10 @@ import (
 // with "($2 IS NULL OR key = $2)" would be planned once, generically,
 // without the (key, occurred_at) index. journalKeysRowsSQL is the same for
 // the keys of the JSON array $2 (the keys Audit's scan marked), and
-// journalLastRunsSQL reads only the last run of each of them with a row at
-// or after $1. In all four, the rows are read key by key through the index
+// journalLastRunsSQL reads, for each key of the JSON object $2 (key: an
+// overdue due tick), only its run last granted at or before that tick that
+// has a row at or after $1 (the index read back from the tick, and one
+// forward from the grant for the run's row in the window). In all four, the rows are read key by key through the index
 // ("j.key IN (SELECT sel.key ...)"): joined on (key, fence) alone, the
 // selected runs of a few keys were planned as a hash join over a sequential
 // scan of the whole journal.
@@ -70,8 +72,11 @@ ORDER BY j.key, j.fence, j.occurred_at`
 	journalLastRunsSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
 sel AS (
-	SELECT k.key, x.fence FROM jsonb_array_elements_text($2::jsonb) AS k(key) CROSS JOIN LATERAL (
-		SELECT g.fence FROM "pglease_leases_journal" AS g WHERE g.key = k.key AND g.occurred_at >= $1
+	SELECT k.key, x.fence FROM jsonb_each_text($2::jsonb) AS k(key, due) CROSS JOIN LATERAL (
+		SELECT g.fence FROM "pglease_leases_journal" AS g
+		WHERE g.key = k.key AND g.occurred_at <= k.due::timestamptz AND g.event = 'granted'
+		AND EXISTS (SELECT FROM "pglease_leases_journal" AS e
+			WHERE e.key = g.key AND e.occurred_at >= greatest($1, g.occurred_at) AND e.fence = g.fence)
 		ORDER BY g.occurred_at DESC LIMIT 1) AS x
 )
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
@@ -118,11 +123,11 @@ func (s *Store) JournalRowsOfKeys(ctx context.Context, since time.Time, keys str
 	return s.journalRows(ctx, s.sql.JournalKeysRows, []any{since, keys, nil}, each)
 }
 
-// JournalLastRuns is JournalRows for the last run of each key of keys, a
-// JSON array of strings, that has a row at or after since: one index probe
-// per key.
-func (s *Store) JournalLastRuns(ctx context.Context, since time.Time, keys string, each func(JournalRow) error) error {
-	return s.journalRows(ctx, s.sql.JournalLastRuns, []any{since, keys}, each)
+// JournalLastRuns is JournalRows for the run of each key of dues, a JSON
+// object of key and time (RFC 3339), last granted at or before that time,
+// that has a row at or after since.
+func (s *Store) JournalLastRuns(ctx context.Context, since time.Time, dues string, each func(JournalRow) error) error {
+	return s.journalRows(ctx, s.sql.JournalLastRuns, []any{since, dues}, each)
 }
 
 func (s *Store) journalRows(ctx context.Context, q string, args []any, each func(JournalRow) error) error {
