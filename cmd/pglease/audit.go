@@ -70,6 +70,11 @@ func printFindings(out io.Writer, res journal.AuditResult) error {
 		if f.Overlap >= time.Second {
 			overlap = roundDur(f.Overlap)
 		}
+		if f.SameTick != nil && f.Overlap <= 0 { // a tick run twice, one run after the other
+			fmt.Fprintf(w, "  %s: fence %d (%s) ran tick %s again after fence %d (%s) ended; likely cause: %s\n",
+				oneLine(f.Key), f.Fence, oneLine(f.Holder), f.SameTick.UTC().Format(tsFormat), f.OverlapsFence, oneLine(f.OverlapsHolder), f.Cause)
+			continue
+		}
 		what := fmt.Sprintf("overlap %v from %s", overlap, f.From.UTC().Format(tsFormat))
 		if f.SameTick != nil {
 			what = fmt.Sprintf("both ran tick %s (overlap %v)", f.SameTick.UTC().Format(tsFormat), overlap)

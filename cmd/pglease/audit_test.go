@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -106,5 +107,29 @@ func TestAuditCountsInEnglish(t *testing.T) {
 	b.Reset()
 	if err := printFindings(&b, journal.AuditResult{Runs: 2}); err != nil || b.String() != "no overlaps, no missed ticks: 2 runs in the whole journal\n" {
 		t.Errorf("two runs: %q, %v", b.String(), err)
+	}
+}
+
+// TestAuditTickRunTwiceApart: a tick run twice by runs that did not overlap
+// (its ledger lost between them, as in an asynchronous failover) is
+// reported as run again after the first run ended, not as granted while it
+// still ran.
+func TestAuditTickRunTwiceApart(t *testing.T) {
+	ctx := testCtx(t)
+	f := newJournalFixture(t)
+	tick := time.Now().Truncate(time.Minute)
+	if err := f.a.Do(ctx, "nightly", func(context.Context, *pglease.Lease) error { return nil }, pglease.Tick(tick)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.(*sql.DB).ExecContext(ctx, `UPDATE "`+f.table+`" SET last_tick = NULL WHERE key = 'nightly'`); err != nil { // the tick ledger is lost
+		t.Fatal(err)
+	}
+	if err := f.b.Do(ctx, "nightly", func(context.Context, *pglease.Lease) error { return nil }, pglease.Tick(tick)); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, ctx, f.env, "audit", "--table", f.table)
+	want := "  nightly: fence 2 (worker-2) ran tick " + tick.UTC().Format(tsFormat) + " again after fence 1 (worker-1) ended; likely cause: unknown\n"
+	if r.code != exitError || !strings.HasPrefix(r.stdout, "1 finding in 2 runs in the whole journal:\n") || !strings.HasSuffix(r.stdout, want) {
+		t.Fatalf("audit: code %d\n%s\nwant the line\n%s", r.code, r.stdout, want)
 	}
 }
