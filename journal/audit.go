@@ -43,7 +43,9 @@ type AuditResult struct {
 // in an asynchronous failover (a run that outlived them is seen through its
 // holder's later rows on the new primary).
 //
-// What it reads: one statement goes over the window's rows in the server
+// What it reads, in one read-only REPEATABLE READ transaction (one
+// snapshot: a claim landing while Audit runs is seen by all of its reads or
+// by none): one statement goes over the window's rows in the server
 // and sends, per key, how many runs it has there and whether its rows are
 // out of line in time order (a fence, tick or due tick going back, a tick
 // past the due tick recorded before it, a fence past the lease row's), as
@@ -76,8 +78,19 @@ func Audit[D pglease.DB](ctx context.Context, db D, since time.Time, opts ...pgl
 // keys' rows (and the overdue keys', for their last run) are read and
 // assembled into runs; the others' runs are only counted. Without it,
 // every key's rows are read: the tests' oracle, which the scan must always
-// agree with.
-func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (AuditResult, error) {
+// agree with. Its reads run in one read-only REPEATABLE READ transaction
+// (store.InSnapshot): a claim or a release landing between two of them
+// is seen by all or by none.
+func audit(ctx context.Context, st *store.Store, since time.Time, scan bool) (res AuditResult, err error) {
+	err = st.InSnapshot(ctx, func(st *store.Store) error {
+		res, err = auditIn(ctx, st, since, scan)
+		return err
+	})
+	return res, err
+}
+
+// auditIn is audit on st, in its snapshot.
+func auditIn(ctx context.Context, st *store.Store, since time.Time, scan bool) (AuditResult, error) {
 	overdue, err := readOverdue(ctx, st)
 	if err != nil {
 		return AuditResult{}, err
