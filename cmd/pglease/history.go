@@ -21,11 +21,11 @@ type runJSON struct {
 	Key        string         `json:"key"`
 	Fence      int64          `json:"fence"`
 	Holder     string         `json:"holder"`
-	Tick       *time.Time     `json:"tick"`      // the tick the run was claimed for, else null
-	CatchUp    bool           `json:"catch_up"`  // the catch-up run of a missed tick (its tick ran late)
-	NextTick   *time.Time     `json:"next_tick"` // the key's next tick due as the run was claimed, else null
-	AcquiredAt time.Time      `json:"acquired_at"`
-	EndedAt    *time.Time     `json:"ended_at"` // null while running
+	Tick       *time.Time     `json:"tick"`        // the tick the run was claimed for, else null
+	CatchUp    bool           `json:"catch_up"`    // the catch-up run of a missed tick (its tick ran late)
+	NextTick   *time.Time     `json:"next_tick"`   // the key's next tick due as the run was claimed, else null
+	AcquiredAt *time.Time     `json:"acquired_at"` // null when the run's granted row is not in the journal
+	EndedAt    *time.Time     `json:"ended_at"`    // null while running
 	DurationMS int64          `json:"duration_ms"`
 	End        journal.RunEnd `json:"end"`     // running, released, expired, force-released, superseded, lost, abandoned
 	Outcome    *string        `json:"outcome"` // ok, error, panic, lost, or null
@@ -35,7 +35,7 @@ func runsJSON(runs []journal.Run) []runJSON {
 	out := make([]runJSON, 0, len(runs))
 	for _, r := range runs {
 		j := runJSON{Key: r.Key, Fence: r.Fence, Holder: r.Holder, Tick: utcPtr(r.Tick), CatchUp: r.CatchUp,
-			NextTick: utcPtr(r.NextTick), AcquiredAt: r.AcquiredAt.UTC(),
+			NextTick: utcPtr(r.NextTick), AcquiredAt: startPtr(r),
 			EndedAt: utcPtr(r.EndedAt), DurationMS: r.Duration.Milliseconds(), End: r.End}
 		if r.Outcome != "" {
 			o := string(r.Outcome)
@@ -44,6 +44,16 @@ func runsJSON(runs []journal.Run) []runJSON {
 		out = append(out, j)
 	}
 	return out
+}
+
+// startPtr is r's start in UTC, nil when the journal does not hold it (a
+// zero AcquiredAt: its granted row was deleted by hand, or pruned by an
+// older pglease).
+func startPtr(r journal.Run) *time.Time {
+	if r.AcquiredAt.IsZero() {
+		return nil
+	}
+	return utcPtr(&r.AcquiredAt)
 }
 
 const tsFormat = "2006-01-02 15:04:05.000Z"
@@ -81,8 +91,12 @@ func printRuns(out io.Writer, key string, runs []journal.Run) error {
 		if r.Outcome != "" {
 			outcome = string(r.Outcome)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s", r.Fence, oneLine(r.Holder), r.AcquiredAt.UTC().Format(tsFormat),
-			ended, durCell(r.Duration), r.End, outcome)
+		acquired, dur := "-", "-" // the start is not in the journal
+		if !r.AcquiredAt.IsZero() {
+			acquired, dur = r.AcquiredAt.UTC().Format(tsFormat), durCell(r.Duration).String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s", r.Fence, oneLine(r.Holder), acquired,
+			ended, dur, r.End, outcome)
 		if ticks {
 			tick := "-"
 			if r.Tick != nil {

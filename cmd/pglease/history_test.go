@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -184,5 +186,35 @@ func TestParseSince(t *testing.T) {
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "2026-12-07 02:49:50Z") || !strings.Contains(err.Error(), "7d") {
 			t.Errorf("parseSince(%q): %v; want a usage error naming the accepted forms", bad, err)
 		}
+	}
+}
+
+// TestHistoryRunWithoutItsStart: a run whose granted row is not in the
+// journal (deleted by hand, or pruned by an older pglease) shows no start:
+// "-" for its acquired time and duration, acquired_at null in JSON — not
+// the zero time, nor its end as its start.
+func TestHistoryRunWithoutItsStart(t *testing.T) {
+	ctx := testCtx(t)
+	f := newJournalFixture(t)
+	for _, l := range []*pglease.Locker{f.a, f.b} {
+		if err := l.Do(ctx, "nightly", func(context.Context, *pglease.Lease) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.db.(*sql.DB).ExecContext(ctx, `DELETE FROM "`+f.table+`_journal" WHERE fence = 1 AND event = 'granted'`); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, ctx, f.env, "history", "--table", f.table, "nightly")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != exitOK || len(lines) != 3 || !regexp.MustCompile(`^1 +worker-1 +- +\d{4}-\d\d-\d\d [\d:.]+Z +- +released +ok$`).MatchString(lines[2]) {
+		t.Fatalf("history: code %d\n%s", r.code, r.stdout)
+	}
+	r = cli(t, ctx, f.env, "history", "--table", f.table, "--json", "nightly")
+	var runs []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &runs); err != nil || len(runs) != 2 {
+		t.Fatalf("history --json: %v\n%s", err, r.stdout)
+	}
+	if v, ok := runs[1]["acquired_at"]; !ok || v != nil || runs[1]["ended_at"] == nil || runs[0]["acquired_at"] == nil {
+		t.Fatalf("history --json: the run without its start: %v", runs[1])
 	}
 }

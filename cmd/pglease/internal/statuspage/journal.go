@@ -11,17 +11,22 @@ import (
 
 // JournalHistory is a Config.History that reads the runs of a key from
 // pglease's journal of table (journal.History): one statement through the
-// journal's (key, occurred_at) index, at most limit runs.
+// journal's (key, occurred_at) index, at most limit runs. A run whose
+// start is not in the journal (journal.Run's zero AcquiredAt) is left out:
+// it has no span to draw.
 func JournalHistory(db *sql.DB, table string) func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
 	return func(ctx context.Context, key string, since time.Time, limit int) ([]Tenure, error) {
 		runs, err := journal.History(ctx, db, key, since, limit, pglease.WithTable(table))
 		if err != nil {
 			return nil, err
 		}
-		ts := make([]Tenure, len(runs))
-		for i, r := range runs {
-			ts[i] = Tenure{Holder: r.Holder, Fence: r.Fence, Start: r.AcquiredAt, End: r.EndedAt,
-				Ended: string(r.End), Outcome: string(r.Outcome)}
+		ts := make([]Tenure, 0, len(runs))
+		for _, r := range runs {
+			if r.AcquiredAt.IsZero() { // its granted row is not in the journal: no span to draw
+				continue
+			}
+			ts = append(ts, Tenure{Holder: r.Holder, Fence: r.Fence, Start: r.AcquiredAt, End: r.EndedAt,
+				Ended: string(r.End), Outcome: string(r.Outcome)})
 		}
 		return ts, nil
 	}

@@ -136,3 +136,26 @@ func findingsMetric(t *testing.T, url string) map[string]float64 {
 	t.Helper()
 	return byLabel(t, scrape(t, url), "pglease_audit_findings", "pglease_audit_cause")
 }
+
+// TestJournalHistoryWithoutAStart: a run whose granted row is not in the
+// journal (deleted by hand, or pruned by an older pglease) is left out of
+// the key's timeline, which would otherwise start in the year 1.
+func TestJournalHistoryWithoutAStart(t *testing.T) {
+	f := newFixture(t, statuspage.Config{})
+	c := ctx(t)
+	for range 2 {
+		if err := f.lock(t, "k").Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.db.ExecContext(c, `DELETE FROM "`+f.table+`_journal" WHERE fence = 1 AND event = 'granted'`); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := statuspage.JournalHistory(f.db, f.table)(c, "k", time.Time{}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 1 || ts[0].Fence != 2 || ts[0].Start.IsZero() {
+		t.Fatalf("tenures: %+v; want fence 2's alone", ts)
+	}
+}
