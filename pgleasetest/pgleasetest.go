@@ -32,11 +32,12 @@ package pgleasetest
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,10 +51,7 @@ import (
 // envURL names the variable that points the tests at an existing server.
 const envURL = "PGLEASE_TEST_DATABASE_URL"
 
-var (
-	url string
-	seq atomic.Int64
-)
+var url string
 
 // Main runs the tests of a test binary against a PostgreSQL server and exits;
 // call it from TestMain.
@@ -175,12 +173,31 @@ func mustURL(t testing.TB) string {
 // test, and drops it with everything pglease.Migrate created for it
 // (pglease.Drop) when the test ends.
 // Pass it to pglease with pglease.WithTable.
+//
+// The name is random (with the test's name in it, for reading), so that a
+// table left behind on a shared server by an earlier run that was killed is
+// never handed out again; Table fails the test, and touches nothing, if a
+// table of that name exists all the same.
 func Table(t testing.TB) string {
 	t.Helper()
 	u := mustURL(t)
-	name := fmt.Sprintf("pglt_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
-	if len(name) > 40 {
-		name = name[:40]
+	name := tableName(t.Name())
+	db, err := sql.Open("pgx", u)
+	if err != nil {
+		t.Fatalf("pgleasetest: %v", err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	names := store.NewNames(name)
+	var taken bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL OR to_regclass($2) IS NOT NULL`,
+		names.Quoted, names.Version).Scan(&taken); err != nil {
+		t.Fatalf("pgleasetest: looking for a table named %s: %v", name, err)
+	}
+	if taken {
+		// Not this test's: leave it as it is, and register no Drop of it.
+		t.Fatalf("pgleasetest: a table named %s (or its version table) already exists on the server; refusing to hand out a table that another run or test may be using", name)
 	}
 	t.Cleanup(func() {
 		db, err := sql.Open("pgx", u)
@@ -195,15 +212,34 @@ func Table(t testing.TB) string {
 			t.Errorf("pgleasetest: %v", err)
 		}
 	})
-	db, err := sql.Open("pgx", u)
-	if err != nil {
-		t.Fatalf("pgleasetest: %v", err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	if err := tableStore(db, name).Migrate(ctx); err != nil {
 		t.Fatalf("pgleasetest: migrate %s: %v", name, err)
+	}
+	return name
+}
+
+// maxTableName is the longest name Table gives: within the 48 bytes pglease
+// accepts for a table, with room for tests that make names of their own from
+// it (a schema "s_"+table, table+"_missing").
+const maxTableName = 40
+
+// randomPart returns the random part of a table's name: 8 hex digits.
+// Tests replace it to make two names collide.
+var randomPart = func() string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("pgleasetest: crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// tableName returns a new table name for the test named test:
+// pglt_<random>_<test name>, cut to maxTableName bytes (the random part
+// is never cut).
+func tableName(test string) string {
+	name := "pglt_" + randomPart() + "_" + sanitize(test)
+	if len(name) > maxTableName {
+		name = name[:maxTableName]
 	}
 	return name
 }
