@@ -32,6 +32,13 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request) {
 // started at or after the same interval boundaries, so the streams of a
 // view share one read per interval. The stream ends when the client goes
 // away or the server stops.
+//
+// HEAD /events (the GET pattern matches it too) gets the stream's status
+// and headers and ends there, as HEAD must (RFC 9110: GET's headers, no
+// content): the server discards what a handler writes to a HEAD response,
+// so a stream would never fail a write nor end, and it would hold the
+// connection of a keep-alive client, whose next request on it would wait
+// forever. A monitor that checks the endpoint with HEAD sees it answer.
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	v, err := parseView(r.URL.Query())
 	if err != nil {
@@ -43,6 +50,9 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
 	ctx := r.Context()
 	fmt.Fprintf(w, "retry: %d\n\n", max(s.cfg.Interval.Milliseconds(), 1000))
 	next := s.grid.cell(time.Now())
