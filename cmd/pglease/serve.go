@@ -162,13 +162,18 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	// The table must be migrated at start: a typo is an error, not a page.
 	// (The version table only: the lease table may be large.)
 	// An older schema is served as far as it goes (the page reads each
-	// version's tables, and a later migrate without a restart).
+	// version's tables, and a later migrate without a restart), down to
+	// the oldest the page's statements can read.
 	v, err := pglease.SchemaVersionOf(ctx, db, pglease.WithTable(f.db.table))
 	if err == nil && v == 0 {
 		err = fmt.Errorf("%w: %s", pglease.ErrNotMigrated, f.db.table)
 	}
 	if err != nil {
 		return explain(err, f.db.table)
+	}
+	if v < statuspage.OldestSchemaVersion {
+		return fmt.Errorf("lease table %q is at schema version %d: the status page reads tables at schema version %d or newer (its minimum hold and tick columns); run `pglease migrate --table %s` first",
+			f.db.table, v, statuspage.OldestSchemaVersion, f.db.table)
 	}
 	if v < pglease.SchemaVersion() {
 		fmt.Fprintf(e.stderr, "pglease serve: %q is at schema version %d of %d: the page shows what that version records (run `pglease migrate --table %s` for the rest)\n",

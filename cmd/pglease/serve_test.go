@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/cmd/pglease/internal/statuspage"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -143,6 +146,65 @@ func TestServeOnAnOlderSchema(t *testing.T) {
 	}
 	if s := errb.String(); !strings.Contains(s, fmt.Sprintf("schema version 8 of %d", pglease.SchemaVersion())) || !strings.Contains(s, "pglease migrate --table "+table) {
 		t.Errorf("stderr %q; want the version and the migrate command", s)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("serve ended with %d", code)
+	}
+}
+
+// atSchemaVersion remakes table as an older pglease left it at schema
+// version n (the first n migrations, each recorded), with a lease on "job";
+// the test's end migrates it again, for pgleasetest's Drop.
+func atSchemaVersion(t *testing.T, db *sql.DB, table string, n int) {
+	t.Helper()
+	c := testCtx(t)
+	if err := pglease.Drop(c, db, pglease.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pglease.Migrate(context.Background(), db, pglease.WithTable(table)) })
+	nm := store.NewNames(table)
+	if _, err := db.ExecContext(c, nm.Bind(`CREATE TABLE "pglease_leases_version" (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`)); err != nil {
+		t.Fatal(err)
+	}
+	for v, m := range store.Migrations()[:n] {
+		if _, err := db.ExecContext(c, nm.Bind(m)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.ExecContext(c, nm.Bind(`INSERT INTO "pglease_leases_version" (version) VALUES ($1)`), v+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(c, `INSERT INTO `+pgx.Identifier{table}.Sanitize()+` (key, holder, token, fence, acquired_at, expires_at) VALUES ('job', 'h', 1, 1, now(), now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServeRefusesTooOldASchema: a table below the oldest schema version
+// the page reads (statuspage.OldestSchemaVersion, 3: versions 1 and 2 have
+// no hold_until and last_tick, and every read failed while /healthz said
+// ok) stops serve at start, naming the version and the migrate command;
+// one at that version is served, its leases and key pages included.
+func TestServeRefusesTooOldASchema(t *testing.T) {
+	db := pgleasetest.DB(t, 2)
+	for _, v := range []int{1, 2} {
+		table := pgleasetest.Table(t)
+		atSchemaVersion(t, db, table, v)
+		// Bounded: a serve that starts ends with the context, status 0.
+		c, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+		r := cli(t, c, map[string]string{"DATABASE_URL": pgleasetest.URL()}, "serve", "--listen", "127.0.0.1:0", "--table", table)
+		cancel()
+		wantError(t, r, exitError, fmt.Sprintf("schema version %d:", v), "schema version 3 or newer", "pglease migrate --table "+table)
+	}
+	table := pgleasetest.Table(t)
+	atSchemaVersion(t, db, table, statuspage.OldestSchemaVersion)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, done, _ := startServe(t, ctx, table)
+	for _, path := range []string{"/healthz", "/api/leases", "/", "/key/job"} {
+		if code, body := serveGet(t, base+path); code != 200 {
+			t.Errorf("GET %s on a schema version %d table: %d\n%s", path, statuspage.OldestSchemaVersion, code, body)
+		}
 	}
 	cancel()
 	if code := <-done; code != exitOK {

@@ -216,6 +216,12 @@ type statements struct {
 	view      string // the quoted name of the state view ($3 of summary)
 }
 
+// OldestSchemaVersion is the oldest schema version of a lease table that
+// the statements can read: every one reads the minimum hold and the tick
+// ledger (hold_until, last_tick), which schema version 3 adds. pglease
+// serve refuses an older table at start.
+const OldestSchemaVersion = 3
+
 // The schema versions the statements are bound for: a table's newest
 // objects decide which statements can read it.
 const (
