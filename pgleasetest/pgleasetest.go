@@ -10,7 +10,8 @@
 // in a temporary directory, and removes it when the tests are done (a test
 // binary that panics or hits its -timeout cannot: the next one to start a
 // server on that machine removes the directory, once its process and server
-// are gone, on unix). When running as root, that server runs as the "postgres" system user. Tests are
+// are gone, on unix). When running as root, that server runs as the "postgres" system user,
+// under a TMPDIR that user must be able to enter (Start says so when it cannot). Tests are
 // never skipped for want of a server: when none can be had, Main fails the
 // test binary and says what to install.
 //

@@ -172,7 +172,48 @@ func (c *Cluster) prepareDirs() error {
 	if err := os.Chmod(c.dir, 0o711); err != nil {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
-	return nil
+	return c.checkReach(u)
+}
+
+// checkReach checks that the server user u can enter the data directory,
+// as initdb and the server will: it runs initdb --version as u from there
+// (the kernel's own check: modes, ACLs). A TMPDIR under a directory u
+// cannot search (/root/x: /root is 0700) would otherwise fail in initdb
+// with a bare "Permission denied".
+func (c *Cluster) checkReach(u *user.User) error {
+	cmd := exec.Command(filepath.Join(c.bin, "initdb"), "--version")
+	cmd.Dir = c.dataDir
+	cmd.SysProcAttr = childAttr(c.cred)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("pgcluster: running %s as the %q user: %v\n%s", cmd.Path, u.Username, err, out)
+	}
+	why := fmt.Sprintf("%v", err)
+	if d := unsearchable(u, filepath.Dir(c.dir)); d != "" {
+		why = d + " is not searchable by it"
+	}
+	return fmt.Errorf("pgcluster: the server runs as the %q user (PostgreSQL refuses root), which cannot reach the temporary directory %s (%s); "+
+		"set TMPDIR to a directory that the %q user can enter (every directory above it searchable by it), such as /tmp",
+		u.Username, c.dir, why, u.Username)
+}
+
+// unsearchable returns the first directory from dir up to the root that
+// u cannot search by its mode bits, or "" if none (ACLs are not read).
+func unsearchable(u *user.User, dir string) string {
+	uid, _ := strconv.Atoi(u.Uid)
+	groups, _ := u.GroupIds()
+	groups = append(groups, u.Gid)
+	for d := dir; ; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && !searchable(fi, uid, groups) {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return ""
+		}
+	}
 }
 
 func freePort() (int, error) {

@@ -14,7 +14,10 @@ type credential struct{}
 
 func newCredential(int, int) *credential { return nil }
 
-func childAttr(*credential) *syscall.SysProcAttr  { return nil }
+func childAttr(*credential) *syscall.SysProcAttr { return nil }
+
+// searchable: no users to switch to here (see credential).
+func searchable(os.FileInfo, int, []string) bool  { return true }
 func serverAttr(*credential) *syscall.SysProcAttr { return nil }
 
 // killGroup kills the postmaster only: without process groups its

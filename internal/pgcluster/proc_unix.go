@@ -4,6 +4,7 @@ package pgcluster
 
 import (
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -54,3 +55,22 @@ const canSignal = true
 // alive reports whether process pid is running (or may be: it exists but
 // belongs to another user).
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) != syscall.ESRCH }
+
+// searchable reports whether the mode bits of directory fi let the user uid,
+// in groups, search it.
+func searchable(fi os.FileInfo, uid int, groups []string) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return true
+	}
+	m := fi.Mode().Perm()
+	if int(st.Uid) == uid {
+		return m&0o100 != 0
+	}
+	for _, g := range groups {
+		if g == strconv.FormatUint(uint64(st.Gid), 10) {
+			return m&0o010 != 0
+		}
+	}
+	return m&0o001 != 0
+}
