@@ -73,6 +73,12 @@ func SchemaVersion() int { return store.Version() }
 // ErrSchemaTooNew otherwise. Releases of pglease before this one do not
 // read that record: their Migrate fails with ErrSchemaTooNew on any newer
 // table. Drop always refuses such a table.
+//
+// A migration that fails (a table name taken by another table, such as
+// another lease table's <table>_fences) fails Migrate with the server's
+// error and the version it was migrating to; that is never ErrNotMigrated,
+// which means that Migrate is what is needed. Only a missing schema is
+// ErrNotMigrated: create it, then run Migrate.
 func Migrate[D DB](ctx context.Context, db D, opts ...TableOption) error {
 	return schemaOp(ctx, db, opts, "migrate", (*store.Store).Migrate)
 }
@@ -116,7 +122,7 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 		err = fmt.Errorf("%w: %s has no version table %s, so pglease.Migrate did not create it; nothing dropped",
 			ErrNotMigrated, t.Display, t.Names.Version)
 	case entry.SQLState(err) != "":
-		return t.WrapDB(what, err)
+		return t.WrapSchemaOp(what, err)
 	}
 	return fmt.Errorf("pglease: %s on %s: %w", what, t.Display, err)
 }

@@ -76,6 +76,19 @@ func (t Table) WrapDB(op string, err error) error {
 	return fmt.Errorf("pglease: %s on %s: %w", op, t.Display, err)
 }
 
+// WrapSchemaOp is WrapDB for the errors of Migrate and Drop themselves:
+// a missing table, column or function there is raised by their own
+// statements (a migration that cannot apply: the name is another table's,
+// a companion of another lease table), not by a table that needs Migrate,
+// so it is not ErrNotMigrated and carries no advice to run Migrate.
+func (t Table) WrapSchemaOp(op string, err error) error {
+	switch SQLState(err) {
+	case "42P01", "42703", "42883": // undefined_table, undefined_column, undefined_function
+		return fmt.Errorf("pglease: %s on %s: %w", op, t.Display, err)
+	}
+	return t.WrapDB(op, err)
+}
+
 // CheckKey checks a key: not empty, at most MaxKeyLen bytes, valid UTF-8,
 // no NUL byte.
 func CheckKey(key string) error {
