@@ -18,8 +18,10 @@ type MissedTick struct {
 	// last run before it recorded (Run.NextTick), or the one recorded when its
 	// schedule was registered.
 	Due time.Time
-	// LastRun is the key's latest run before Due in the audited window, or
-	// nil if there is none.
+	// LastRun is, for a tick between two runs, the run that recorded Due as
+	// the key's next tick; for an overdue tick, the key's latest run
+	// acquired at or before Due in the audited window. Nil if there is
+	// none.
 	LastRun *Run
 	// NextRun is the key's first run after Due: the catch-up run
 	// (NextRun.CatchUp) or a later tick's; nil while there is none yet
