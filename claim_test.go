@@ -808,25 +808,7 @@ func TestLockAfterTheServerClosedThePoolsConnections(t *testing.T) {
 
 func lockAfterClosedConns(t *testing.T, driver string) {
 	f := newFixture(t)
-	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	var l *Locker
-	if driver == "pgxpool" {
-		p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		if l, err = New(p, WithTable(f.table), WithLeaseDuration(30*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-	} else {
-		l = f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second))
-	}
+	l, proxy := f.lockerThroughProxy(driver)
 	count := countClaims(l)
 	c := ctx(t)
 	warm, err := l.Lock(c, "warm") // leaves the pool an idle connection

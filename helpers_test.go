@@ -322,3 +322,29 @@ func (le *Lease) currentState() leaseState {
 	defer le.mu.Unlock()
 	return le.state
 }
+
+// lockerThroughProxy returns a Locker of f's table (30 s leases) on a pool
+// of 4 connections of driver ("database/sql" or "pgxpool") through a proxy
+// that the test can cut, and the proxy (closed at the test's end).
+func (f *fixture) lockerThroughProxy(driver string) (*Locker, *pgleasetest.Proxy) {
+	t := f.t
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	if driver != "pgxpool" {
+		return f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second)), proxy
+	}
+	p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	l, err := New(p, WithTable(f.table), WithLeaseDuration(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l, proxy
+}

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -660,28 +658,11 @@ func TestReleasesAfterTheServerClosedThePoolsConnections(t *testing.T) {
 
 func releasesAfterClosedConns(t *testing.T, driver string) {
 	f := newFixture(t)
-	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	var l *Locker
-	if driver == "pgxpool" {
-		p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		if l, err = New(p, WithTable(f.table), WithLeaseDuration(30*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-	} else {
-		l = f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second))
-	}
+	l, proxy := f.lockerThroughProxy(driver)
 	c := ctx(t)
 	leases := map[string]*Lease{}
 	for _, k := range []string{"a", "b", "c"} {
+		var err error
 		if leases[k], err = l.Lock(c, k); err != nil {
 			t.Fatal(err)
 		}
