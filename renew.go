@@ -64,9 +64,15 @@ func (l *Locker) renewLoop() {
 		if !ok {
 			return
 		}
-		if len(batch) == 0 || l.renew(batch, lossRenew, failures == 0) {
+		answered, refused := len(batch) == 0, false
+		if !answered {
+			answered, refused = l.renew(batch, lossRenew, failures == 0)
+		}
+		if answered {
 			if failures > 0 {
-				if len(batch) > 0 {
+				// A read-only server's refusal (refused) ended the batch:
+				// it is no renew that works again.
+				if len(batch) > 0 && !refused {
 					l.log.Info("pglease: renew succeeded after failing", "holder", l.holder, "leases", len(batch), "failed_attempts", failures)
 				}
 				failures = 0
@@ -145,9 +151,10 @@ func leaseRefs(leases []*Lease) []store.LeaseRef {
 }
 
 // renew extends batch with one statement; a lease missing from the result
-// is lost for the reason given. It reports whether the statement ran; a
-// failure is logged (WARN) if warn is set.
-func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
+// is lost for the reason given. It reports whether the server answered:
+// the statement ran, or a read-only server refused it (refused), which
+// ended every lease of batch. A failure is logged (WARN) if warn is set.
+func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, refused bool) {
 	// Close cancels a renew; so does its timeout (renewTimeout).
 	ctx, cancel := context.WithTimeout(l.ctx, l.renewTimeout(time.Until(earliestDeadline(batch))))
 	defer cancel()
@@ -166,14 +173,14 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 			le.lose(ctx, "renew refused: the server is read-only (a standby: after a failover the old primary rejoins as one; "+
 				"or default_transaction_read_only) and the lease cannot be renewed there", lossReadOnly)
 		}
-		return true
+		return true, true
 	}
 	if err != nil {
 		if warn && l.ctx.Err() == nil {
 			l.log.WarnContext(ctx, "pglease: renew failed, retrying until the local deadline",
 				withTrace(ctx, "holder", l.holder, "leases", len(batch), "error", l.table.WrapDB("renew", err))...)
 		}
-		return false
+		return false, false
 	}
 	var gone []*Lease
 	for _, le := range batch {
@@ -184,7 +191,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) bool {
 		}
 	}
 	l.loseGone(ctx, gone, why)
-	return true
+	return true, false
 }
 
 // loseGone ends leases a renew did not find. If the server is on a later
@@ -239,7 +246,8 @@ func goneReason(why lossReason, failedOver bool) (string, lossReason) {
 // also if le was no longer held.
 func (l *Locker) renewNow(le *Lease, why lossReason) bool {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		return l.renew([]*Lease{le}, why, true)
+		answered, _ := l.renew([]*Lease{le}, why, true)
+		return answered
 	}
 	return false
 }

@@ -823,3 +823,85 @@ func TestRenewSlowerThanABeatSavesTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// After a streak of failed renews (the primary unreachable during a
+// failover), a renew refused by a read-only server (the old primary
+// rejoined as a standby) ends every lease of the batch. It is no renew that
+// "works again": the renewer must not log "renew succeeded after failing"
+// at INFO right after the leases' ERROR lines.
+//
+// For real: the Locker reaches its own database through a proxy; the proxy
+// cuts every connection until a renew has failed, the database is made
+// read-only (default_transaction_read_only, its sessions terminated), and
+// the proxy forwards again.
+func TestReadOnlyRenewAfterFailuresIsNoRecovery(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	dbName := fmt.Sprintf("pglt_rof_%d", os.Getpid())
+	if _, err := f.admin.ExecContext(c, `CREATE DATABASE `+dbName); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.admin.Exec(`DROP DATABASE IF EXISTS ` + dbName + ` WITH (FORCE)`) })
+	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cfg, err := pgx.ParseConfig(proxy.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = dbName
+	cfg.ConnectTimeout = 2 * time.Second
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(2)
+	t.Cleanup(func() { db.Close() })
+	if err := Migrate(c, db, WithTable(f.table)); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logs{}
+	l := f.locker(db, WithLeaseDuration(30*time.Second), WithHeartbeat(200*time.Millisecond), WithLogger(slogLogger(logs)))
+	renews := logRenews(l)
+	le, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRenewed(t, le)
+	proxy.Cut()
+	_, start := renews.since(0)
+	waitFor(t, 20*time.Second, func() bool {
+		after, _ := renews.since(start)
+		for _, err := range after {
+			if err != nil {
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := f.admin.ExecContext(c, `ALTER DATABASE `+dbName+` SET default_transaction_read_only = on`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, dbName); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	waitDone(t, le, 10*time.Second)
+	var lost *LeaseLostError
+	if !errors.As(le.Err(), &lost) || !strings.Contains(lost.Reason, "read-only") {
+		t.Fatalf("Err: %v; want a loss saying the server is read-only", le.Err())
+	}
+	// The renewer stops once it holds nothing: whatever it logs after the
+	// read-only renew is logged by then.
+	waitFor(t, 10*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return !l.running
+	})
+	if _, ok := logs.find(levelWarn, "renew failed"); !ok {
+		t.Fatal("no WARN for the failed renews")
+	}
+	if attrs, ok := logs.find(slog.LevelInfo, "renew succeeded after failing"); ok {
+		t.Fatalf("INFO %q after a renew refused by a read-only server that ended the lease: %v", "renew succeeded after failing", attrs)
+	}
+}
