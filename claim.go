@@ -152,7 +152,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	l.maybePrune()
 	le := newLease(l, parent, key, res.Fence, token, lc, res.ExpiresAt, sentAt)
 	if !time.Now().Before(le.Deadline()) {
-		l.dropUnhanded(le, lc)
+		l.undoUnhanded(le)
 		// The reply came too late to trust.
 		return nil, res, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
 			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
@@ -165,7 +165,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 				key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
 		}
 		le.discard()
-		l.dropUnhanded(le, lc)
+		l.undoUnhanded(le)
 		return nil, res, ErrClosed
 	}
 	return le, res, nil

@@ -78,25 +78,20 @@ func (l *Locker) abandon(ctx context.Context, key string, token int64) (int64, e
 	return n, err
 }
 
-// dropUnhanded frees, in the background, the row of a lease granted but
-// never handed out (its reply came past the local deadline, or the Locker
-// closed meanwhile). A claim of a scheduled tick is undone (store.Abandon),
-// which gives its tick back: nothing ran it. Another is released as one
-// given up at its local deadline.
-func (l *Locker) dropUnhanded(le *Lease, lc lockConfig) {
-	if !lc.hasTick {
-		l.releaseInBackground(le)
-		return
-	}
-	l.retryInBackground("undoing a scheduled claim never handed out", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
+// undoUnhanded undoes, in the background, a claim granted but never handed
+// out (its reply came past the local deadline, or the Locker closed
+// meanwhile), as any claim whose caller left (store.Abandon): nothing ran
+// under it, so the journal says abandoned and a tick it took is given back.
+func (l *Locker) undoUnhanded(le *Lease) {
+	l.retryInBackground("undoing a claim never handed out", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
 		_, err := l.abandon(ctx, le.key, le.token)
 		return err
 	})
 }
 
-// releaseInBackground frees the row of a lease that was never handed out or
-// that its holder gave up at the local deadline, scoped to its holder, fence
-// and token, without a minimum hold. It stops trying after one lease
+// releaseInBackground frees the row of a lease that its holder gave up at
+// the local deadline, scoped to its holder, fence and token, without a
+// minimum hold. It stops trying after one lease
 // duration: the row then expires by itself, one lease after the last renew
 // that reached the server, and a database coming back from an outage is not
 // met by a retry loop for every lease lost during it.

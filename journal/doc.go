@@ -27,8 +27,10 @@
 //	                gone, or it unlocked a lease it had been told it lost —
 //	                dated when it did, so the latest lost row of a run is
 //	                when its holder really stopped
-//	abandoned       a claim whose reply never arrived was undone: the run
-//	                did not run, and its tick was given back (History
+//	abandoned       a claim whose lease was never handed out (its caller
+//	                left, its reply was lost or came past the local
+//	                deadline) was undone: the run did not run, and its
+//	                tick was given back (History
 //	                shows it abandoned; Audit counts its tick as not run)
 //
 // # History

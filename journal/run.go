@@ -55,7 +55,8 @@ type Run struct {
 	// when that run began. Pruning removes a run's rows together, once all
 	// of them are past the retention. Abandoned: the server granted the
 	// claim after its caller had stopped waiting (its context ended, its
-	// reply was lost), and the Locker undid it: no job ran, and its tick
+	// reply was lost or came past the local deadline), and the Locker undid
+	// it: no job ran, and its tick
 	// (Tick) was given back, due again — Audit counts it as not run.
 	End RunEnd
 	// Outcome is the job's outcome for runs made through Do or a scheduler
