@@ -38,8 +38,8 @@ func (h hookDB) Query(ctx context.Context, q string, args []any, each func(func(
 	return nil
 }
 
-func (h hookDB) InTx(ctx context.Context, fn func(store.Backend) error) error {
-	return h.Backend.InTx(ctx, func(tx store.Backend) error { return fn(hookDB{tx, h.snapshots, h.after}) })
+func (h hookDB) InSnapshot(ctx context.Context, fn func(store.Backend) error) error {
+	return h.Backend.InSnapshot(ctx, func(tx store.Backend) error { return fn(hookDB{tx, h.snapshots, h.after}) })
 }
 
 // Audit's reads share one snapshot: a claim that commits between its first

@@ -84,22 +84,11 @@ func (s *Store) AuditScan(ctx context.Context, since time.Time, each func(key st
 	})
 }
 
-// readSnapshotSQL makes the transaction it is the first statement of read
-// only and REPEATABLE READ (a transaction's isolation can be set until its
-// first query, whatever BEGIN chose): every later statement reads the
-// snapshot its first query takes, so Audit's reads (the overdue keys, the
-// scan, the runs) agree with one another however many claims land while
-// they run.
-const readSnapshotSQL = `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`
-
 // InSnapshot calls fn with a Store whose statements run in one read-only
 // REPEATABLE READ transaction on one connection: they all read one
 // snapshot of the database. The transaction ends when fn returns.
 func (s *Store) InSnapshot(ctx context.Context, fn func(*Store) error) error {
-	return s.DB.InTx(ctx, func(tx Backend) error {
-		if _, err := tx.Exec(ctx, s.sql.ReadSnapshot); err != nil {
-			return err
-		}
+	return s.DB.InSnapshot(ctx, func(tx Backend) error {
 		return fn(&Store{DB: tx, names: s.names, sql: s.sql, journal: s.journal})
 	})
 }

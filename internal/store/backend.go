@@ -53,6 +53,10 @@ type Backend interface {
 	// what the holder of that lock committed, which a statement sees only
 	// if it takes its own snapshot (schemaTx, Abandon).
 	InTx(ctx context.Context, fn func(b Backend) error) error
+	// InSnapshot runs fn in one read-only REPEATABLE READ transaction: its
+	// statements all read the snapshot its first query takes. The mode is
+	// part of the BEGIN: no statement more.
+	InSnapshot(ctx context.Context, fn func(b Backend) error) error
 	// ListenConfig returns the settings of a connection that can LISTEN,
 	// to open one outside the pool (a pgx pool's passed through its
 	// BeforeConnect hook); nil if the driver cannot (lib/pq).

@@ -68,10 +68,20 @@ func (b pgxBackend) Exec(ctx context.Context, q string, args ...any) (int64, err
 // InTx begins the transaction READ COMMITTED (see Backend.InTx); in a
 // transaction already (a pgx.Tx) it is a savepoint of that transaction.
 func (b pgxBackend) InTx(ctx context.Context, fn func(Backend) error) error {
+	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+}
+
+// InSnapshot begins the transaction REPEATABLE READ, READ ONLY (see
+// Backend.InSnapshot); in a transaction already, a savepoint of it.
+func (b pgxBackend) InSnapshot(ctx context.Context, fn func(Backend) error) error {
+	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+func (b pgxBackend) inTx(ctx context.Context, opts pgx.TxOptions, fn func(Backend) error) error {
 	var tx pgx.Tx
 	var err error
 	if c, ok := b.q.(txStarter); ok {
-		tx, err = c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		tx, err = c.BeginTx(ctx, opts)
 	} else {
 		tx, err = b.q.Begin(ctx)
 	}

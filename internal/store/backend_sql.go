@@ -73,11 +73,21 @@ func (b sqlBackend) Exec(ctx context.Context, q string, args ...any) (int64, err
 
 // InTx begins the transaction READ COMMITTED (see Backend.InTx).
 func (b sqlBackend) InTx(ctx context.Context, fn func(Backend) error) error {
+	return b.inTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, fn)
+}
+
+// InSnapshot begins the transaction REPEATABLE READ, READ ONLY (see
+// Backend.InSnapshot).
+func (b sqlBackend) InSnapshot(ctx context.Context, fn func(Backend) error) error {
+	return b.inTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}, fn)
+}
+
+func (b sqlBackend) inTx(ctx context.Context, opts *sql.TxOptions, fn func(Backend) error) error {
 	db, ok := b.q.(*sql.DB)
 	if !ok {
 		return errors.New("pglease: nested transaction")
 	}
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ type Statements struct {
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                              string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                          string
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                     string
-	JournalLastRuns, ReadSnapshot                                                             string
+	JournalLastRuns                                                                           string
 	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated            string
 	CompatibleFrom, LastClaim, ForceReleased                                                  string
 	TableExists, MigrateLock, Drop                                                            string
@@ -79,7 +79,6 @@ func bind(n Names, journal bool) *Statements {
 		JournalKeysRows:  n.Bind(journalKeysRowsSQL),
 		JournalLastRuns:  n.Bind(journalLastRunsSQL),
 		AuditScan:        n.Bind(auditScanSQL),
-		ReadSnapshot:     n.Bind(readSnapshotSQL),
 		RegisterSchedule: n.Bind(registerScheduleSQL),
 		ForgetSchedule:   n.Bind(forgetScheduleSQL),
 		Overdue:          n.Bind(overdueSQL),
