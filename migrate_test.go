@@ -691,3 +691,39 @@ func TestForeignCompanionsLeftAlone(t *testing.T) {
 		t.Fatalf("the application's table after the refusals: %d rows, %v", n, err)
 	}
 }
+
+// A claim of a tick granted on a table at version 10 and undone after
+// Migrate upgraded it to 11 keeps its tick, as version 10's undo did: the
+// row has no prior tick recorded, and putting NULL back would let ticks
+// that ran be claimed again.
+func TestUndoAcrossMigrateToVersion11KeepsTheTick(t *testing.T) {
+	t.Parallel()
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 2)
+	c := ctx(t)
+	migrateTo(t, admin, tbl, 10)
+	l, err := New(admin, WithTable(tbl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tick := time.Now().Truncate(time.Second)
+	const token = 4646
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: tick, HasTick: true})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("claim on a version-10 table: %+v, %v", res, err)
+	}
+	if err := Migrate(c, admin, WithTable(tbl)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := l.abandon(c, "job", token); err != nil || n != 1 {
+		t.Fatalf("undo after the upgrade: %d rows, %v", n, err)
+	}
+	var last sql.NullTime
+	if err := admin.QueryRowContext(c, `SELECT last_tick FROM "`+tbl+`" WHERE key = 'job'`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if !last.Valid || !last.Time.Equal(tick) {
+		t.Fatalf("last tick after the undo of a claim made before the upgrade: %v; want %v (kept, as version 10 did)", last, tick)
+	}
+}

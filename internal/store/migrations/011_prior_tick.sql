@@ -27,9 +27,10 @@
 -- table: 1 for this one. An older pglease's Migrate then succeeds on the
 -- table.
 --
--- Adding prior_tick takes the lease table's ACCESS EXCLUSIVE lock for a
--- moment (no rewrite: the column is NULL in every row), which waits for
--- every open transaction that has used the table, fenced transactions
+-- Adding prior_tick takes the lease table's ACCESS EXCLUSIVE lock (no
+-- table rewrite; then one UPDATE of the rows that have a tick, so that an
+-- undo of a claim made before this version keeps its tick), which waits
+-- for every open transaction that has used the table, fenced transactions
 -- included, as version 3's ALTER TABLE did.
 --
 -- Frozen: this file is applied exactly as it is; a shipped migration is
@@ -39,6 +40,10 @@
 -- class in their place.
 ALTER TABLE "pglease_leases_version" ADD COLUMN IF NOT EXISTS compatible_from integer;
 ALTER TABLE "pglease_leases" ADD COLUMN IF NOT EXISTS prior_tick timestamptz;
+-- A row claimed before this version has no prior tick recorded: its undo
+-- keeps the tick, as version 10's did (NULL would take the key's tick away,
+-- and a tick that ran could run again).
+UPDATE "pglease_leases" SET prior_tick = last_tick WHERE last_tick IS NOT NULL AND prior_tick IS NULL;
 
 -- The claim function of version 8, but for prior_tick (its comment there
 -- describes it), and for a standby: a claim that would write on a server
