@@ -151,18 +151,18 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	l.obs.journaled(res.Journaled)
 	l.maybePrune()
 	le := newLease(l, parent, key, res.Fence, token, lc, res.ExpiresAt, sentAt)
+	tooLate := func() error {
+		return fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
+			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
+	}
 	if !time.Now().Before(le.Deadline()) {
 		l.undoUnhanded(le)
-		// The reply came too late to trust.
-		return nil, res, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
-			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
+		return nil, res, tooLate() // the reply came too late to trust
 	}
 	le.arm()
 	if !l.add(le) {
 		if le.lostErr() != nil {
-			// The local deadline passed before add (it released the row).
-			return nil, res, fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
-				key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)
+			return nil, res, tooLate() // the local deadline passed before add (it released the row)
 		}
 		le.discard()
 		l.undoUnhanded(le)

@@ -170,16 +170,15 @@ type scanned struct {
 // or before the due tick.
 func scanKeys(ctx context.Context, st *store.Store, since time.Time, overdue map[string]MissedTick) (scanned, error) {
 	var s scanned
-	var read, last []string
+	var read []string
 	dues := map[string]time.Time{}
 	err := st.AuditScan(ctx, since, func(key string, n int, mark bool) error {
-		_, late := overdue[key]
+		m, late := overdue[key]
 		switch {
 		case mark:
 			read = append(read, key)
 		case late:
-			last = append(last, key)
-			dues[key] = overdue[key].Due
+			dues[key] = m.Due
 			s.runs += n
 		default:
 			s.runs += n

@@ -116,9 +116,7 @@ func printRuns(out io.Writer, key string, runs []journal.Run) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	if err := tw.Flush(); err != nil && w.err == nil {
-		w.err = err
-	}
+	_ = tw.Flush() // its only error is a write's, which w keeps
 	return outputError(w.err)
 }
 

@@ -139,9 +139,7 @@ func printLeases(out io.Writer, table string, ls []pglease.LeaseInfo) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	if err := tw.Flush(); err != nil && w.err == nil {
-		w.err = err
-	}
+	_ = tw.Flush() // its only error is a write's, which w keeps
 	return outputError(w.err)
 }
 
