@@ -258,6 +258,24 @@ func TestForceReleaseOfReleasedLeaseKeepsFence(t *testing.T) {
 	}
 }
 
+// A deadline further away than lock_timeout can count (2^31-1 ms, about
+// 24.8 days) still force-releases: the server's wait is cut to its range.
+func TestForceReleaseFarDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(1)
+	le, err := l.Lock(ctx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 40*24*time.Hour)
+	defer cancel()
+	r, err := ForceRelease(c, f.admin, "job", WithTable(f.table))
+	if err != nil || !r.WasLive || r.OldFence != le.Fence() {
+		t.Fatalf("force release with a 40-day deadline: %+v %v; want the live lease released", r, err)
+	}
+}
+
 // TestForgetSchedule: ForgetSchedule removes the key's recorded schedule
 // (and only that: its lease row and the other keys' schedules stay) and
 // reports whether there was one, through either kind of pool; bad input

@@ -26,7 +26,12 @@ import (
 //	pglease.New(pgxPool)  // *pgxpool.Pool
 //
 // pglease borrows a connection for each statement and returns it at once; it
-// never holds one between calls, so a pool of one connection is enough.
+// never holds one between calls, so a pool of one connection is enough for
+// pglease's own statements. A transaction fenced with Guard holds its
+// connection until it ends: when it comes from the Locker's pool, that pool
+// needs a second connection, or the lease's renewals (and Guard's own check
+// outside the transaction) wait for the transaction to end, and a
+// transaction longer than the lease loses it.
 //
 // With a pool of two connections or more, a Locker keeps one for its
 // renewer: it runs at most the pool's maximum less one claims and releases

@@ -229,8 +229,8 @@ func TestFailoverDelayKeepsOldHolderAlone(t *testing.T) {
 // WithFailoverDelay(0) keeps the behaviour without a delay: the promoted
 // server grants a free key at once (fences alone protect the data), and
 // nothing is recorded; a Locker of the same table that has a delay counts
-// it from its own first claim. A table Migrate creates on the new timeline
-// has no delay; the old table, migrated again there, keeps it.
+// it from its own first claim. Migrating the old table again there records
+// nothing; a table Migrate creates on the new timeline starts the delay.
 func TestFailoverDelayZeroAndMigrate(t *testing.T) {
 	t.Parallel()
 	x := newPromotedPair(t)
@@ -269,23 +269,87 @@ func TestFailoverDelayZeroAndMigrate(t *testing.T) {
 		t.Fatalf("timeline rows after a claim with a delay: %q; want 2:set", got)
 	}
 
-	// A table created on timeline 2 has no holder to wait for.
+	// A table created on timeline 2 starts the delay at once: its creation
+	// may be new only because the failover lost it (see
+	// TestFailoverDelayTableCreationLost). Migrated again, it keeps the row.
 	if err := Migrate(x.c, x.sdb, WithTable("fresh_leases")); err != nil {
 		t.Fatal(err)
 	}
-	if got := x.timelines("fresh_leases"); got != "2:past" {
-		t.Fatalf("timeline rows of a table created on timeline 2: %q; want 2:past", got)
+	if got := x.timelines("fresh_leases"); got != "2:set" {
+		t.Fatalf("timeline rows of a table created on timeline 2: %q; want 2:set", got)
 	}
 	if err := Migrate(x.c, x.sdb, WithTable("fresh_leases")); err != nil {
 		t.Fatal(err)
+	}
+	if got := x.timelines("fresh_leases"); got != "2:set" {
+		t.Fatalf("timeline rows after migrating the new table again: %q; want 2:set", got)
 	}
 	f, err := New(x.sdb, WithTable("fresh_leases"), WithLeaseDuration(foLease))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.Close() })
-	if _, err := f.Lock(x.c, "job"); err != nil {
-		t.Fatalf("claim on a table created on timeline 2: %v; want granted", err)
+	if _, err := f.Lock(x.c, "job"); !errors.Is(err, ErrFailoverDelay) {
+		t.Fatalf("claim on a table created on timeline 2, inside the delay: %v; want ErrFailoverDelay", err)
+	}
+}
+
+// An asynchronous failover that loses the lease table's creation along with
+// the lease the old primary granted: Migrate creates the table again on the
+// promoted server, and a claim there must still wait for the old holder's
+// deadline. So must a claim after SchemaSQL is applied again to an
+// existing table on the promoted server, before any claim there.
+func TestFailoverDelayTableCreationLost(t *testing.T) {
+	t.Parallel()
+	x := newPromotedPair(t)
+	x.stopReceiving()
+	const lost = "lost_leases"
+	if err := Migrate(x.c, x.pdb, WithTable(lost)); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(x.pdb, WithTable(lost), WithHolder("a"), WithLeaseDuration(foLease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	la, err := a.Lock(x.c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := x.locker(x.pdb, "a")
+	if _, err := old.Lock(x.c, "job"); err != nil {
+		t.Fatal(err)
+	}
+	x.failover()
+
+	if err := Migrate(x.c, x.sdb, WithTable(lost)); err != nil { // the creation was lost: a new table
+		t.Fatal(err)
+	}
+	b, err := New(x.sdb, WithTable(lost), WithHolder("b"), WithLeaseDuration(foLease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if _, err := b.Lock(x.c, "job"); !errors.Is(err, ErrFailoverDelay) {
+		t.Fatalf("claim on the re-created table while a's lease may still run: %v; want ErrFailoverDelay", err)
+	}
+
+	ddl, err := SchemaSQL(x.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.sdb.ExecContext(x.c, ddl); err != nil {
+		t.Fatalf("SchemaSQL applied again on the promoted server: %v", err)
+	}
+	if got := x.timelines(x.table); got != "2:set" {
+		t.Fatalf("timeline rows after SchemaSQL on timeline 2: %q; want 2:set", got)
+	}
+	c := x.locker(x.sdb, "c")
+	if _, err := c.Lock(x.c, "job"); !errors.Is(err, ErrFailoverDelay) {
+		t.Fatalf("claim after SchemaSQL applied again on the promoted server: %v; want ErrFailoverDelay", err)
+	}
+	if la.Err() != nil {
+		t.Fatalf("a's lease already ended (%v): the test needs the claims inside it", la.Err())
 	}
 }
 

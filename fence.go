@@ -64,7 +64,9 @@ func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence
 //
 // Guard's statement runs on tx's connection; only when tx does not see the
 // lease held does Guard check it outside tx (a renew, on the Locker's
-// pool). Nothing is kept after tx ends. Use GuardPgx for a pgx.Tx.
+// pool). Nothing is kept after tx ends. tx holds its connection
+// meanwhile: if it is one of the Locker's pool, the pool needs another
+// for the renewals. Use GuardPgx for a pgx.Tx.
 func (le *Lease) Guard(ctx context.Context, tx *sql.Tx) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption)

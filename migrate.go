@@ -60,11 +60,13 @@ func SchemaVersion() int { return store.Version() }
 // table: they are not pglease's, and Drop would drop them.
 //
 // Migrate also creates <table>_timelines, which the failover delay uses
-// (see WithFailoverDelay). When it creates the lease table, it records the
-// server's current timeline as past its delay: no lease can predate the
-// table. Upgrading an existing table records nothing, so on a server that
-// has been promoted before (timeline above 1) the first claim after the
-// upgrade starts one delay, as after a failover.
+// (see WithFailoverDelay). When it creates the lease table on a server that
+// has been promoted (timeline above 1), the failover delay of that timeline
+// starts then, unless a claim started it earlier: the table may be missing
+// only because an asynchronous failover lost its creation, while holders of
+// the old primary still run. Upgrading an existing table records nothing:
+// the first claim on a timeline above 1 starts the delay, as after a
+// failover. On a server never promoted there is no delay.
 //
 // On a table migrated by a newer pglease, Migrate changes nothing. It
 // succeeds when that pglease recorded (in the version table's
@@ -173,10 +175,11 @@ func SchemaVersionOf[D DB](ctx context.Context, db D, opts ...TableOption) (int,
 // DefaultTable; a name WithTable would refuse returns an error wrapping
 // ErrInvalidOption.
 // The version table is included so that Migrate, run later, finds the
-// schema current and does nothing; so is the statement that records the
-// server's current timeline as past its failover delay (a new table has
-// no holder to wait for), which must run on the server the table is
-// created on.
+// schema current and does nothing; so is the statement that, on a
+// promoted server (timeline above 1), starts the timeline's failover delay
+// if no claim has started it yet: an asynchronous failover can lose a
+// table's creation with the rest, and the old primary's holders may still
+// be running.
 func SchemaSQL(tableName string) (string, error) {
 	if tableName == "" {
 		tableName = DefaultTable

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"math"
 	"strconv"
 	"time"
 )
@@ -72,7 +73,8 @@ type Eviction struct {
 // ForceRelease ends the current lease on key whoever holds it; ErrNoRows
 // if the key has no row. With wait > 0 the server gives up waiting for the
 // row's lock after wait (a fenced transaction holds it) and the
-// transaction changes nothing.
+// transaction changes nothing; a wait beyond lock_timeout's range (about
+// 24.8 days) is cut to it.
 func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration) (Eviction, error) {
 	var e Eviction
 	release := func(b Backend) error {
@@ -83,7 +85,8 @@ func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration
 		return e, release(s.DB)
 	}
 	err := s.DB.InTx(ctx, func(tx Backend) error {
-		if _, err := tx.Exec(ctx, s.sql.LockTimeout, strconv.FormatInt(wait.Milliseconds(), 10)); err != nil {
+		ms := min(wait.Milliseconds(), math.MaxInt32) // lock_timeout is an int of ms
+		if _, err := tx.Exec(ctx, s.sql.LockTimeout, strconv.FormatInt(ms, 10)); err != nil {
 			return err
 		}
 		return release(tx)

@@ -83,15 +83,19 @@ FROM "pglease_leases_version" AS v ORDER BY v.version DESC LIMIT 1`
 //	$1 the quoted table name
 const tableExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
 
-// timelineCreatedSQL records the server's current timeline (see
-// timelineBaseSQL) as past its failover delay (first_claim_at =
-// -infinity). Migrate runs it only when it has just created the lease
-// table, in the same transaction: no lease of the table can predate it, so
-// no holder of an older primary can be running. It writes nothing on
-// timeline 1, which needs no delay.
+// timelineCreatedSQL records, on a timeline above 1 not yet recorded (see
+// timelineBaseSQL), the current time as the first claim on it: the failover
+// delay of a table created (or re-created by SchemaSQL) on a promoted
+// server counts from then. The table may be new on this server only
+// because an asynchronous failover lost its creation: the old primary's
+// holders can still be running, and the delay must not be skipped. Any
+// moment on this server comes after its promotion, so counting from it is
+// as safe as counting from the first claim, and ends sooner. It writes
+// nothing on timeline 1, which needs no delay, or when the timeline has a
+// row already.
 const timelineCreatedSQL = `
 INSERT INTO "pglease_leases_timelines" (timeline, first_claim_at)
-SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint, '-infinity' WHERE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint > 1
+SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint, clock_timestamp() WHERE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint > 1
 ON CONFLICT (timeline) DO NOTHING`
 
 // dropSQL drops everything Migrate creates for a table: the state view,
@@ -203,7 +207,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if existed {
 			return nil
 		}
-		_, err = tx.Exec(ctx, s.sql.TimelineCreated) // a new table: no holder of an older primary can exist
+		_, err = tx.Exec(ctx, s.sql.TimelineCreated) // a new table on a promoted server: its delay starts now
 		return err
 	})
 }
@@ -311,8 +315,8 @@ func (s *Store) exists(ctx context.Context, tx Backend, quoted string) (bool, er
 
 // SchemaSQL returns the DDL that Migrate applies to an empty database for
 // the table named by n: the version table, each migration with its
-// version recorded, and the current timeline recorded as past its failover
-// delay.
+// version recorded, and, on a promoted server, the moment its failover
+// delay counts from.
 func SchemaSQL(n Names) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- pglease schema version %d for %s\n", len(migrations), n.Quoted)
