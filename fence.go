@@ -52,7 +52,10 @@ func (e *StaleFenceError) Is(target error) bool { return target == ErrStaleFence
 // fails Guard with ErrStaleSnapshot if it predates the claim, or once the
 // expiry it shows has passed, though the lease is held: that can be as
 // soon as a lease less one beat after the snapshot (two thirds of a lease
-// with the default beat).
+// with the default beat). If the lease was taken from the holder after the
+// snapshot (ForceRelease, a takeover), the server refuses the row lock
+// (could not serialize, SQLSTATE 40001) and Guard wraps both that error
+// and the loss (ErrLeaseLost).
 //
 // Guarantee: while tx is open no other holder can claim the key (a claim
 // waits for tx to end, then gets a higher fence), so the writes tx makes
@@ -100,6 +103,13 @@ func (le *Lease) guard(ctx context.Context, tx store.Backend) error {
 		// lease's row) and end it now if it is gone, rather than at the
 		// next beat.
 		return le.guardMissed(l.renewNow(le, lossGuard))
+	case entry.SQLState(err) == "40001":
+		// REPEATABLE READ or SERIALIZABLE: a change the row lock cannot
+		// follow (a forced release, a takeover) replaced the snapshot's
+		// version of the row. Tell why, as for a lease the snapshot does
+		// not show.
+		l.obs.rejected(ctx, "guard")
+		return fmt.Errorf("%w (%w)", le.guardMissed(l.renewNow(le, lossGuard)), err)
 	case err != nil:
 		return l.table.WrapDB(fmt.Sprintf("guard %q (fence %d)", le.key, le.fence), err)
 	}

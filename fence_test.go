@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/pglease/pglease/internal/entry"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -617,6 +618,51 @@ func TestGuardWithSnapshotOlderThanTheLatestRenewal(t *testing.T) {
 		return err == nil && past
 	})
 	checkGuardStale(t, c, db, le, sql.LevelRepeatableRead, le.Guard(c, tx))
+}
+
+// A snapshot that still shows the lease live but predates a change of its
+// row. After a renewal Guard passes: the server locks the row's latest
+// version too, and the lease is held. After a forced release the row lock
+// fails on the server (could not serialize, 40001): Guard says
+// ErrLeaseLost, with the server's error in the chain, and the lease ends.
+func TestGuardWithSnapshotOlderThanAChangeOfTheRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	db := pgleasetest.DB(t, 3)
+	l := f.locker(db, WithLeaseDuration(time.Minute))
+	c := ctx(t)
+	for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		le, err := l.Lock(c, "renewed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, _ := beginWithSnapshot(t, c, f, db, iso, "renewed")
+		if !l.renewNow(le, lossGuard) {
+			t.Fatal("renew got no answer")
+		}
+		if err := le.Guard(c, tx); err != nil {
+			t.Fatalf("Guard after a renewal, in a snapshot that shows the lease live: %v", err)
+		}
+		_ = tx.Rollback()
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+
+		le, err = l.Lock(c, "evicted")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, _ = beginWithSnapshot(t, c, f, db, iso, "evicted")
+		if _, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil {
+			t.Fatal(err)
+		}
+		err = le.Guard(c, tx)
+		if !errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrStaleSnapshot) || entry.SQLState(err) != "40001" {
+			t.Fatalf("Guard after a forced release: %v; want ErrLeaseLost and the server's 40001", err)
+		}
+		<-le.Done()
+		_ = tx.Rollback()
+	}
 }
 
 // failingRenewals refuses a Locker's renew statements, as a connection
