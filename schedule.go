@@ -81,9 +81,12 @@ type JobSchedule struct {
 }
 
 // MaxGrace and MaxCatchUpWithin bound JobSchedule.Grace and
-// JobSchedule.CatchUpWithin (a year covers every cron expression).
+// JobSchedule.CatchUpWithin at a year (366 days): that covers every cron
+// expression, and a grace longer than the period of a job run every few
+// days or weeks (a duration job's default grace in both scheduler adapters
+// is its period plus up to a minute).
 const (
-	MaxGrace         = 24 * time.Hour
+	MaxGrace         = 366 * 24 * time.Hour
 	MaxCatchUpWithin = 366 * 24 * time.Hour
 )
 

@@ -115,3 +115,38 @@ func TestRegisterScheduleOnTheSchedulersClock(t *testing.T) {
 		t.Fatalf("registration three hours later on the scheduler's clock: %v, %v; want %v", tick, err, want)
 	}
 }
+
+// TestMaxGraceIsStoredAndOverdueHonoursIt: a grace of MaxGrace (a year) is
+// recorded as it is and the overdue rule reads it: a key whose next tick
+// came due 300 days ago is not overdue yet, one due MaxGrace and an hour
+// ago is.
+func TestMaxGraceIsStoredAndOverdueHonoursIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := f.replica(1)
+	js := JobSchedule{Spec: "every 400 days", Schedule: grid(400 * 24 * time.Hour), Grace: MaxGrace}
+	for _, key := range []string{"within", "past"} {
+		if _, err := l.RegisterSchedule(ctx(t), key, js); err != nil {
+			t.Fatalf("RegisterSchedule(%s, grace %v): %v", key, MaxGrace, err)
+		}
+	}
+	var us int64
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT grace_us FROM "`+f.table+`_schedules" WHERE key = 'within'`).Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(us) * time.Microsecond; got != MaxGrace {
+		t.Fatalf("recorded grace %v, want %v", got, MaxGrace)
+	}
+	_, err := f.admin.ExecContext(ctx(t), `UPDATE "`+f.table+`_schedules" SET next_due = clock_timestamp() - CASE key
+		WHEN 'within' THEN interval '300 days' ELSE $1 * interval '1 microsecond' + interval '1 hour' END`, MaxGrace.Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var overdue []string
+	if err := l.store.Overdue(ctx(t), func(key string, _ time.Time) error { overdue = append(overdue, key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(overdue) != 1 || overdue[0] != "past" {
+		t.Fatalf("overdue keys %q, want [past] alone", overdue)
+	}
+}

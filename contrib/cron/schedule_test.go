@@ -540,7 +540,10 @@ func TestOnceRecordsItsScheduleAtTheFirstRun(t *testing.T) {
 // tick at its time, and the period more for @every, whose replicas run a
 // tick at a phase of their own, anywhere in the period: with the period
 // alone, a healthy "@every 90m" job started 37 minutes past its grid point
-// was reported missed for 36 minutes of every period.
+// was reported missed for 36 minutes of every period. "@every 48h"'s grace
+// is its period and a minute: capped at 24 hours, the job was reported
+// overdue for up to a day of every period. A weekly job may be given a
+// grace longer than a day (WithGrace, up to pglease.MaxGrace).
 func TestDefaultGraceCoversAPhase(t *testing.T) {
 	t.Parallel()
 	table := migrate(t)
@@ -552,15 +555,19 @@ func TestDefaultGraceCoversAPhase(t *testing.T) {
 	for i, tc := range []struct {
 		spec  string
 		grace time.Duration
+		opts  []pgleasecron.Option
 	}{
-		{"@every 90m", 91 * time.Minute},
-		{"@every 20s", 40 * time.Second},
-		{"0 0 * * * *", time.Minute},
-		{"*/10 * * * * *", 10 * time.Second},
+		{"@every 90m", 91 * time.Minute, nil},
+		{"@every 20s", 40 * time.Second, nil},
+		{"@every 48h", 48*time.Hour + time.Minute, nil},
+		{"0 0 * * * *", time.Minute, nil},
+		{"*/10 * * * * *", 10 * time.Second, nil},
+		{"0 0 3 * * 0", 48 * time.Hour, []pgleasecron.Option{pgleasecron.WithGrace(48 * time.Hour)}},
 	} {
 		key := fmt.Sprintf("job-%d", i)
-		if _, err := pgleasecron.AddJob(c, l, secondsParser, tc.spec, key, cron.FuncJob(func() {}), pgleasecron.WithLocation(time.UTC)); err != nil {
-			t.Fatal(err)
+		opts := append([]pgleasecron.Option{pgleasecron.WithLocation(time.UTC)}, tc.opts...)
+		if _, err := pgleasecron.AddJob(c, l, secondsParser, tc.spec, key, cron.FuncJob(func() {}), opts...); err != nil {
+			t.Fatalf("%s: %v", tc.spec, err)
 		}
 		var us int64
 		if err := db.QueryRowContext(t.Context(), q, key).Scan(&us); err != nil {
@@ -619,7 +626,7 @@ func TestAddJobBadInput(t *testing.T) {
 		"negative catch-up": {"* * * * * *", []pgleasecron.Option{pgleasecron.WithCatchUp(-1)}},
 		"catch-up too long": {"* * * * * *", []pgleasecron.Option{pgleasecron.WithCatchUp(367 * 24 * time.Hour)}},
 		"negative grace":    {"* * * * * *", []pgleasecron.Option{pgleasecron.WithGrace(-1)}},
-		"grace too long":    {"* * * * * *", []pgleasecron.Option{pgleasecron.WithGrace(25 * time.Hour)}},
+		"grace too long":    {"* * * * * *", []pgleasecron.Option{pgleasecron.WithGrace(pglease.MaxGrace + 1)}},
 		"nil option":        {"* * * * * *", []pgleasecron.Option{nil}},
 		"bad spec":          {"not a spec", nil},
 		"never fires":       {"0 0 0 30 2 *", nil},

@@ -302,7 +302,9 @@ func TestCatchUpKeepsAJobAddedWithAnIdentifier(t *testing.T) {
 // at its time, and the period more for a duration job, whose replicas run
 // a tick at a phase of their own, anywhere in the period: with the period
 // alone, a healthy 90-minute job started 37 minutes past its grid point
-// was reported missed for 36 minutes of every period.
+// was reported missed for 36 minutes of every period. A 48-hour job's
+// grace is its period and a minute: capped at 24 hours, the job was
+// reported overdue for up to a day of every period.
 func TestDefaultGraceCoversAPhase(t *testing.T) {
 	table := migrate(t)
 	db := pgleasetest.DB(t, 1)
@@ -319,10 +321,12 @@ func TestDefaultGraceCoversAPhase(t *testing.T) {
 	add := map[string]func() (gocron.Job, error){
 		"every 90m": func() (gocron.Job, error) { return k.NewDurationJob(s, "every 90m", 90*time.Minute, task) },
 		"every 20s": func() (gocron.Job, error) { return k.NewDurationJob(s, "every 20s", 20*time.Second, task) },
+		"every 48h": func() (gocron.Job, error) { return k.NewDurationJob(s, "every 48h", 48*time.Hour, task) },
 		"hourly":    func() (gocron.Job, error) { return k.NewCronJob(s, "hourly", "0 * * * *", false, task) },
 		"10s":       func() (gocron.Job, error) { return k.NewCronJob(s, "10s", "*/10 * * * * *", true, task) },
 	}
-	want := map[string]time.Duration{"every 90m": 91 * time.Minute, "every 20s": 40 * time.Second, "hourly": time.Minute, "10s": 10 * time.Second}
+	want := map[string]time.Duration{"every 90m": 91 * time.Minute, "every 20s": 40 * time.Second, "every 48h": 48*time.Hour + time.Minute,
+		"hourly": time.Minute, "10s": 10 * time.Second}
 	q := `SELECT grace_us FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = $1`
 	for key, f := range add {
 		if _, err := f(); err != nil {
@@ -335,6 +339,37 @@ func TestDefaultGraceCoversAPhase(t *testing.T) {
 		if got := time.Duration(us) * time.Microsecond; got != want[key] {
 			t.Errorf("%s: default grace %v, want %v", key, got, want[key])
 		}
+	}
+}
+
+// TestGraceLongerThanADay: WithGrace accepts a grace longer than a day, up
+// to pglease.MaxGrace (a weekly job may run two days late), and records it;
+// more than MaxGrace is refused with ErrInvalidOption.
+func TestGraceLongerThanADay(t *testing.T) {
+	table := migrate(t)
+	db := pgleasetest.DB(t, 1)
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "replica-1"), pgleasegocron.WithLocation(time.UTC), pgleasegocron.WithGrace(48*time.Hour))
+	if err != nil {
+		t.Fatalf("WithGrace(48h): %v", err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	if _, err := k.NewCronJob(s, "weekly", "0 3 * * 0", false, gocron.NewTask(func() {})); err != nil {
+		t.Fatal(err)
+	}
+	var us int64
+	q := `SELECT grace_us FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = 'weekly'`
+	if err := db.QueryRowContext(t.Context(), q).Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(us) * time.Microsecond; got != 48*time.Hour {
+		t.Errorf("recorded grace %v, want 48h", got)
+	}
+	if _, err := pgleasegocron.NewLocker(newLocker(t, table, "replica-2"), pgleasegocron.WithGrace(pglease.MaxGrace+time.Microsecond)); !errors.Is(err, pglease.ErrInvalidOption) {
+		t.Errorf("WithGrace(MaxGrace+1µs): %v, want ErrInvalidOption", err)
 	}
 }
 
@@ -518,6 +553,7 @@ func TestNewCronJobBadInput(t *testing.T) {
 	for name, o := range map[string]pgleasegocron.Option{
 		"negative catch-up": pgleasegocron.WithCatchUp(-1),
 		"negative grace":    pgleasegocron.WithGrace(-1),
+		"grace too long":    pgleasegocron.WithGrace(pglease.MaxGrace + 1),
 		"nil location":      pgleasegocron.WithLocation(nil),
 	} {
 		if _, err := pgleasegocron.NewLocker(newLocker(t, "unused", "a"), o); !errors.Is(err, pglease.ErrInvalidOption) {
