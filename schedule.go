@@ -113,7 +113,10 @@ func (js JobSchedule) check() error {
 // (js.Now, on the scheduler's clock): no tick before it counts as missed, so a job
 // deployed for the first time does not run at once. A registration with
 // another Spec (the schedule changed) does the same, so no burst of
-// catch-ups follows. A registration with the same Spec changes nothing
+// catch-ups follows, and logs a warning naming both: replicas that
+// disagree on a key's schedule reset each other's next due tick at every
+// start (a rolling deploy that changes the schedule logs it once per
+// replica). A registration with the same Spec changes nothing
 // but the grace, and compares: if the latest tick at or before now lies
 // within js.CatchUpWithin, is at or after the key's next due tick (it came
 // due after the fleet knew the schedule) and is later than the key's last
@@ -150,6 +153,11 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	spec, due, last := was.Schedule, was.NextDue, was.LastTick
 	if err != nil {
 		return time.Time{}, l.table.WrapDB(fmt.Sprintf("register schedule of %q", key), err)
+	}
+	if spec.Valid && spec.String != js.Spec {
+		l.log.Warn("pglease: a scheduled key was registered with another schedule than the one recorded; its next due tick restarts from now. "+
+			"Replicas with different schedules for one key reset each other's schedule (a rolling deploy that changes it logs this once per replica)",
+			"key", key, "previous", spec.String, "schedule", js.Spec)
 	}
 	if js.CatchUpWithin == 0 || !spec.Valid || spec.String != js.Spec {
 		return time.Time{}, nil // catch-up off, or a new schedule: nothing was due yet

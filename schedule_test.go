@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 )
@@ -148,5 +149,32 @@ func TestMaxGraceIsStoredAndOverdueHonoursIt(t *testing.T) {
 	}
 	if len(overdue) != 1 || overdue[0] != "past" {
 		t.Fatalf("overdue keys %q, want [past] alone", overdue)
+	}
+}
+
+// TestRegisterScheduleWarnsOfAnotherSchedule: a registration with another
+// Spec than the one recorded (replicas disagreeing on the schedule, or a
+// deploy changing it) logs one warning naming the key and both specs; the
+// first registration and one with the same Spec log none.
+func TestRegisterScheduleWarnsOfAnotherSchedule(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := &logs{}
+	l := f.replica(1, WithLogger(slog.New(h)))
+	const msg = "reset each other's schedule"
+	for i, r := range []struct {
+		spec  string
+		warns int // warnings logged so far
+	}{{"hourly", 0}, {"hourly", 0}, {"every 2h", 1}, {"every 2h", 1}} {
+		if _, err := l.RegisterSchedule(ctx(t), "k", JobSchedule{Spec: r.spec, Schedule: grid(time.Hour)}); err != nil {
+			t.Fatalf("registration %d (%s): %v", i, r.spec, err)
+		}
+		if n := h.count(slog.LevelWarn, msg); n != r.warns {
+			t.Fatalf("after registration %d (%s): %d warnings, want %d", i, r.spec, n, r.warns)
+		}
+	}
+	attrs, _ := h.find(slog.LevelWarn, msg)
+	if attrs["key"] != "k" || attrs["previous"] != "hourly" || attrs["schedule"] != "every 2h" {
+		t.Fatalf("warning attributes %v; want key k, previous hourly, schedule every 2h", attrs)
 	}
 }
