@@ -3,7 +3,9 @@ package pglease
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pglease/pglease/internal/entry"
 )
@@ -62,7 +64,7 @@ type JobSchedule struct {
 	// Spec identifies the schedule: the cron expression or the period, as
 	// text, the same on every replica. A key registered with another Spec
 	// has a new schedule: its earlier ticks are neither missed nor caught
-	// up.
+	// up. It is valid UTF-8 with no NUL byte, at most MaxSpecLen bytes.
 	Spec string
 	// Schedule gives the ticks. Its ticks are those the job's runs claim
 	// (Tick).
@@ -90,10 +92,19 @@ const (
 	MaxCatchUpWithin = 366 * 24 * time.Hour
 )
 
+// MaxSpecLen is the longest JobSchedule.Spec accepted, in bytes.
+const MaxSpecLen = 1024
+
 func (js JobSchedule) check() error {
 	switch {
 	case js.Spec == "":
 		return fmt.Errorf("%w: empty schedule spec", ErrInvalidOption)
+	case len(js.Spec) > MaxSpecLen:
+		return fmt.Errorf("%w: schedule spec is %d bytes, the limit is %d", ErrInvalidOption, len(js.Spec), MaxSpecLen)
+	case !utf8.ValidString(js.Spec):
+		return fmt.Errorf("%w: schedule spec %q is not valid UTF-8", ErrInvalidOption, js.Spec)
+	case strings.IndexByte(js.Spec, 0) >= 0:
+		return fmt.Errorf("%w: schedule spec %q contains a NUL byte", ErrInvalidOption, js.Spec)
 	case js.Schedule == nil:
 		return fmt.Errorf("%w: nil Schedule", ErrInvalidOption)
 	case js.Grace < 0 || js.Grace > MaxGrace:

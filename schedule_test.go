@@ -3,6 +3,7 @@ package pglease
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,6 +62,9 @@ func TestScheduleBadInput(t *testing.T) {
 	g := grid(time.Second)
 	for name, js := range map[string]JobSchedule{
 		"empty spec":              {Schedule: g},
+		"spec with a NUL byte":    {Spec: "every\x00second", Schedule: g},
+		"spec not UTF-8":          {Spec: "every \xff second", Schedule: g},
+		"spec too long":           {Spec: strings.Repeat("s", MaxSpecLen+1), Schedule: g},
 		"nil schedule":            {Spec: "x"},
 		"negative grace":          {Spec: "x", Schedule: g, Grace: -1},
 		"grace too long":          {Spec: "x", Schedule: g, Grace: MaxGrace + 1},
@@ -94,6 +98,10 @@ func TestScheduleBadInput(t *testing.T) {
 	}
 	if n != 0 {
 		t.Fatalf("%d rows written by invalid calls", n)
+	}
+	long := strings.Repeat("☾", MaxSpecLen/len("☾")) + strings.Repeat("s", MaxSpecLen%len("☾"))
+	if _, err := l.RegisterSchedule(ctx(t), "k", JobSchedule{Spec: long, Schedule: g}); err != nil {
+		t.Fatalf("a spec of MaxSpecLen bytes: %v", err)
 	}
 }
 

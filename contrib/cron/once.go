@@ -156,7 +156,9 @@ func WithLogger(l cron.Logger) Option {
 // fields and the name of its time zone (the wrapper's location,
 // WithLocation, unless it was parsed with CRON_TZ=), for @every the delay,
 // for a Schedule of your own that implements fmt.Stringer its String(), for
-// any other its type and value as fmt prints them (%T %+v). A Schedule of your own whose value
+// any other its type and value as fmt prints them (%T %+v); a text longer
+// than pglease.MaxSpecLen bytes, not valid UTF-8 or with a NUL byte is
+// recorded as its SHA-256 digest. A Schedule of your own whose value
 // prints a pointer address (which differs between processes) and has no
 // String method is not recorded: its runs are still once per activation,
 // but missed activations are neither reported nor caught up; it is logged

@@ -2,11 +2,14 @@ package pgleasecron
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 
@@ -88,7 +91,7 @@ func specOf(sched cron.Schedule, loc *time.Location) (spec string, ok bool) {
 	case *cron.SpecSchedule:
 		s = v
 	case fmt.Stringer:
-		return v.String(), true
+		return recordable(v.String()), true
 	}
 	if s != nil {
 		l := s.Location
@@ -101,7 +104,18 @@ func specOf(sched cron.Schedule, loc *time.Location) (spec string, ok bool) {
 			s.Second, s.Minute, s.Hour, s.Dom, s.Month, s.Dow, l), true
 	}
 	spec = fmt.Sprintf("%T %+v", sched, sched)
-	return spec, !address.MatchString(spec)
+	return recordable(spec), !address.MatchString(spec)
+}
+
+// recordable returns spec, or if pglease would refuse it as a
+// JobSchedule.Spec (longer than pglease.MaxSpecLen, not valid UTF-8, a NUL
+// byte: a custom schedule's text) its SHA-256 digest, which is the same on
+// every replica and changes with the text.
+func recordable(spec string) string {
+	if len(spec) <= pglease.MaxSpecLen && utf8.ValidString(spec) && strings.IndexByte(spec, 0) < 0 {
+		return spec
+	}
+	return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(spec)))
 }
 
 // jobSchedule is what a wrapper knows of its schedule for pglease's record

@@ -758,3 +758,54 @@ func TestCatchUpEntryRemovedAfterAPanic(t *testing.T) {
 		t.Fatalf("%d entries after the catch-up run panicked, want the job's alone", n)
 	}
 }
+
+// textSchedule is a schedule of the user's own, hourly, that prints as its
+// text.
+type textSchedule string
+
+func (textSchedule) Next(t time.Time) time.Time { return t.Truncate(time.Hour).Add(time.Hour) }
+func (s textSchedule) String() string           { return string(s) }
+
+// textParser parses any spec as a textSchedule of that text.
+type textParser struct{}
+
+func (textParser) Parse(spec string) (cron.Schedule, error) { return textSchedule(spec), nil }
+
+// TestAddJobRecordsAnOddScheduleTextByItsDigest: a schedule whose text
+// pglease refuses as a JobSchedule.Spec (longer than pglease.MaxSpecLen,
+// not valid UTF-8, a NUL byte) is recorded under the text's digest, one per
+// text: given as it is, every registration failed and the job's missed
+// ticks were never reported.
+func TestAddJobRecordsAnOddScheduleTextByItsDigest(t *testing.T) {
+	t.Parallel()
+	table := migrate(t)
+	db := pgleasetest.DB(t, 2)
+	l := newLocker(t, db, table, "replica-1", 5*time.Second)
+	defer l.Close()
+	c := cron.New(cron.WithLocation(time.UTC))
+	q := `SELECT schedule FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = $1`
+	seen := map[string]string{}
+	for name, text := range map[string]string{
+		"long":               strings.Repeat("hourly ", 200),
+		"longer":             strings.Repeat("hourly ", 201),
+		"a NUL byte":         "hourly\x00",
+		"not UTF-8":          "hourly \xff",
+		"another NUL":        "hourly\x00\x00",
+		"exactly MaxSpecLen": strings.Repeat("h", pglease.MaxSpecLen),
+	} {
+		if _, err := pgleasecron.AddJob(c, l, textParser{}, text, name, cron.FuncJob(func() {})); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var spec string
+		if err := db.QueryRowContext(t.Context(), q, name).Scan(&spec); err != nil {
+			t.Fatalf("%s: the schedule is not recorded: %v", name, err)
+		}
+		if digest := strings.HasPrefix(spec, "sha256:"); digest != (name != "exactly MaxSpecLen") {
+			t.Errorf("%s: recorded %q", name, spec)
+		}
+		if other, ok := seen[spec]; ok {
+			t.Errorf("%s and %s recorded the same text %q", name, other, spec)
+		}
+		seen[spec] = name
+	}
+}

@@ -2,12 +2,14 @@ package pgleasegocron
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
@@ -237,6 +239,12 @@ func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSecond
 		if k.location() != time.Local {
 			def = "CRON_TZ=" + k.location().String() + " " + crontab
 		}
+	}
+	if len(spec) > pglease.MaxSpecLen || !utf8.ValidString(spec) || strings.IndexByte(spec, 0) >= 0 {
+		// pglease refuses it as a JobSchedule.Spec (a crontab of more than
+		// MaxSpecLen bytes, a zone's odd name): its digest is the same on
+		// every replica and changes with the crontab.
+		spec = fmt.Sprintf("cron sha256:%x", sha256.Sum256([]byte(spec)))
 	}
 	js := &jobSchedule{spec: spec, sched: sched, period: time.Minute} // one activation left: a minute
 	if next := sched.Next(k.clock()); sched.Next(next).After(next) {

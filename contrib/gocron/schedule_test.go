@@ -373,6 +373,37 @@ func TestGraceLongerThanADay(t *testing.T) {
 	}
 }
 
+// TestLongCrontabIsRecordedByItsDigest: a crontab longer than
+// pglease.MaxSpecLen (a minute field listing one minute 521 times) is
+// recorded under its digest, which pglease accepts: given as it is, every
+// registration failed (ErrInvalidOption) and its missed ticks were never
+// reported.
+func TestLongCrontabIsRecordedByItsDigest(t *testing.T) {
+	table := migrate(t)
+	db := pgleasetest.DB(t, 1)
+	k, err := pgleasegocron.NewLocker(newLocker(t, table, "replica-1"), pgleasegocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gocron.NewScheduler(gocron.WithLocation(time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown() }()
+	crontab := strings.Repeat("7,", 520) + "7 3 * * *"
+	if _, err := k.NewCronJob(s, "long", crontab, false, gocron.NewTask(func() {})); err != nil {
+		t.Fatal(err)
+	}
+	var spec string
+	q := `SELECT schedule FROM ` + pgx.Identifier{table + "_schedules"}.Sanitize() + ` WHERE key = 'long'`
+	if err := db.QueryRowContext(t.Context(), q).Scan(&spec); err != nil {
+		t.Fatalf("the schedule of a %d-byte crontab: %v", len(crontab), err)
+	}
+	if !strings.HasPrefix(spec, "cron sha256:") {
+		t.Fatalf("recorded %q, want the crontab's digest", spec)
+	}
+}
+
 // TestNewCronJobInAnotherZoneIsAScheduleChange: a job moved from UTC to
 // Asia/Tokyo (WithLocation; its ticks move by 9 hours) is a schedule
 // change: its next due tick becomes Tokyo's, so that the tick UTC would
