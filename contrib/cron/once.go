@@ -60,6 +60,14 @@ func WithClock(now func() time.Time) Option {
 // WithLocation sets the time zone the schedule is evaluated in: the one
 // given to cron.WithLocation. Default: for AddJob the Cron's location (it
 // refuses another), for Once time.Local, cron's default.
+//
+// In a zone with daylight saving time, robfig/cron skips an activation in
+// the hour skipped in spring (a daily job at 02:30 in America/New_York does
+// not run that day) and fires one in the hour repeated in autumn twice, an
+// hour apart (01:30 EDT and 01:30 EST): two ticks, each run once across the
+// replicas, and neither reported as a tick run twice; the skipped one is
+// neither reported missed nor caught up. Use time.UTC for a job that must
+// run once a day, or keep it clear of 01:00–04:00 local time.
 func WithLocation(loc *time.Location) Option {
 	return func(c *config) error {
 		if loc == nil {

@@ -112,6 +112,14 @@ func WithGrace(d time.Duration) Option {
 // seen as a schedule change, and until the job's next run records its next
 // due tick, a tick of the old zone may be reported missed, or caught up
 // once. Name the zone (WithLocation, or TZ) to have such a move seen.
+//
+// In a zone with daylight saving time, an activation in the hour skipped in
+// spring does not happen (a daily job at 02:30 in America/New_York does not
+// run that day) and one in the hour repeated in autumn happens twice, an
+// hour apart (01:30 EDT and 01:30 EST): two ticks, each run once across
+// the replicas, and neither reported as a tick run twice; the skipped one
+// is neither reported missed nor caught up. Use time.UTC for a job that
+// must run once a day, or keep it clear of 01:00–04:00 local time.
 func WithLocation(loc *time.Location) Option {
 	return func(k *Locker) error {
 		if loc == nil {
