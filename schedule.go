@@ -126,7 +126,7 @@ func (js JobSchedule) check() error {
 // another Spec (the schedule changed) does the same, so no burst of
 // catch-ups follows, and logs a warning naming both: replicas that
 // disagree on a key's schedule reset each other's next due tick at every
-// start (a rolling deploy that changes the schedule logs it once per
+// start (a deploy that changes the schedule logs it once, at its first
 // replica). A registration with the same Spec changes nothing
 // but the grace, and compares: if the latest tick at or before now lies
 // within js.CatchUpWithin, is at or after the key's next due tick (it came
@@ -167,7 +167,7 @@ func (l *Locker) RegisterSchedule(ctx context.Context, key string, js JobSchedul
 	}
 	if spec.Valid && spec.String != js.Spec {
 		l.log.Warn("pglease: a scheduled key was registered with another schedule than the one recorded; its next due tick restarts from now. "+
-			"Replicas with different schedules for one key reset each other's schedule (a rolling deploy that changes it logs this once per replica)",
+			"Replicas with different schedules for one key reset each other's schedule (a deploy that changes it logs this once, at its first replica)",
 			"key", key, "previous", spec.String, "schedule", js.Spec)
 	}
 	if js.CatchUpWithin == 0 || !spec.Valid || spec.String != js.Spec {
