@@ -224,7 +224,10 @@ func (l *Locker) maybePrune() {
 }
 
 // pruneJournal takes the pruning ledger for this interval if no other
-// Locker has, then deletes old rows batch by batch until none is left. Close
+// Locker has, clears the first due tick of the scheduled keys registered
+// before the cut-off (their runs since may go: Audit no longer compares
+// the registration with them), then deletes old rows batch by batch until
+// none is left. Close
 // lets it go on for the release timeout, then cuts it short (the next
 // interval's pruner goes on): a Locker closed right after its first claim
 // prunes too. Each statement is bounded by the release timeout and borrows a
@@ -243,6 +246,9 @@ func (l *Locker) pruneJournal() {
 		return fn(ctx)
 	}
 	err := stmt(func(ctx context.Context) error { return l.prune.store.ClaimPruning(ctx, l.prune.interval()) })
+	if err == nil {
+		err = stmt(func(ctx context.Context) error { return l.prune.store.ForgetFirstDue(ctx, l.cfg.retention) })
+	}
 	for err == nil {
 		var n int64
 		err = stmt(func(ctx context.Context) (err error) {

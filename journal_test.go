@@ -274,6 +274,16 @@ func TestJournalPrune(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
 	f.seedJournal("old", 30*24*time.Hour, 100, 1333) // 1,234 rows: three batches
+	for _, k := range []struct {                     // a registration past the retention and one within it
+		key string
+		age time.Duration
+	}{{"sched-old", 30 * 24 * time.Hour}, {"sched-new", time.Hour}} {
+		if _, err := f.admin.ExecContext(c, `INSERT INTO "`+f.table+`_schedules" (key, schedule, next_due, grace_us, known_since, first_due, first_due_known_since)
+			VALUES ($1, 'every hour', clock_timestamp(), 0, clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp(),
+			clock_timestamp() - $2::bigint * interval '1 microsecond')`, k.key, k.age.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	l := f.replica(2, WithJournalRetention(24*time.Hour))
 	other := f.replica(2, WithJournalRetention(24*time.Hour))
 	l.prune.mu.Lock()
@@ -285,6 +295,16 @@ func TestJournalPrune(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool { return len(f.journal("old")) == 0 })
 	if got := f.journal("new"); len(got) != 1 {
 		t.Fatalf("a recent row was pruned: %v", got)
+	}
+	// The pruner forgot the first due tick of the registration past the
+	// retention (before deleting rows), and kept the recent one's.
+	var forgotten string
+	if err := f.admin.QueryRowContext(c, `SELECT coalesce(string_agg(key, ',' ORDER BY key), '') FROM "`+f.table+`_schedules"
+		WHERE first_due_known_since IS NULL`).Scan(&forgotten); err != nil {
+		t.Fatal(err)
+	}
+	if forgotten != "sched-old" {
+		t.Fatalf("registrations whose first due tick the pruner forgot: %q; want sched-old only", forgotten)
 	}
 	// The ledger was taken for the hour: another Locker does not win it.
 	var one int

@@ -128,7 +128,7 @@ func auditIn(ctx context.Context, st *store.Store, since time.Time, scan bool) (
 			last := func(ctx context.Context, each func(journalRow) error) error {
 				return st.JournalLastRuns(ctx, since, s.last, each)
 			}
-			err := readRuns(ctx, last, func(runs []Run, _ time.Time, _ *time.Time) error {
+			err := readRuns(ctx, last, func(runs []Run, _ time.Time, _ *registration) error {
 				lastRun(runs)
 				return nil
 			})
@@ -137,18 +137,28 @@ func auditIn(ctx context.Context, st *store.Store, since time.Time, scan bool) (
 			}
 		}
 	}
-	err = readRuns(ctx, read, func(runs []Run, now time.Time, scheduledSince *time.Time) error {
+	err = readRuns(ctx, read, func(runs []Run, now time.Time, reg *registration) error {
 		res.Runs += len(runs)
 		res.Findings = append(res.Findings, findOverlaps(runs, now)...)
-		res.Missed = append(res.Missed, findMissed(runs, scheduledSince)...)
+		res.Missed = append(res.Missed, findMissed(runs, reg, since)...)
 		lastRun(runs)
 		return nil
 	})
 	if err != nil {
 		return AuditResult{}, err
 	}
+	type tick struct {
+		key string
+		due int64
+	}
+	between := map[tick]bool{}
+	for _, m := range res.Missed {
+		between[tick{m.Key, m.Due.UnixMicro()}] = true
+	}
 	for _, m := range overdue {
-		res.Missed = append(res.Missed, m)
+		if !between[tick{m.Key, m.Due.UnixMicro()}] { // a tick found between runs is not overdue too
+			res.Missed = append(res.Missed, m)
+		}
 	}
 	slices.SortStableFunc(res.Missed, func(a, b MissedTick) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), a.Due.Compare(b.Due))

@@ -22,8 +22,9 @@ import (
 // previous one's end row, jump to a new timeline, lack their granted or end
 // rows, end by expiry on the lease row, still run; ticks run twice, skipped,
 // going back; next due ticks missing or going back; lease rows behind or
-// ahead of the journal or missing; schedules overdue or not), around the
-// windows the test audits.
+// ahead of the journal or missing; schedules overdue or not, with their
+// registration's first due tick or without, or an older registration's),
+// around the windows the test audits.
 type journalGen struct {
 	r    *rand.Rand
 	now  time.Time
@@ -174,9 +175,18 @@ func (g *journalGen) key(name string) {
 			"expires_at": exp, "released_at": released, "last_tick": lt})
 	}
 	if ticked && g.p(0.7) {
-		g.schedules = append(g.schedules, map[string]any{"key": name,
+		known := g.now.Add(-g.dur(0, 11*time.Hour))
+		s := map[string]any{"key": name,
 			"next_due": g.now.Add(g.dur(-3*time.Hour, time.Hour)), "grace_us": g.r.Int64N(600e6),
-			"known_since": g.now.Add(-g.dur(0, 11*time.Hour))})
+			"known_since": known}
+		if g.p(0.7) { // the registration's first due tick (schema version 12): its own, or an older registration's
+			s["first_due"] = known.Truncate(slot).Add(slot * time.Duration(g.r.IntN(3)))
+			s["first_due_known_since"] = known
+			if g.p(0.15) {
+				s["first_due_known_since"] = known.Add(-g.dur(time.Second, time.Hour))
+			}
+		}
+		g.schedules = append(g.schedules, s)
 	}
 }
 
@@ -207,9 +217,10 @@ FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, holder text, tok
 SELECT key, 'h0', 0, fence, acquired_at, expires_at, released_at, last_tick
 FROM jsonb_to_recordset($1::jsonb) AS x(key text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
 	released_at timestamptz, last_tick timestamptz)`, g.leases},
-		{`INSERT INTO ` + tb.Names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since)
-SELECT key, '@every 10m', next_due, grace_us, known_since
-FROM jsonb_to_recordset($1::jsonb) AS x(key text, next_due timestamptz, grace_us bigint, known_since timestamptz)`, g.schedules},
+		{`INSERT INTO ` + tb.Names.Prefix + `_schedules"  (key, schedule, next_due, grace_us, known_since, first_due, first_due_known_since)
+SELECT key, '@every 10m', next_due, grace_us, known_since, first_due, first_due_known_since
+FROM jsonb_to_recordset($1::jsonb) AS x(key text, next_due timestamptz, grace_us bigint, known_since timestamptz,
+	first_due timestamptz, first_due_known_since timestamptz)`, g.schedules},
 	}
 	for _, s := range stmts {
 		if _, err := f.admin.ExecContext(c, s.sql, js(s.arg)); err != nil {

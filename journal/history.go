@@ -48,7 +48,7 @@ func History[D pglease.DB](ctx context.Context, db D, key string, since time.Tim
 	read := func(ctx context.Context, each func(journalRow) error) error {
 		return st.JournalRows(ctx, since, &key, lim, each)
 	}
-	err = readRuns(ctx, read, func(r []Run, _ time.Time, _ *time.Time) error {
+	err = readRuns(ctx, read, func(r []Run, _ time.Time, _ *registration) error {
 		runs = r
 		return nil
 	})

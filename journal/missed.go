@@ -10,8 +10,9 @@ import (
 // MissedTick describes a tick of a scheduled key (pglease.Locker.RegisterSchedule)
 // that came due and ran zero times: every replica was down across it, or
 // none could reach the database, or the run before it was still going.
-// One MissedTick stands for a whole gap between two runs: Due is its first
-// tick, and every tick from Due to NextRun's (excluded) ran zero times.
+// One MissedTick stands for a whole gap between two runs, or between the
+// key's registration and its first run: Due is its first tick, and every
+// tick from Due to NextRun's (excluded) ran zero times.
 type MissedTick struct {
 	Key string
 	// Due is the tick that came due with no run: the next tick the key's
@@ -21,7 +22,9 @@ type MissedTick struct {
 	// LastRun is, for a tick between two runs, the run that recorded Due as
 	// the key's next tick; for an overdue tick, the key's latest run
 	// acquired at or before Due in the audited window. Nil if there is
-	// none.
+	// none, and for the first tick due after the key's schedule was
+	// registered (the registration recorded Due) when the key's first run
+	// since claimed a later tick.
 	LastRun *Run
 	// NextRun is the key's first run after Due: the catch-up run
 	// (NextRun.CatchUp) or a later tick's; nil while there is none yet
@@ -47,26 +50,38 @@ func readOverdue(ctx context.Context, st *store.Store) (map[string]MissedTick, e
 // findMissed returns the ticks of one key's runs (ordered by fence) that
 // came due between two runs and got none: a run recorded its next due tick
 // (NextTick) and the key's next run with a tick claimed a later one. Only
-// runs claimed since the key's current schedule became known are compared:
-// across a schedule change, the old schedule's next tick is not due. An
-// abandoned run (EndAbandoned) is passed over: its claim was undone, so it
-// neither ran its tick nor moved the key's next due tick on.
-func findMissed(runs []Run, scheduledSince *time.Time) []MissedTick {
-	if scheduledSince == nil {
+// runs claimed since the key's current schedule became known (reg) are
+// compared: across a schedule change, the old schedule's next tick is not
+// due. The registration counts as the run before the first of them, its
+// next due tick being the one it recorded (reg.firstDue), if the
+// registration lies in the window (at or after since: every run claimed
+// since then is in runs). An abandoned run (EndAbandoned) is passed over:
+// its claim was undone, so it neither ran its tick nor moved the key's
+// next due tick on.
+func findMissed(runs []Run, reg *registration, since time.Time) []MissedTick {
+	if reg == nil {
 		return nil
 	}
 	var out []MissedTick
-	var prev *Run // the latest run that recorded its next due tick
+	var prev *Run                                            // the latest run that recorded its next due tick
+	first := reg.firstDue != nil && !reg.since.Before(since) // the registration stands before the next run
 	for i := range runs {
 		r := &runs[i]
 		if r.Tick == nil || r.End == EndAbandoned {
 			continue
 		}
-		if prev != nil && r.Tick.After(*prev.NextTick) {
+		registered := !r.AcquiredAt.Before(reg.since)
+		switch {
+		case first && registered:
+			first = false
+			if r.Tick.After(*reg.firstDue) {
+				out = append(out, MissedTick{Key: r.Key, Due: *reg.firstDue, NextRun: r})
+			}
+		case prev != nil && r.Tick.After(*prev.NextTick):
 			out = append(out, MissedTick{Key: r.Key, Due: *prev.NextTick, LastRun: prev, NextRun: r})
 		}
 		prev = nil
-		if r.NextTick != nil && !r.AcquiredAt.Before(*scheduledSince) {
+		if r.NextTick != nil && registered {
 			prev = r
 		}
 	}

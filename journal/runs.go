@@ -15,19 +15,33 @@ import (
 // journalRow is one journal row with the lease row of its key as it is now.
 type journalRow = store.JournalRow
 
+// registration is a scheduled key's current schedule as the journal reads
+// see it.
+type registration struct {
+	since time.Time // when the schedule became known (known_since)
+	// firstDue is the tick due first after that registration (first_due,
+	// schema version 12), or nil: not recorded, or no longer comparable
+	// with the journal (see the store's schedulesFirstDue).
+	firstDue *time.Time
+}
+
 // readRuns hands the runs of the journal rows that read yields (ordered by
 // key, fence and time: one of the store's journal reads) to each, one key
-// at a time, ordered by fence, with the server's time and when the key's
-// schedule became known (nil if it is not registered): only one key's rows
+// at a time, ordered by fence, with the server's time and the key's
+// current registration (nil if it is not registered): only one key's rows
 // and runs are in memory at once.
 func readRuns(ctx context.Context, read func(context.Context, func(journalRow) error) error,
-	each func(runs []Run, now time.Time, scheduledSince *time.Time) error) error {
+	each func(runs []Run, now time.Time, reg *registration) error) error {
 	var rows []journalRow // the current key's
 	flush := func() error {
 		if len(rows) == 0 {
 			return nil
 		}
-		err := each(assembleRuns(rows, rows[0].Now), rows[0].Now, entry.TimePtr(rows[0].KnownSince))
+		var reg *registration
+		if rows[0].KnownSince.Valid {
+			reg = &registration{since: rows[0].KnownSince.Time, firstDue: entry.TimePtr(rows[0].FirstDue)}
+		}
+		err := each(assembleRuns(rows, rows[0].Now), rows[0].Now, reg)
 		rows = rows[:0]
 		return err
 	}

@@ -21,7 +21,10 @@ import (
 // fence above the lease row's (whose run's end would be now or its expiry),
 // nor a key with no lease row, nor an abandoned row (a claim undone: its
 // run did not run its tick, and the next due tick it recorded is void, so
-// the rows' ticks and due ticks no longer tell a gap).
+// the rows' ticks and due ticks no longer tell a gap), nor a key registered
+// in the window whose first tick claimed since its registration is past
+// the first due tick the registration recorded (schedulesFirstDue: one
+// probe of the (key, occurred_at) index per such key).
 // Each test errs towards reading: a key read for nothing costs time, never
 // a finding. The rows are those at or after $1 and, per key, its last
 // granted row before $1 (found through the (key, occurred_at) index from
@@ -63,8 +66,13 @@ WITH j AS (
 	       max(r.fence) AS max_fence
 	FROM r GROUP BY r.key
 )
-SELECT k.key, k.runs, k.odd OR l.fence IS NULL OR k.max_fence > l.fence
+SELECT k.key, k.runs, k.odd OR l.fence IS NULL OR k.max_fence > l.fence OR coalesce(CASE
+	WHEN s.first_due IS NOT NULL AND s.known_since >= $1 THEN (
+		SELECT g.tick FROM "pglease_leases_journal" AS g
+		WHERE g.key = k.key AND g.occurred_at >= s.known_since AND g.event = 'granted' AND g.tick IS NOT NULL
+		ORDER BY g.occurred_at LIMIT 1) > s.first_due END, false)
 FROM k LEFT JOIN "pglease_leases" AS l ON l.key = k.key
+LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = k.key
 WHERE k.runs > 0`
 
 // AuditScan calls each, for every key with a journal row at or after since,

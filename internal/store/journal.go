@@ -70,6 +70,23 @@ DELETE FROM "pglease_leases_journal" WHERE ctid = ANY (ARRAY(
 		LIMIT $2) AS j
 	LIMIT $2))`
 
+// forgetFirstDueSQL clears the registration's first due tick (schema
+// version 12: first_due_known_since set to NULL, which Audit reads as no
+// first_due) of the scheduled keys registered before the pruning cut-off:
+// the pruning that follows may delete runs claimed since their
+// registration, and Audit, no longer seeing them, would take a later run
+// for the first one. The pruner runs it before deleting anything.
+//
+//	$1 retention in µs
+//
+// Durability: not durable (synchronous_commit off): a lost update is made
+// again by the next pruning, before it deletes anything more.
+const forgetFirstDueSQL = `
+WITH now AS (SELECT clock_timestamp() - $1::bigint * interval '1 microsecond' AS cut,
+	set_config('synchronous_commit', 'off', true) AS sc)
+UPDATE "pglease_leases_schedules" AS s SET first_due_known_since = NULL FROM now
+WHERE s.first_due_known_since IS NOT NULL AND s.known_since < now.cut`
+
 // JournalLost writes the lost row of holder's lease of key (fence, token)
 // dated at (or now if earlier), with outcome lost if the run records
 // outcomes.
@@ -87,6 +104,17 @@ func (s *Store) JournalLost(ctx context.Context, key, holder string, fence, toke
 func (s *Store) ClaimPruning(ctx context.Context, interval time.Duration) error {
 	var one int
 	return s.DB.QueryRow(ctx, s.sql.ClaimPruning, []any{interval.Microseconds()}, &one)
+}
+
+// ForgetFirstDue clears the first due tick of the scheduled keys
+// registered more than retention ago (forgetFirstDueSQL); on a table not
+// yet migrated to schema version 12 there is none, and it does nothing.
+func (s *Store) ForgetFirstDue(ctx context.Context, retention time.Duration) error {
+	_, err := s.DB.Exec(ctx, s.sql.ForgetFirstDue, retention.Microseconds())
+	if SQLState(err) == "42703" { // undefined_column: no first_due yet
+		return nil
+	}
+	return err
 }
 
 // Prune deletes up to batch journal rows older than retention, of runs

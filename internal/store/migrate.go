@@ -45,6 +45,7 @@ const (
 // one.
 var compatibleFrom = []int{
 	11: 1, // prior_tick, the claim function that sets it: only added
+	12: 1, // the schedules' first_due and first_due_known_since: only added
 }
 
 // firstCompatibleVersion is the first schema version whose row records
@@ -69,7 +70,7 @@ func CompatibleFrom(v int) (int, bool) {
 // The promise a later migration keeps: it adds that column (integer) if it
 // is not there, and records with its version row the oldest schema version
 // whose code still works on the table it leaves: 1 while every migration
-// only adds objects (every one up to version 11 does), its own version when
+// only adds objects (every one up to version 12 does), its own version when
 // it changes what older code relies on. Migrate of an older version then
 // succeeds on the newer table (a rolled-back deploy starts) or fails with
 // ErrSchemaTooNew. Version 11 added the column; Migrate records it from

@@ -34,9 +34,9 @@ sel AS (
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
-       l.released_at IS NOT NULL, now.ts, s.known_since
+       l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
-LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 	journalAllRowsSQL = `
@@ -49,9 +49,9 @@ sel AS (
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
-       l.released_at IS NOT NULL, now.ts, s.known_since
+       l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
-LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 	journalKeysRowsSQL = `
@@ -64,9 +64,9 @@ sel AS (
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
-       l.released_at IS NOT NULL, now.ts, s.known_since
+       l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
-LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 	journalLastRunsSQL = `
@@ -82,12 +82,27 @@ sel AS (
 SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, j.tick, j.outcome,
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
-       l.released_at IS NOT NULL, now.ts, s.known_since
+       l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
 FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
-LEFT JOIN "pglease_leases_schedules" AS s ON s.key = j.key
+LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
 )
+
+// schedulesFirstDue reads <table>_schedules with each key's first due tick
+// (first_due, schema version 12) where it belongs to the key's current
+// schedule: first_due_known_since equal to known_since, NULL otherwise (a
+// row registered before version 12, a changed schedule registered by an
+// older pglease, which resets known_since alone, or a registration older
+// than the journal's retention, whose first due tick the pruner cleared).
+// The columns are read through the row as JSON, so that a table not yet
+// migrated to version 12 reads NULL.
+//
+// Result rows: (key, known_since, first_due).
+const schedulesFirstDue = `SELECT s.key, s.known_since,
+	CASE WHEN (to_jsonb(s) ->> 'first_due_known_since')::timestamptz = s.known_since
+	     THEN (to_jsonb(s) ->> 'first_due')::timestamptz END AS first_due
+	FROM "pglease_leases_schedules" AS s`
 
 // JournalRow is one journal row with the lease row of its key as it is now.
 type JournalRow struct {
@@ -99,6 +114,7 @@ type JournalRow struct {
 	Due                sql.NullTime
 	CatchUp            bool
 	KnownSince         sql.NullTime // the key's schedule's, if registered
+	FirstDue           sql.NullTime // the tick due first after KnownSince's registration, if recorded
 	LeaseFence         sql.NullInt64
 	LeaseLive          bool
 	LeaseExpires       sql.NullTime
@@ -134,7 +150,7 @@ func (s *Store) journalRows(ctx context.Context, q string, args []any, each func
 	return s.DB.Query(ctx, q, args, func(scan func(...any) error) error {
 		var r JournalRow
 		if err := scan(&r.Key, &r.Fence, &r.Holder, &r.Token, &r.Event, &r.At, &r.Expires, &r.Tick, &r.Outcome,
-			&r.Due, &r.CatchUp, &r.LeaseFence, &r.LeaseLive, &r.LeaseExpires, &r.LeaseReleased, &r.Now, &r.KnownSince); err != nil {
+			&r.Due, &r.CatchUp, &r.LeaseFence, &r.LeaseLive, &r.LeaseExpires, &r.LeaseReleased, &r.Now, &r.KnownSince, &r.FirstDue); err != nil {
 			return err
 		}
 		return each(r)

@@ -11,9 +11,12 @@ import (
 // changed gets the new schedule, its next due tick and known_since reset
 // (ticks of the old schedule are neither missed nor caught up); a key
 // whose schedule is the same keeps its next due tick (only its grace
-// follows the caller). It returns the row as it was before, and the key's
-// last tick in the lease table: the caller decides from them whether a
-// tick was missed.
+// follows the caller). Whenever it sets known_since it also records the
+// registered next due tick as first_due, with that known_since as
+// first_due_known_since (schema version 12): Audit reports first_due
+// missed if the key's first run since claimed a later tick. It returns the
+// row as it was before, and the key's last tick in the lease table: the
+// caller decides from them whether a tick was missed.
 //
 //	$1 key, $2 schedule text, $3 next due tick, $4 grace in µs
 //
@@ -22,7 +25,30 @@ import (
 //
 // Durability: not durable (synchronous_commit off): a registration lost in
 // a crash is made again at the next start.
-const registerScheduleSQL = `
+//
+// registerScheduleV11SQL is the same without first_due (schema version
+// 11): RegisterSchedule runs it on a table not yet migrated to version 12.
+const (
+	registerScheduleSQL = `
+WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
+old AS (SELECT s.schedule, s.next_due FROM "pglease_leases_schedules" AS s WHERE s.key = $1),
+up AS (
+	INSERT INTO "pglease_leases_schedules" AS s (key, schedule, next_due, grace_us, known_since, first_due, first_due_known_since)
+	SELECT $1, $2, $3, $4, now.ts, $3, now.ts FROM now
+	ON CONFLICT (key) DO UPDATE SET
+		schedule    = EXCLUDED.schedule,
+		next_due    = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.next_due ELSE EXCLUDED.next_due END,
+		known_since = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.known_since ELSE EXCLUDED.known_since END,
+		first_due   = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.first_due ELSE EXCLUDED.first_due END,
+		first_due_known_since = CASE WHEN s.schedule = EXCLUDED.schedule THEN s.first_due_known_since
+		                             ELSE EXCLUDED.first_due_known_since END,
+		grace_us    = EXCLUDED.grace_us
+	WHERE s.schedule <> EXCLUDED.schedule OR s.grace_us <> EXCLUDED.grace_us
+	RETURNING 1
+)
+SELECT old.schedule, old.next_due, (SELECT l.last_tick FROM "pglease_leases" AS l WHERE l.key = $1)
+FROM (SELECT 1) AS one LEFT JOIN old ON true`
+	registerScheduleV11SQL = `
 WITH now AS (SELECT clock_timestamp() AS ts, set_config('synchronous_commit', 'off', true) AS sc),
 old AS (SELECT s.schedule, s.next_due FROM "pglease_leases_schedules" AS s WHERE s.key = $1),
 up AS (
@@ -38,6 +64,7 @@ up AS (
 )
 SELECT old.schedule, old.next_due, (SELECT l.last_tick FROM "pglease_leases" AS l WHERE l.key = $1)
 FROM (SELECT 1) AS one LEFT JOIN old ON true`
+)
 
 // forgetScheduleSQL removes a scheduled key's record (its schedule, next
 // due tick and grace), so that its missed ticks are no longer reported. The
@@ -81,10 +108,19 @@ type Registered struct {
 }
 
 // RegisterSchedule records key's schedule (its text), next due tick and
-// grace, and returns the key as it was.
+// grace, and returns the key as it was. On a table not yet migrated to
+// schema version 12 (no first_due) it records them as version 11 did.
 func (s *Store) RegisterSchedule(ctx context.Context, key, schedule string, next time.Time, grace time.Duration) (Registered, error) {
+	r, err := s.registerSchedule(ctx, s.sql.RegisterSchedule, key, schedule, next, grace)
+	if SQLState(err) == "42703" { // undefined_column: no first_due yet
+		r, err = s.registerSchedule(ctx, s.sql.RegisterV11, key, schedule, next, grace)
+	}
+	return r, err
+}
+
+func (s *Store) registerSchedule(ctx context.Context, q, key, schedule string, next time.Time, grace time.Duration) (Registered, error) {
 	var r Registered
-	err := s.DB.QueryRow(ctx, s.sql.RegisterSchedule, []any{key, schedule, next, grace.Microseconds()},
+	err := s.DB.QueryRow(ctx, q, []any{key, schedule, next, grace.Microseconds()},
 		&r.Schedule, &r.NextDue, &r.LastTick)
 	return r, err
 }

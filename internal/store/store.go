@@ -36,7 +36,7 @@ type Statements struct {
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                              string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                          string
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                     string
-	JournalLastRuns                                                                           string
+	JournalLastRuns, RegisterV11, ForgetFirstDue                                              string
 	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated            string
 	CompatibleFrom, LastClaim, ForceReleased                                                  string
 	TableExists, MigrateLock, Drop                                                            string
@@ -80,6 +80,8 @@ func bind(n Names, journal bool) *Statements {
 		JournalLastRuns:  n.Bind(journalLastRunsSQL),
 		AuditScan:        n.Bind(auditScanSQL),
 		RegisterSchedule: n.Bind(registerScheduleSQL),
+		RegisterV11:      n.Bind(registerScheduleV11SQL),
+		ForgetFirstDue:   n.Bind(forgetFirstDueSQL),
 		ForgetSchedule:   n.Bind(forgetScheduleSQL),
 		Overdue:          n.Bind(overdueSQL),
 		VersionTable:     n.Bind(versionTableSQL),

@@ -1,0 +1,32 @@
+-- pglease schema version 12: the registration's first due tick
+-- (first_due), so that Audit reports it missed once a later tick's run
+-- lands.
+--
+-- <table>_schedules recorded a scheduled key's next due tick (next_due),
+-- moved on by every claim with NextTick, and when its schedule became
+-- known (known_since). Audit finds a tick missed between two runs from the
+-- earlier run's next due tick: the first tick due after a registration
+-- has no such run before it. While no run followed, it was overdue; once a
+-- run of a later tick moved next_due on, it was reported nowhere.
+-- Registering a key (new, or with another schedule) now also records the
+-- tick it registered as due (first_due) and the known_since it belongs to
+-- (first_due_known_since). Audit takes the registration as the run before
+-- the key's first run since known_since, with first_due as its next due
+-- tick, only while first_due_known_since equals known_since: a replica of
+-- an older version that registers a changed schedule resets known_since
+-- alone, and its first_due is then ignored. Pruning the journal past a
+-- registration clears first_due_known_since (the runs since known_since
+-- may be gone from the journal).
+--
+-- Replicas of versions 1 to 11 keep working on the table: this version
+-- only adds two nullable columns, which they neither read nor write
+-- (compatible_from 1). Rows registered before it have NULL in both:
+-- Audit treats them as before.
+--
+-- Frozen: this file is applied exactly as it is; a shipped migration is
+-- never edited (a change is a new file). It is written for the default
+-- table, "pglease_leases" (advisory lock class -2046909054), and runs as it
+-- is in psql for that table; Migrate puts another table's names and lock
+-- class in their place.
+ALTER TABLE "pglease_leases_schedules" ADD COLUMN IF NOT EXISTS first_due timestamptz,
+	ADD COLUMN IF NOT EXISTS first_due_known_since timestamptz;
