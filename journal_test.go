@@ -274,7 +274,8 @@ func TestJournalPrune(t *testing.T) {
 	f := newFixture(t)
 	c := ctx(t)
 	f.seedJournal("old", 30*24*time.Hour, 100, 1333) // 1,234 rows: three batches
-	for _, k := range []struct {                     // a registration past the retention and one within it
+	// A registration past the retention and one within it.
+	for _, k := range []struct {
 		key string
 		age time.Duration
 	}{{"sched-old", 30 * 24 * time.Hour}, {"sched-new", time.Hour}} {

@@ -33,7 +33,9 @@ type missedJSON struct {
 	Key   string    `json:"key"`
 	Cause string    `json:"cause"` // always "missed"
 	Due   time.Time `json:"due"`   // the tick that ran zero times
-	// LastRun is the key's run before the tick (null: none in the window);
+	// LastRun is the key's run before the tick (null: none in the window,
+	// or, with a NextRun, the tick is the first due since the key's
+	// schedule was registered);
 	// NextRun the first one after it: the catch-up run (catch_up true), a
 	// later tick's, or null while there is none (overdue now).
 	LastRun *runRefJSON `json:"last_run"`
@@ -59,8 +61,11 @@ func auditJSON(res journal.AuditResult) []any {
 //	nightly: tick 2026-12-04 00:00:00.000Z ran zero times (last run fence 7 by worker-2 for tick … at …; caught up by fence 9 by worker-1 for tick … at …); cause: missed
 func missedLine(m journal.MissedTick) string {
 	last := "no run before it in the window"
-	if r := m.LastRun; r != nil {
+	switch r := m.LastRun; {
+	case r != nil:
 		last = "last run " + runWords(r)
+	case m.NextRun != nil: // between the registration and the key's first run since
+		last = "the first tick due since its schedule was registered"
 	}
 	next := "none since"
 	if m.Overdue {

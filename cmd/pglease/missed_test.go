@@ -174,9 +174,10 @@ func TestAuditMissedTicks(t *testing.T) {
 	}
 }
 
-// TestMissedLine: the wording of each kind of missed tick — no run before
-// it in the window, a later tick's run after it (not a catch-up), a run
-// claimed with no tick, and a holder with a control character.
+// TestMissedLine: the wording of each kind of missed tick — the first due
+// since the key's registration (no run before it), a later tick's run
+// after it (not a catch-up), a run claimed with no tick, and a holder with
+// a control character.
 func TestMissedLine(t *testing.T) {
 	at := func(s string) time.Time {
 		tt, err := time.Parse(time.RFC3339, s)
@@ -188,7 +189,7 @@ func TestMissedLine(t *testing.T) {
 	tick, due := at("2026-12-05T00:00:00Z"), at("2026-12-04T00:00:00Z")
 	next := &journal.Run{Fence: 9, Holder: "worker-1", Tick: &tick, AcquiredAt: at("2026-12-05T00:00:01Z")}
 	got := missedLine(journal.MissedTick{Key: "nightly", Due: due, NextRun: next})
-	want := "nightly: tick 2026-12-04 00:00:00.000Z ran zero times (no run before it in the window; " +
+	want := "nightly: tick 2026-12-04 00:00:00.000Z ran zero times (the first tick due since its schedule was registered; " +
 		"next run fence 9 by worker-1 for tick 2026-12-05 00:00:00.000Z at 2026-12-05 00:00:01.000Z); cause: missed"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
