@@ -48,7 +48,12 @@ func SchemaVersion() int { return store.Version() }
 // gives back the tick it took; a Locker on a table still at version 10
 // undoes such claims without giving their ticks back until Migrate has
 // run. Its ALTER TABLE waits, as version 3's, for every open transaction
-// that has used the lease table, fenced transactions included.
+// that has used the lease table, fenced transactions included. Schema
+// version 12 added to <table>_schedules the tick a registration recorded
+// as first due (first_due, with the known_since it belongs to), so that
+// pglease/journal's Audit reports it missed once a later tick's run
+// lands; a Locker on a table still at version 11 registers schedules as
+// before.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory

@@ -29,8 +29,10 @@ type AuditResult struct {
 // previous one ended — and every tick run by two runs. It also returns the
 // ticks of scheduled keys (pglease.Locker.RegisterSchedule) that ran zero
 // times (AuditResult.Missed): a tick that came due between two runs in the
-// window and got none, and a key's next due tick when it is overdue now, past its
-// grace, with no run claimed for it (MissedTick.Overdue). It writes nothing.
+// window and got none, or between the key's registration (in the window)
+// and its first run since, and a key's next due tick when it is overdue
+// now, past its grace, with no run claimed for it (MissedTick.Overdue). It
+// writes nothing.
 //
 // What it can see: a run ends, for the journal, at its last end row. A
 // holder journals when the server told it of a loss (a renew or fenced
