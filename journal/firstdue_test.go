@@ -107,6 +107,18 @@ func TestAuditReportsTheFirstDueTickMissed(t *testing.T) {
 	if m := f.auditBoth("late", registered); len(m) != 0 {
 		t.Fatalf("audit from after the registration: missed %+v; want none (the registration is not in the window)", m)
 	}
+	// Rows edited by hand so that t1 is overdue too (the key's next due
+	// tick put back, its last tick cleared): one report of it, between the
+	// registration and the run.
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`_schedules" SET next_due = first_due WHERE key = 'late'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET last_tick = NULL WHERE key = 'late'`); err != nil {
+		t.Fatal(err)
+	}
+	if m := f.auditBoth("late", time.Time{}); len(m) != 1 || !m[0].Due.Equal(t1) || m[0].Overdue || m[0].NextRun == nil {
+		t.Fatalf("with %v overdue as well: missed %+v; want it once, before the run of %v", t1.UTC(), m, t2.UTC())
+	}
 }
 
 // A registration with the same Spec (another grace) keeps the first due
