@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,12 +27,15 @@ type dbFlags struct {
 	url   string
 	table string
 
-	// timeout bounds the server's statements (statement_timeout, see open):
-	// --timeout of the commands that run once, which it bounds whole,
-	// connecting included; a refresh's bound for watch; 0 for release and
-	// serve, which bound their statements themselves.
-	timeout   time.Duration
-	connected bool // open has connected (a timeout then came from a statement)
+	// timeout is --timeout of the commands that run once, which it bounds
+	// whole, connecting included (their context ends then, see register);
+	// a refresh's bound for watch; 0 for release and serve, which bound
+	// their statements themselves.
+	timeout time.Duration
+	// lockTimeout bounds each wait for a lock in a transaction on the
+	// server (lock_timeout; 0: none): migrate's --lock-timeout.
+	lockTimeout time.Duration
+	connected   bool // open has connected (a timeout then came from a statement)
 }
 
 // defaultTimeout is --timeout of the admin commands that run once, but
@@ -121,8 +125,9 @@ func statementTimedOut(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "57014" && strings.Contains(pe.Message, "statement timeout")
 }
 
-// serverBound is the server's own bound (statement_timeout) for a client
-// that waits d: a little less, so that the server's answer arrives first.
+// serverBound is the server's own bound (statement_timeout, in
+// milliseconds) for a client that waits d: a little less, so that the
+// server's answer arrives first.
 func serverBound(d time.Duration) string {
 	b := max(d-max(d/10, 100*time.Millisecond), time.Millisecond)
 	return strconv.FormatInt(b.Milliseconds(), 10)
@@ -143,9 +148,16 @@ func (f *dbFlags) check() error {
 // server (after the cancel request) before the connection is dropped.
 const cancelGrace = 3 * time.Second
 
-// open checks the flags, connects and pings. Nothing is written. params are
-// extra run-time parameters for the server (see openDB).
-func (f *dbFlags) open(ctx context.Context, e *env, params map[string]string) (*sql.DB, error) {
+// open checks the flags, connects and pings. Nothing is written.
+//
+// The bounds reach the server without session state, so that the commands
+// work through PgBouncer in transaction pooling mode (which refuses
+// statement_timeout and lock_timeout as startup parameters, and would lend
+// a session SET to other clients): a statement outside a transaction is
+// bounded by its context (a cancel request is sent when it ends, see
+// openDB); a transaction gets its statement_timeout, from its context's
+// deadline, and f.lockTimeout as SET LOCAL (see txBoundConn).
+func (f *dbFlags) open(ctx context.Context, e *env) (*sql.DB, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
@@ -156,38 +168,33 @@ func (f *dbFlags) open(ctx context.Context, e *env, params map[string]string) (*
 	if url == "" {
 		return nil, usagef("no database: pass --database-url or set DATABASE_URL")
 	}
-	if f.timeout > 0 {
-		// The server bounds each statement too, so that it stops working
-		// (and waiting for locks) when the client stops waiting.
-		p := map[string]string{"statement_timeout": serverBound(f.timeout)}
-		for k, v := range params {
-			p[k] = v
-		}
-		params = p
-	}
-	db, err := openDB(ctx, url, params)
+	db, err := openDB(ctx, url, f.lockTimeout)
 	f.connected = err == nil
 	return db, err
 }
 
-// openDB connects and pings. params are extra run-time parameters for the
-// server (e.g. lock_timeout), sent when connecting.
+// openDB connects and pings. Its statements are sent unprepared (pgx's
+// exec mode) unless url sets default_query_exec_mode. Each transaction begun on the pool is bounded
+// on the server (txBoundConn): its statements by its context's deadline,
+// its waits for locks by lockTimeout when positive.
 //
 // When a statement's context ends (Ctrl-C, a timeout), a cancel request is
-// sent to the server: by default pgx only closes the socket, and the server
-// would go on waiting for a row lock and then commit the statement.
-func openDB(ctx context.Context, url string, params map[string]string) (*sql.DB, error) {
+// sent to the server (cancelHandler).
+func openDB(ctx context.Context, url string, lockTimeout time.Duration) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)
 	}
-	for k, v := range params {
-		cfg.RuntimeParams[k] = v
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler { return &cancelHandler{conn: c} }
+	if !strings.Contains(url, "default_query_exec_mode") {
+		// No named prepared statements: PgBouncer in transaction pooling
+		// mode (before 1.21, or without max_prepared_statements) lends
+		// each transaction another server connection, where pgx's cached
+		// statements are missing or already exist. Exec sends each
+		// statement in one round trip all the same.
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
-	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
-	}
-	db := stdlib.OpenDB(*cfg)
+	db := sql.OpenDB(txBoundConnector{Connector: stdlib.GetConnector(*cfg), lockTimeout: lockTimeout})
 	db.SetMaxOpenConns(2)
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
@@ -199,6 +206,66 @@ func openDB(ctx context.Context, url string, params map[string]string) (*sql.DB,
 		return nil, connectError(err)
 	}
 	return db, nil
+}
+
+// txBoundConnector opens pgx's connections as txBoundConns.
+type txBoundConnector struct {
+	driver.Connector
+	lockTimeout time.Duration
+}
+
+func (c txBoundConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sc, ok := dc.(*stdlib.Conn)
+	if !ok { // never: stdlib's connector makes *stdlib.Conn
+		_ = dc.Close()
+		return nil, fmt.Errorf("unexpected driver connection %T", dc)
+	}
+	return &txBoundConn{Conn: sc, lockTimeout: c.lockTimeout}, nil
+}
+
+// txBoundConn is pgx's connection whose transactions start bounded on the
+// server, by SET LOCAL (set_config(..., true)), which ends with the
+// transaction: statement_timeout a little below the time left to the
+// context's deadline (serverBound), so that the server stops working and
+// waiting for locks when the client stops waiting, and its answer arrives
+// first; lock_timeout when lockTimeout is positive. Statements outside a
+// transaction are bounded by their context alone.
+type txBoundConn struct {
+	*stdlib.Conn
+	lockTimeout time.Duration
+}
+
+// txBoundsSQL sets the bounds of the current transaction; ” leaves one as
+// it is.
+//
+//	$1 statement_timeout, $2 lock_timeout, in milliseconds as text, or ''
+const txBoundsSQL = `SELECT CASE WHEN $1::text <> '' THEN set_config('statement_timeout', $1, true) END,
+	CASE WHEN $2::text <> '' THEN set_config('lock_timeout', $2, true) END`
+
+func (c *txBoundConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	var stmt, lock string
+	if dl, ok := ctx.Deadline(); ok {
+		stmt = serverBound(time.Until(dl))
+	}
+	if c.lockTimeout > 0 {
+		lock = strconv.FormatInt(max(c.lockTimeout.Milliseconds(), 1), 10)
+	}
+	if stmt == "" && lock == "" {
+		return tx, nil
+	}
+	if _, err := c.Conn.Conn().Exec(ctx, txBoundsSQL, stmt, lock); err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
 }
 
 // explain turns the library's errors into what an operator needs: the

@@ -119,7 +119,7 @@ so it can run from cron or CI.`,
 			if err != nil {
 				return err
 			}
-			db, err := f.open(cmd.Context(), e, nil)
+			db, err := f.open(cmd.Context(), e)
 			if err != nil {
 				return err
 			}

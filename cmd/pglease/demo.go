@@ -153,7 +153,7 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	// other users are not disturbed.
 	cfg.lockBase = int64(binary.BigEndian.Uint32(rnd[3:7]))<<16 | 1
 
-	admin, err := openDB(ctx, url, nil)
+	admin, err := openDB(ctx, url, 0)
 	if err != nil {
 		return err
 	}

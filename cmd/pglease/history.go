@@ -195,7 +195,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 			if limit < 0 {
 				return usagef("--limit %d: must be 0 (no limit) or more", limit)
 			}
-			db, err := f.open(cmd.Context(), e, nil)
+			db, err := f.open(cmd.Context(), e)
 			if err != nil {
 				return err
 			}

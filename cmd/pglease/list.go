@@ -194,7 +194,7 @@ func newListCmd(e *env) *cobra.Command {
 		Short: "List the leases: key, holder, fence, acquired at, expiry",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := f.open(cmd.Context(), e, nil)
+			db, err := f.open(cmd.Context(), e)
 			if err != nil {
 				return err
 			}

@@ -21,7 +21,7 @@ it started.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			db, err := f.open(ctx, e, nil)
+			db, err := f.open(ctx, e)
 			if err != nil {
 				return err
 			}

@@ -65,7 +65,7 @@ func newReleaseCmd(e *env) *cobra.Command {
 			// rolls the statement back and says so, a certain outcome. The
 			// context, a little longer, is the backstop should the server
 			// not answer (a cancel request is then sent, see openDB).
-			db, err := f.open(cmd.Context(), e, nil)
+			db, err := f.open(cmd.Context(), e)
 			if err != nil {
 				return err
 			}

@@ -151,9 +151,10 @@ func runServe(ctx context.Context, e *env, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
-	// Reads take no row lock; a force release from the page waits at most
-	// this long for one (e.g. behind a fenced transaction), then fails.
-	db, err := f.db.open(ctx, e, map[string]string{"lock_timeout": "5000"})
+	// Reads take no row lock and are bounded by their context; a force
+	// release from the page bounds its wait for the row itself (see
+	// statuspage's forceReleaseWait).
+	db, err := f.db.open(ctx, e)
 	if err != nil {
 		return err
 	}

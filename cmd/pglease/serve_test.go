@@ -100,12 +100,18 @@ func (w *serveLineWriter) Write(p []byte) (int, error) {
 // and its stderr.
 func startServe(t *testing.T, ctx context.Context, table string) (string, chan int, *serveBuffer) {
 	t.Helper()
+	return startServeOn(t, ctx, pgleasetest.URL(), table)
+}
+
+// startServeOn is startServe on the server at url.
+func startServeOn(t *testing.T, ctx context.Context, url, table string) (string, chan int, *serveBuffer) {
+	t.Helper()
 	out := &serveLineWriter{first: make(chan string, 1)}
 	errb := &serveBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--table", table, "--interval", "200ms"},
-			&env{stdout: out, stderr: errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": pgleasetest.URL()}[k] }})
+			&env{stdout: out, stderr: errb, getenv: func(k string) string { return map[string]string{"DATABASE_URL": url}[k] }})
 	}()
 	select {
 	case line := <-out.first:

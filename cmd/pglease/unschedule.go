@@ -30,7 +30,7 @@ func newUnscheduleCmd(e *env) *cobra.Command {
 			return checkKeyArg(args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := f.open(cmd.Context(), e, nil)
+			db, err := f.open(cmd.Context(), e)
 			if err != nil {
 				return err
 			}

@@ -38,7 +38,7 @@ snapshots are separated by a blank line.`,
 			// The server bounds each read too, a little below a refresh's
 			// bound, so that its own answer arrives first (see open).
 			f.timeout = refreshBound(interval)
-			db, err := f.open(ctx, e, nil)
+			db, err := f.open(ctx, e)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil // Ctrl-C while connecting: watch ends that way

@@ -1,12 +1,14 @@
 package statuspage
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/pglease/pglease"
 )
@@ -28,6 +30,16 @@ func releasePath(u *url.URL) (string, bool) {
 	}
 	return pathKey(u, p[len(releasePrefix):len(p)-len(releaseSuffix)]), true
 }
+
+// forceReleaseWait is how long a force release from the page waits for
+// the key's row (held by a fenced transaction) before it fails, releasing
+// nothing; forceReleaseDeadline is its context's deadline, from which
+// ForceRelease sets the server's lock_timeout to forceReleaseWait (a
+// quarter of the deadline less).
+const (
+	forceReleaseWait     = 5 * time.Second
+	forceReleaseDeadline = forceReleaseWait * 4 / 3
+)
 
 // releaseResult is the JSON answer of a successful force release.
 type releaseResult struct {
@@ -62,7 +74,12 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, key strin
 		writeJSON(w, http.StatusForbidden, map[string]string{"error": "missing or wrong token (Authorization: Bearer <token>)"})
 		return
 	}
-	fr, err := pglease.ForceRelease(r.Context(), s.cfg.DB, key, pglease.WithTable(s.cfg.Table))
+	// The deadline bounds the wait for the row on the server too
+	// (ForceRelease sets lock_timeout from it): behind a fenced transaction
+	// the release fails, releasing nothing, after about forceReleaseWait.
+	rctx, cancel := context.WithTimeout(r.Context(), forceReleaseDeadline)
+	defer cancel()
+	fr, err := pglease.ForceRelease(rctx, s.cfg.DB, key, pglease.WithTable(s.cfg.Table))
 	switch {
 	case errors.Is(err, pglease.ErrInvalidKey):
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
