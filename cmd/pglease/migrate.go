@@ -2,11 +2,18 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
 )
+
+// defaultLockTimeout is migrate's --lock-timeout: long enough for the
+// transactions of a busy table to end (a renewal takes milliseconds), short
+// enough that the leases of a table held by a long transaction outlive the
+// wait (a renewal queued behind it is late by as much).
+const defaultLockTimeout = 5 * time.Second
 
 func newMigrateCmd(e *env) *cobra.Command {
 	var f dbFlags
@@ -17,7 +24,14 @@ func newMigrateCmd(e *env) *cobra.Command {
 upgrades it to this tool's schema version, and says which it did: created,
 upgraded (from version X to Y) or already current. It is idempotent and safe
 to run from several places at once; the report is what this run found before
-it started.`,
+it started.
+
+An upgrade may need an exclusive lock on the lease table (ALTER TABLE),
+which waits for every open transaction that used the table; while it waits,
+every renewal of every holder queues behind it, and leases may expire.
+--lock-timeout (default 5s) bounds each wait for a lock: past it, migrate
+fails and changes nothing; retry when the table is quieter, or pass
+--lock-timeout 0 to wait (up to --timeout).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -32,6 +46,12 @@ it started.`,
 				return explainMigrate(err, f.table)
 			}
 			if err := pglease.Migrate(ctx, db, opt); err != nil {
+				if sqlState(err) == "55P03" { // lock_not_available: lock_timeout, rolled back
+					return fmt.Errorf("lease table %q not migrated: another session holds a lock on %q or one of its tables "+
+						"(an open transaction that used it, a fenced transaction, another migrate; see pg_locks), and the migration "+
+						"waited --lock-timeout %v for it; nothing changed: retry, or pass --lock-timeout 0 to wait (the leases' renewals queue behind that wait)",
+						f.table, f.table, f.lockTimeout)
+				}
 				return explainMigrate(err, f.table)
 			}
 			latest := pglease.SchemaVersion()
@@ -49,5 +69,14 @@ it started.`,
 		},
 	}
 	f.register(cmd, migrateTimeout)
+	cmd.Flags().DurationVar(&f.lockTimeout, "lock-timeout", defaultLockTimeout,
+		"give up, changing nothing, if a lock the migration needs is not granted by then (0: wait, up to --timeout)")
+	runE := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if f.lockTimeout < 0 || f.lockTimeout > maxTimeout {
+			return usagef("--lock-timeout %v: must be between 0 and 24h", f.lockTimeout)
+		}
+		return runE(c, args)
+	}
 	return cmd
 }

@@ -213,4 +213,8 @@ func TestTimeoutDefaults(t *testing.T) {
 			t.Errorf("%s --timeout default: %v, want %s", name, f, def)
 		}
 	}
+	cmd, _, _ := root.Find([]string{"migrate"})
+	if f := cmd.Flags().Lookup("lock-timeout"); f == nil || f.DefValue != "5s" {
+		t.Errorf("migrate --lock-timeout default: %v, want 5s", f)
+	}
 }
