@@ -167,11 +167,22 @@ func oneLine(s string) string {
 	return s
 }
 
-// explainTable is explain for list, history and audit, which name the
-// table: a missing table whose name has upper-case letters gets a note that
-// table names are case-sensitive (migrating it would create a second,
-// empty table), and the lower-case name when that table exists.
+// explainTable is explain for the commands that read the table once it is
+// open (list, watch's first read, history, audit, unschedule): a table at
+// an older schema version than the command reads is named with its version
+// and the one migrate brings it to (its server error, about a relation or
+// column added since, would say that the table does not exist); a missing
+// table whose name has upper-case letters gets a note that table names are
+// case-sensitive (migrating it would create a second, empty table), and
+// the lower-case name when that table exists.
 func explainTable(ctx context.Context, db *sql.DB, err error, table string) error {
+	if errors.Is(err, pglease.ErrNotMigrated) {
+		v, verr := pglease.SchemaVersionOf(ctx, db, pglease.WithTable(table))
+		if latest := pglease.SchemaVersion(); verr == nil && v > 0 && v < latest {
+			return fmt.Errorf("lease table %q is at schema version %d, older than this pglease reads (it needs version %d): run `pglease migrate --table %s`, which upgrades it in place (the leases stay)",
+				table, v, latest, table)
+		}
+	}
 	e := explain(err, table)
 	lower := strings.ToLower(table)
 	if !errors.Is(err, pglease.ErrNotMigrated) || lower == table {

@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
@@ -128,6 +132,28 @@ func TestMixedCaseTableNote(t *testing.T) {
 		wantError(t, r, exitError, "pglease migrate --table "+missing)
 		if strings.Contains(r.stderr, "case-sensitive") {
 			t.Errorf("%s: a lower-case name, yet %q", args[0], r.stderr)
+		}
+	}
+}
+
+// TestOlderSchemaNamesTheVersions: a table at an older schema version (7
+// here: no state view, no schedules table yet) is reported with the
+// version found and the one this pglease needs, not as missing ("does not
+// exist or is not migrated (relation ..._state does not exist)").
+func TestOlderSchemaNamesTheVersions(t *testing.T) {
+	ctx := testCtx(t)
+	f := newLeaseFixture(t)
+	db := pgleasetest.DB(t, 1)
+	q := func(s string) string { return pgx.Identifier{f.table + s}.Sanitize() }
+	if _, err := db.ExecContext(ctx, `DROP VIEW `+q("_state")+`; DROP TABLE `+q("_schedules")+`; DELETE FROM `+q("_version")+` WHERE version >= 8`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"watch"}, {"unschedule", "held"}, {"audit"}} {
+		r := cli(t, ctx, f.env, append(args, "--table", f.table)...)
+		wantError(t, r, exitError, fmt.Sprintf("lease table %q is at schema version 7, older than this pglease reads (it needs version %d): run `pglease migrate --table %s`",
+			f.table, pglease.SchemaVersion(), f.table))
+		if strings.Contains(r.stderr, "does not exist") {
+			t.Errorf("%s: %q", args[0], r.stderr)
 		}
 	}
 }

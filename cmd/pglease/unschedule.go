@@ -37,7 +37,7 @@ func newUnscheduleCmd(e *env) *cobra.Command {
 			defer db.Close()
 			found, err := pglease.ForgetSchedule(cmd.Context(), db, args[0], pglease.WithTable(f.table))
 			if err != nil {
-				return explain(err, f.table)
+				return explainTable(cmd.Context(), db, err, f.table)
 			}
 			if !found {
 				return fmt.Errorf("no schedule recorded for %q in %q (see `pglease audit`); nothing changed", args[0], f.table)

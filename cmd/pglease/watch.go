@@ -55,7 +55,7 @@ snapshots are separated by a blank line.`,
 			case ctx.Err() != nil:
 				return nil
 			case err != nil && !errors.Is(err, errNoAnswer):
-				return explain(err, f.table)
+				return explainTable(ctx, db, err, f.table)
 			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
