@@ -132,7 +132,7 @@ so it can run from cron or CI.`,
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(auditJSON(res)); err != nil {
-					return err
+					return outputError(err)
 				}
 			} else if err := printFindings(e.stdout, res); err != nil {
 				return err

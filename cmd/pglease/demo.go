@@ -9,13 +9,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pglease"
@@ -55,14 +58,16 @@ Each job ends with a fenced write to a result table. An in-process referee
 counts double executions (two replicas inside the same job at once). The demo
 prints a side-by-side table and writes a timeline SVG.
 
-Without --database-url (or $DATABASE_URL) it starts a throw-away PostgreSQL
-from the local server binaries and removes it at exit, also on Ctrl-C. With a
-database, it creates two uniquely named tables and drops them at exit.`,
+Without --database-url it starts a throw-away PostgreSQL from the local
+server binaries and removes it at exit, also on Ctrl-C; $DATABASE_URL is
+ignored, so that the demo never touches a database unasked. With
+--database-url, it says which server it uses, creates two uniquely named
+tables there and drops them at exit.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), e, &f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.url, "database-url", "", "use this PostgreSQL instead of a throw-away one (default $DATABASE_URL)")
+	fl.StringVar(&f.url, "database-url", "", "use this PostgreSQL instead of a throw-away one ($DATABASE_URL is ignored)")
 	fl.IntVar(&f.replicas, "replicas", 4, "replicas of the service")
 	fl.IntVar(&f.poolSize, "pool-size", 2, "connections per replica pool (SetMaxOpenConns)")
 	fl.IntVar(&f.jobs, "jobs", 3, "scheduled jobs (keys)")
@@ -105,21 +110,14 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	if err := f.check(); err != nil {
 		return err
 	}
-	outDir := f.out
-	if outDir == "" {
-		if outDir, err = os.MkdirTemp("", "pglease-demo-"); err != nil {
-			return err
-		}
-	} else if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
-	}
-
+	// Only --database-url: $DATABASE_URL, set for the admin commands or an
+	// application, names a database the demo must not touch unasked.
 	url := f.url
 	if url == "" {
-		url = e.getenv("DATABASE_URL")
-	}
-	if url == "" {
-		fmt.Fprintln(e.stderr, "starting a throw-away PostgreSQL (no --database-url or DATABASE_URL given)...")
+		if e.getenv("DATABASE_URL") != "" {
+			fmt.Fprintln(e.stderr, "DATABASE_URL is ignored: the demo uses a database only when given --database-url")
+		}
+		fmt.Fprintln(e.stderr, "starting a throw-away PostgreSQL (no --database-url given)...")
 		c, err := pgserver.Start(ctx, nil)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -137,6 +135,8 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 		if u, err := neturl.Parse(url); err == nil {
 			fmt.Fprintf(e.stderr, "PostgreSQL ready on %s\n", u.Host)
 		}
+	} else {
+		fmt.Fprintf(e.stderr, "using the database of --database-url (%s): the demo creates two tables there and drops them at exit\n", serverOf(url))
 	}
 
 	cfg := &demoConfig{
@@ -184,6 +184,22 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 		results = append(results, r)
 	}
 
+	// The timeline's folder is made only now that there is a timeline; a
+	// temporary one is removed again if the timeline or the results that
+	// name it cannot be written.
+	outDir := f.out
+	if outDir == "" {
+		if outDir, err = os.MkdirTemp("", "pglease-demo-"); err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				_ = os.RemoveAll(outDir)
+			}
+		}()
+	} else if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
 	svgPath := filepath.Join(outDir, "timeline.svg")
 	if err := writeTimeline(svgPath, cfg, results); err != nil {
 		return fmt.Errorf("writing the timeline: %w", err)
@@ -191,9 +207,20 @@ func runDemo(ctx context.Context, e *env, f *demoFlags) (err error) {
 	if f.asJSON {
 		return printDemoJSON(e.stdout, cfg, results, svgPath)
 	}
-	printDemoTable(e.stdout, cfg, results)
-	fmt.Fprintf(e.stdout, "\ntimeline: %s\n", svgPath)
-	return nil
+	w := &stickyWriter{w: e.stdout}
+	printDemoTable(w, cfg, results)
+	fmt.Fprintf(w, "\ntimeline: %s\n", svgPath)
+	return outputError(w.err)
+}
+
+// serverOf is the host, port and database of url, without its password,
+// for saying which server the demo uses.
+func serverOf(url string) string {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "an invalid URL"
+	}
+	return fmt.Sprintf("%s, database %q", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), cfg.Database)
 }
 
 func dropDemoTables(db *sql.DB, cfg *demoConfig) {
@@ -331,5 +358,5 @@ func printDemoJSON(w io.Writer, cfg *demoConfig, results []result, svg string) e
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return outputError(enc.Encode(out))
 }

@@ -160,3 +160,54 @@ func TestDemoStall(t *testing.T) {
 	}
 	checkSVG(t, got.Timeline)
 }
+
+// shortDemo is the quickest demo run the flags allow to say something.
+var shortDemo = []string{"--replicas", "2", "--jobs", "1", "--duration", "300ms", "--tick", "100ms"}
+
+// TestDemoIgnoresDatabaseURL: $DATABASE_URL (set for the admin commands)
+// does not make the demo use that database: it says it ignores it and
+// starts a throw-away PostgreSQL; with --database-url it says which server
+// it uses.
+func TestDemoIgnoresDatabaseURL(t *testing.T) {
+	vars := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/users_db"}
+	r := cli(t, testCtx(t), vars, append([]string{"demo", "--out", t.TempDir()}, shortDemo...)...)
+	if r.code != exitOK || strings.Contains(r.stderr, "127.0.0.1:1") || strings.Contains(r.stderr, "users_db") {
+		t.Fatalf("demo with DATABASE_URL set: code %d stderr:\n%s", r.code, r.stderr)
+	}
+	for _, want := range []string{"DATABASE_URL is ignored", "starting a throw-away PostgreSQL", "throw-away PostgreSQL removed"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("demo with DATABASE_URL set: stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	r = cli(t, testCtx(t), vars, append([]string{"demo", "--out", t.TempDir(), "--database-url", pgleasetest.URL()}, shortDemo...)...)
+	if r.code != exitOK || !strings.Contains(r.stderr, "using the database of --database-url (") ||
+		strings.Contains(r.stderr, "throw-away") || strings.Contains(r.stderr, "DATABASE_URL is ignored") {
+		t.Fatalf("demo --database-url: code %d stderr:\n%s", r.code, r.stderr)
+	}
+}
+
+// TestDemoOutputErrors: results that cannot be written (stdout a full
+// disk, a closed pipe) exit 1 with one line naming the cause, in both
+// formats; the temporary folder of the timeline they would name is
+// removed, and none is made when the demo fails before it has a timeline
+// (a server that cannot be reached).
+func TestDemoOutputErrors(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	for _, format := range [][]string{nil, {"--json"}} {
+		errb := &syncBuffer{}
+		args := append(append([]string{"demo", "--database-url", pgleasetest.URL()}, shortDemo...), format...)
+		code := run(testCtx(t), args, &env{stdout: failingWriter{}, stderr: errb, getenv: func(string) string { return "" }})
+		lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+		if last := lines[len(lines)-1]; code != exitError || last != "pglease: cannot write the output: no space left on device" {
+			t.Errorf("demo %v to a full disk: code %d, last line %q", format, code, last)
+		}
+	}
+	r := cli(t, testCtx(t), nil, append([]string{"demo", "--database-url", "postgres://postgres@127.0.0.1:1/x"}, shortDemo...)...)
+	if r.code != exitError || !strings.Contains(r.stderr, "cannot connect to 127.0.0.1:1") {
+		t.Errorf("demo on a server that cannot be reached: code %d stderr %q", r.code, r.stderr)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "pglease-demo-*")); len(left) > 0 {
+		t.Errorf("temporary folders left behind: %v", left)
+	}
+}

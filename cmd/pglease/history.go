@@ -231,7 +231,7 @@ when the key's next tick was due (NEXT DUE). Times are the server's clock.`,
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(runsJSON(runs)); err != nil {
-					return err
+					return outputError(err)
 				}
 				if note != "" { // never inside the JSON: on stderr
 					fmt.Fprintln(e.stderr, "pglease: "+note)

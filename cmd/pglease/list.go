@@ -217,7 +217,7 @@ func newListCmd(e *env) *cobra.Command {
 			if asJSON {
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(toJSON(ls))
+				return outputError(enc.Encode(toJSON(ls)))
 			}
 			return printLeases(e.stdout, f.table, ls)
 		},

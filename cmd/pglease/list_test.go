@@ -60,7 +60,7 @@ func TestWriteErrorsExit1(t *testing.T) {
 			errb := &syncBuffer{}
 			code := run(ctx, append(args, "--table", f.table),
 				&env{stdout: failingWriter{}, stderr: errb, getenv: func(k string) string { return vars[k] }})
-			wantError(t, cliResult{stderr: errb.String(), code: code}, exitError, "no space left on device")
+			wantError(t, cliResult{stderr: errb.String(), code: code}, exitError, "pglease: cannot write the output: no space left on device")
 			if ctx.Err() != nil {
 				t.Errorf("%s ran until its deadline", args[0])
 			}

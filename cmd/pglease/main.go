@@ -27,6 +27,10 @@ const (
 )
 
 func main() {
+	// A closed pipe on stdout (`pglease watch | head`) is a write error
+	// (EPIPE), which ends the command with exit status 1, not a SIGPIPE
+	// that kills it with 141.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], &env{
 		stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
@@ -60,6 +64,11 @@ func run(ctx context.Context, args []string, e *env) int {
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
+	}
+	if errors.Is(err, syscall.EPIPE) {
+		// The reader of stdout went away (`pglease watch | head`): it
+		// wanted no more, and it needs no message.
+		return exitError
 	}
 	fmt.Fprintln(e.stderr, errorText(err))
 	var ue usageError

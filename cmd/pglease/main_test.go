@@ -5,6 +5,8 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -15,7 +17,25 @@ import (
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-func TestMain(m *testing.M) { pgleasetest.Main(m, pgleasetest.WithLeakCheck()) }
+func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(asToolEnv); ok { // the test binary as the tool (runTool)
+		os.Args = append([]string{"pglease"}, strings.Fields(args)...)
+		main()
+	}
+	pgleasetest.Main(m, pgleasetest.WithLeakCheck())
+}
+
+// asToolEnv makes the test binary run the tool's main with these
+// arguments (space-separated) instead of the tests.
+const asToolEnv = "PGLEASE_TEST_AS_TOOL"
+
+// toolCmd is the test binary as the tool's process, with args, for the tests
+// of what only a process shows (signals, exit statuses).
+func toolCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), asToolEnv+"="+strings.Join(args, " "))
+	return cmd
+}
 
 // unmigrated returns a table name of this test with no table behind it yet
 // (pgleasetest.Table's name, its tables dropped), for the tests of migrate

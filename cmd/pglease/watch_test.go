@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +61,32 @@ func TestWatchShowsAServerThatStopsAnswering(t *testing.T) {
 	cancel()
 	if code := <-done; code != exitOK {
 		t.Fatalf("watch ended with %d after Ctrl-C", code)
+	}
+}
+
+// TestWatchIntoAClosedPipe: `pglease watch | head -1`: once the reader has
+// gone, watch's next write fails (EPIPE) and it exits with status 1, as
+// cli.md says, silently (the reader wanted no more) — not killed by SIGPIPE
+// (status 141 in a shell).
+func TestWatchIntoAClosedPipe(t *testing.T) {
+	f := newLeaseFixture(t)
+	cmd := toolCmd("watch", "--interval", "20ms", "--table", f.table, "--database-url", pgleasetest.URL())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.HasPrefix(line, "pglease watch: ") {
+		t.Fatalf("watch's first line %q: %v", line, err)
+	}
+	out.Close() // the reader goes away, like head -1
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitError || errb.String() != "" {
+		t.Fatalf("watch into a closed pipe: %v (state %v), stderr %q; want exit status 1 and no message", err, cmd.ProcessState, errb.String())
 	}
 }
