@@ -12,9 +12,10 @@
 //     period); the key remembers its last tick and refuses it to the others.
 //
 // It counts the runs of every tick, by the tick's scheduled time, and prints a
-// table. Without -database-url (or $DATABASE_URL) it starts a throw-away
-// PostgreSQL from the local server binaries and removes it at exit; with one,
-// it creates a uniquely named lease table and drops it at exit.
+// table. Without -database-url it starts a throw-away PostgreSQL from the
+// local server binaries and removes it at exit ($DATABASE_URL is ignored: the
+// demo touches no database unasked); with it, it says which server it uses,
+// creates a uniquely named lease table there and drops it at exit.
 //
 //	cd contrib/gocron && go run ./cmd/schedule-demo [-replicas 4 -ticks 12 -skew 300ms ...]
 //
@@ -32,14 +33,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/jonboulle/clockwork"
 
@@ -69,7 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var f scheduleFlags
 	fl := flag.NewFlagSet("schedule-demo", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	fl.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "use this PostgreSQL instead of a throw-away one")
+	fl.StringVar(&f.url, "database-url", "", "use this PostgreSQL instead of a throw-away one ($DATABASE_URL is ignored)")
 	fl.IntVar(&f.replicas, "replicas", 4, "replicas, each a gocron scheduler with its own pool and clock")
 	fl.IntVar(&f.ticks, "ticks", 12, "ticks to count, every replica up")
 	fl.DurationVar(&f.period, "period", time.Second, "the job's period: whole seconds dividing a minute (a cron schedule)")
@@ -94,7 +98,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (err error) {
 	url := f.url
 	if url == "" {
-		fmt.Fprintln(stderr, "starting a throw-away PostgreSQL (no -database-url or DATABASE_URL given)...")
+		if os.Getenv("DATABASE_URL") != "" {
+			fmt.Fprintln(stderr, "DATABASE_URL is ignored: the demo uses a database only when given -database-url")
+		}
+		fmt.Fprintln(stderr, "starting a throw-away PostgreSQL (no -database-url given)...")
 		c, err := pgserver.Start(ctx, nil)
 		if err != nil {
 			return err
@@ -105,6 +112,8 @@ func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (e
 			}
 		}()
 		url = c.URL()
+	} else {
+		fmt.Fprintf(stderr, "using the database of -database-url (%s): the demo creates a lease table there and drops it at exit\n", serverOf(url))
 	}
 	var rnd [3]byte
 	_, _ = rand.Read(rnd[:])
@@ -135,6 +144,16 @@ func runDemo(ctx context.Context, f *scheduleFlags, stdout, stderr io.Writer) (e
 	}
 	printScheduleTable(stdout, results)
 	return nil
+}
+
+// serverOf is the host, port and database of url, without its password,
+// for saying which server the demo uses.
+func serverOf(url string) string {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "an invalid URL"
+	}
+	return fmt.Sprintf("%s, database %q", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), cfg.Database)
 }
 
 func (f *scheduleFlags) check() error {

@@ -73,3 +73,23 @@ func TestDemoScheduleBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoScheduleIgnoresDatabaseURL: $DATABASE_URL does not make the demo
+// use that database: it says it ignores it and starts a throw-away
+// PostgreSQL; with -database-url it says which server it uses.
+func TestDemoScheduleIgnoresDatabaseURL(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/users_db")
+	short := []string{"-replicas", "2", "-ticks", "2", "-skew", "100ms", "-json"}
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), short, &stdout, &stderr)
+	if code != 0 || strings.Contains(stderr.String(), "users_db") || strings.Contains(stderr.String(), "127.0.0.1:1") ||
+		!strings.Contains(stderr.String(), "DATABASE_URL is ignored") || !strings.Contains(stderr.String(), "starting a throw-away PostgreSQL") {
+		t.Fatalf("schedule-demo with DATABASE_URL set: code %d stderr:\n%s", code, stderr.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	code = run(context.Background(), append([]string{"-database-url", pgleasetest.URL()}, short...), &stdout, &stderr)
+	if code != 0 || !strings.Contains(stderr.String(), "using the database of -database-url (") || strings.Contains(stderr.String(), "DATABASE_URL is ignored") {
+		t.Fatalf("schedule-demo -database-url: code %d stderr:\n%s", code, stderr.String())
+	}
+}
