@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"regexp"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
@@ -114,4 +118,51 @@ func TestEveryRunsOncePerPeriod(t *testing.T) {
 		}
 	}
 	t.Logf("%d periods with all replicas up: %d runs", periods, n)
+}
+
+// TestScheduleOutlivesACleanExit: the job's schedule stays recorded after
+// the scheduler's clean shutdown (the next start's catch-up needs it), and
+// main.go's comment names the key that `pglease unschedule` (ForgetSchedule)
+// forgets.
+func TestScheduleOutlivesACleanExit(t *testing.T) {
+	ctx := context.Background()
+	table := pgleasetest.Table(t)
+	db := pgleasetest.DB(t, 4)
+	locker, err := pglease.New(db, pglease.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	c, err := newCron(locker, "@every 1s", func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start()
+	schedules := pgx.Identifier{table + "_schedules"}.Sanitize()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+schedules).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job's schedule was never recorded")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-c.Stop().Done()
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`//\tpglease unschedule (\S+)\n`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("main.go's comment names no `pglease unschedule KEY`")
+	}
+	found, err := pglease.ForgetSchedule(ctx, db, string(m[1]), pglease.WithTable(table))
+	if err != nil || !found {
+		t.Fatalf("after a clean exit, pglease unschedule %s: found %v, %v; want the schedule found and forgotten", m[1], found, err)
+	}
 }

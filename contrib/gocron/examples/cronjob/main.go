@@ -43,4 +43,11 @@ func main() {
 	if err := s.Shutdown(); err != nil {
 		log.Print(err)
 	}
+	// The job's schedule stays recorded in the table after the exit: a
+	// replica that starts after a missed tick catches it up (within an
+	// hour by default), and pglease audit and the status page report the
+	// ticks that ran nowhere. Once the job is gone from every replica (or
+	// after a try of this example), forget it:
+	//
+	//	pglease unschedule refresh-cache
 }
