@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pglease"
 )
@@ -80,12 +83,18 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, key strin
 	rctx, cancel := context.WithTimeout(r.Context(), forceReleaseDeadline)
 	defer cancel()
 	fr, err := pglease.ForceRelease(rctx, s.cfg.DB, key, pglease.WithTable(s.cfg.Table))
+	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, pglease.ErrInvalidKey):
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	case errors.Is(err, pglease.ErrUnknownKey):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+		return
+	case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available: the wait for the row ran out, rolled back
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf(
+			"nothing was released: a fenced transaction of the holder still locks the row of %q after %v (until it commits or rolls back); retry later",
+			key, forceReleaseWait)})
 		return
 	case err != nil:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": s.explain(err)})

@@ -179,3 +179,43 @@ func TestLoopbackHostsOnly(t *testing.T) {
 	}
 	f.stillHeld(t, le)
 }
+
+// TestForceReleaseGivesUpBehindAFencedTransaction: a force release from the
+// page waits for the key's row (locked by a fenced transaction of the
+// holder) about forceReleaseWait (5 s), then answers 503 saying that nothing
+// was released, on a pool with no lock_timeout of its own (pglease serve
+// sets none: PgBouncer refuses it as a startup parameter); the lease is
+// untouched.
+func TestForceReleaseGivesUpBehindAFencedTransaction(t *testing.T) {
+	f := newFixture(t, statuspage.Config{AllowForceRelease: true, Token: testToken})
+	le := f.lock(t, "job")
+	tx, err := f.db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx(t), `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR KEY SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var code int
+	var body string
+	start := time.Now()
+	go func() {
+		defer close(done)
+		code, body = post(t, f.http.URL, "job", map[string]string{"Authorization": "Bearer " + testToken})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = tx.Rollback() // let the request end
+		<-done
+		t.Fatalf("force release behind a fenced transaction still waiting after 30 s (then %d %s)", code, body)
+	}
+	t.Logf("force release behind a fenced transaction answered %d after %v", code, time.Since(start))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "nothing was released") {
+		t.Fatalf("force release behind a fenced transaction: %d %s", code, body)
+	}
+	_ = tx.Rollback()
+	f.stillHeld(t, le)
+}
