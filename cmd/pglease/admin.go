@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -130,7 +131,7 @@ func statementTimedOut(err error) bool {
 // server's answer arrives first.
 func serverBound(d time.Duration) string {
 	b := max(d-max(d/10, 100*time.Millisecond), time.Millisecond)
-	return strconv.FormatInt(b.Milliseconds(), 10)
+	return strconv.FormatInt(min(b.Milliseconds(), math.MaxInt32), 10) // the setting's range
 }
 
 // check validates the flags without connecting.
@@ -239,8 +240,8 @@ type txBoundConn struct {
 	lockTimeout time.Duration
 }
 
-// txBoundsSQL sets the bounds of the current transaction; ” leaves one as
-// it is.
+// txBoundsSQL sets the bounds of the current transaction; an empty
+// string leaves one as it is.
 //
 //	$1 statement_timeout, $2 lock_timeout, in milliseconds as text, or ''
 const txBoundsSQL = `SELECT CASE WHEN $1::text <> '' THEN set_config('statement_timeout', $1, true) END,
@@ -256,7 +257,7 @@ func (c *txBoundConn) BeginTx(ctx context.Context, opts driver.TxOptions) (drive
 		stmt = serverBound(time.Until(dl))
 	}
 	if c.lockTimeout > 0 {
-		lock = strconv.FormatInt(max(c.lockTimeout.Milliseconds(), 1), 10)
+		lock = strconv.FormatInt(min(max(c.lockTimeout.Milliseconds(), 1), math.MaxInt32), 10)
 	}
 	if stmt == "" && lock == "" {
 		return tx, nil
