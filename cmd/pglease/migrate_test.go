@@ -29,8 +29,9 @@ func olderTable(t *testing.T) string {
 }
 
 // TestMigrateLockTimeout: an upgrade that needs an exclusive lock on the
-// lease table while another transaction holds a renewal's lock on it (ROW
-// EXCLUSIVE) gives up at --lock-timeout with the error that says so,
+// lease table or one of its companions while another transaction holds a
+// writer's lock on them (ROW EXCLUSIVE, as a renewal or a claim takes)
+// gives up at --lock-timeout with the error that says so,
 // changing nothing (the schema version stays), instead of queueing every
 // renewal behind it up to --timeout; --lock-timeout 0 waits, and migrates
 // once the transaction ends.
@@ -44,7 +45,10 @@ func TestMigrateLockTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `LOCK TABLE "`+table+`" IN ROW EXCLUSIVE MODE`); err != nil {
+	// A writer's lock on the lease table and on every companion a
+	// migration may alter: whichever the latest migration needs, the
+	// upgrade waits.
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE "`+table+`", "`+table+`_schedules", "`+table+`_journal" IN ROW EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{"DATABASE_URL": pgleasetest.URL()}

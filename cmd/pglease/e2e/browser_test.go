@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,7 +123,11 @@ func eval[T any](t *testing.T, b *browser, expr string) T {
 	t.Helper()
 	ctx, cancel := b.timeout()
 	defer cancel()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	var v T
+	err := acrossNavigation(ctx, func() (err error) {
+		v, err = chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+		return err
+	})
 	if err != nil {
 		t.Fatalf("evaluate %s: %v", expr, err)
 	}
@@ -132,10 +137,42 @@ func eval[T any](t *testing.T, b *browser, expr string) T {
 // waitFor polls a JS expression until it is true (30s at most).
 func (b *browser) waitFor(t *testing.T, what, expr string) {
 	t.Helper()
-	b.do(t, "wait for "+what, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(30*time.Second))(ctx, tg)
+	ctx, cancel := b.timeout()
+	defer cancel()
+	ctx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	err := acrossNavigation(ctx, func() error {
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr))
 		return err
-	}))
+	})
+	if err != nil {
+		t.Fatalf("wait for %s: %v", what, err)
+	}
+}
+
+// acrossNavigation runs an evaluation again when it went to the execution
+// context of a document that a navigation has just replaced: Chromium
+// answers "Cannot find context with specified id" or "Execution context
+// was destroyed" until chromedp has seen the new document's context (a
+// Navigate returns at the load event, which can come before that). Any
+// other error, or ctx's end, is returned.
+func acrossNavigation(ctx context.Context, evaluate func() error) error {
+	for {
+		err := evaluate()
+		if err == nil || !contextReplaced(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func contextReplaced(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "Cannot find context with specified id") || strings.Contains(s, "Execution context was destroyed")
 }
 
 // checkClean fails the test on a script exception or a CSP violation.
