@@ -121,6 +121,40 @@ func TestAuditReportsTheFirstDueTickMissed(t *testing.T) {
 	}
 }
 
+// A run of the first due tick claimed just before the registration's
+// moment on the server's clock (a replica on the old schedule, whose tick
+// it also was, with its clock ahead of the server's): the tick ran, and
+// the key's first run since the registration, of a later tick, reports
+// nothing missed.
+func TestFirstDueTickRunJustBeforeTheRegistration(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := ctx(t)
+	t1, t2, t3, _, js := fourTicks()
+	l := f.replica(2)
+	if _, err := l.RegisterSchedule(c, "skewed", js); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][2]time.Time{{t1, t2}, {t2, t3}} {
+		le, err := l.Lock(c, "skewed", pglease.Tick(r[0]), pglease.NextTick(r[1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
+		if r[0].Equal(t1) { // the registration's moment, as if it came after this run
+			if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`_schedules"
+				SET known_since = n.ts, first_due_known_since = n.ts FROM (SELECT clock_timestamp() AS ts) AS n WHERE key = 'skewed'`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if m := f.auditBoth("skewed", time.Time{}); len(m) != 0 {
+		t.Fatalf("first due tick %v run just before the registration: missed %+v; want none", t1.UTC(), m)
+	}
+}
+
 // A registration with the same Spec (another grace) keeps the first due
 // tick and the known_since it belongs to; one with another Spec records its own, and
 // Audit compares the runs since with that one.

@@ -57,7 +57,10 @@ func readOverdue(ctx context.Context, st *store.Store) (map[string]MissedTick, e
 // registration lies in the window (at or after since: every run claimed
 // since then is in runs). An abandoned run (EndAbandoned) is passed over:
 // its claim was undone, so it neither ran its tick nor moved the key's
-// next due tick on.
+// next due tick on. The registration's first due tick is not missed if a
+// run claimed it before the registration's moment (a replica still on the
+// old schedule, whose tick it also was, with the scheduler's clock ahead
+// of the server's).
 func findMissed(runs []Run, reg *registration, since time.Time) []MissedTick {
 	if reg == nil {
 		return nil
@@ -74,7 +77,7 @@ func findMissed(runs []Run, reg *registration, since time.Time) []MissedTick {
 		switch {
 		case first && registered:
 			first = false
-			if r.Tick.After(*reg.firstDue) {
+			if r.Tick.After(*reg.firstDue) && !ranTick(runs, *reg.firstDue) {
 				out = append(out, MissedTick{Key: r.Key, Due: *reg.firstDue, NextRun: r})
 			}
 		case prev != nil && r.Tick.After(*prev.NextTick):
@@ -86,4 +89,14 @@ func findMissed(runs []Run, reg *registration, since time.Time) []MissedTick {
 		}
 	}
 	return out
+}
+
+// ranTick reports whether a run that was not undone claimed tick.
+func ranTick(runs []Run, tick time.Time) bool {
+	for i := range runs {
+		if r := &runs[i]; r.Tick != nil && r.End != EndAbandoned && r.Tick.Equal(tick) {
+			return true
+		}
+	}
+	return false
 }
