@@ -33,20 +33,25 @@ func runTick(t *testing.T, l *pglease.Locker, key string, g grid, tick time.Time
 	return le.Unlock(ctx(t))
 }
 
-// overdue registers key's schedule js (on a grid), runs its latest tick and
-// waits until three ticks have passed since, none run; it returns the tick
-// run.
+// overdue registers key's schedule js (on a grid), runs the first tick due
+// after the registration and waits until three ticks have passed since,
+// none run; it returns the tick run. The run claims its tick as soon as it
+// is known, ahead of it, so that it is acquired more than a period before
+// the tick after it comes due (the overdue tick's LastRun is the latest run
+// acquired at or before it), however slow the machine is up to a period.
 func overdue(t *testing.T, l *pglease.Locker, key string, js pglease.JobSchedule) time.Time {
 	t.Helper()
 	g := js.Schedule.(grid)
-	if _, err := l.RegisterSchedule(ctx(t), key, js); err != nil {
+	reg := js
+	reg.Now = time.Now()
+	if _, err := l.RegisterSchedule(ctx(t), key, reg); err != nil {
 		t.Fatal(err)
 	}
-	t0, _ := pglease.LatestTick(g, time.Now(), time.Minute)
+	t0 := g.Next(reg.Now)
 	if err := runTick(t, l, key, g, t0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool { return time.Since(t0) > 3*time.Duration(g) })
+	waitFor(t, 20*time.Second, func() bool { return time.Since(t0) > 3*time.Duration(g) })
 	return t0
 }
 
@@ -135,8 +140,8 @@ func TestNoCatchUpPastTheDeadline(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	const key = "weekly"
-	g := grid(200 * time.Millisecond)
-	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
+	g := grid(time.Second) // a period: the margin of overdue's run
+	js := pglease.JobSchedule{Spec: "every second", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
 	l := f.replica(2)
 	t0 := overdue(t, l, key, js)
 	if tick, err := l.RegisterSchedule(ctx(t), key, js); err != nil || !tick.IsZero() {
@@ -196,8 +201,8 @@ func TestForgetScheduleEndsItsReport(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	const key = "removed-job"
-	g := grid(200 * time.Millisecond)
-	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Minute}
+	g := grid(time.Second) // a period: the margin of overdue's run
+	js := pglease.JobSchedule{Spec: "every second", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Minute}
 	l := f.replica(2)
 	t0 := overdue(t, l, key, js)
 	missed := func() []MissedTick {
@@ -413,8 +418,8 @@ func TestOverdueLastRunIsBeforeDue(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	const key = "nightly"
-	g := grid(200 * time.Millisecond)
-	js := pglease.JobSchedule{Spec: "every 200ms", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
+	g := grid(time.Second) // a period: the margin of overdue's run
+	js := pglease.JobSchedule{Spec: "every second", Schedule: g, Grace: 50 * time.Millisecond, CatchUpWithin: time.Nanosecond}
 	l := f.replica(2)
 	t0 := overdue(t, l, key, js)
 	le, err := l.Lock(ctx(t), key) // no tick: the schedule's next tick stays overdue
