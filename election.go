@@ -46,7 +46,9 @@ func NewElection(l *Locker, key string) (*Election, error) {
 // stop acting as leader when the lease's Done closes, and may Campaign
 // again. Campaign while this Election leads waits, like any candidate, for
 // its own term to end: one goroutine campaigns at a time, and Resign ends
-// the current term, whichever Campaign began it.
+// the current term, whichever Campaign began it. A Campaign that has not
+// returned yet is not a term Resign can end, even if the server has just
+// granted it: end a waiting Campaign with its context.
 func (e *Election) Campaign(ctx context.Context) (*Lease, error) {
 	return e.campaign(ctx, true)
 }
@@ -68,20 +70,27 @@ func (e *Election) campaign(ctx context.Context, tie bool) (*Lease, error) {
 }
 
 // Resign gives leadership up (the lease is released and waiters are
-// notified at once). It returns nil if this Election does not lead.
+// notified at once). It returns nil if this Election does not lead. If
+// the release fails (the server cannot be reached), the error says so and
+// the Election keeps the lease: calling Resign again retries the release,
+// as Lease.Unlock does, until it returns nil.
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	le := e.lead
-	e.lead = nil
 	e.mu.Unlock()
 	if le == nil {
 		return nil
 	}
 	err := le.Unlock(ctx)
-	if errors.Is(err, ErrLeaseLost) {
-		return nil // nothing left to give up
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		return err // kept: a retry releases it
 	}
-	return err
+	e.mu.Lock()
+	if e.lead == le { // not a term a Campaign began since
+		e.lead = nil
+	}
+	e.mu.Unlock()
+	return nil // released, or lost: nothing left to give up
 }
 
 // IsLeader reports, without a round trip, whether this Election holds the

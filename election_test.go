@@ -217,6 +217,52 @@ func (b *failRelease) Exec(ctx context.Context, sql string, args ...any) (int64,
 	return b.backend.Exec(ctx, sql, args...)
 }
 
+// A Resign whose release fails keeps the lease: the next Resign retries
+// the release (it returned nil and sent nothing, and the key stayed
+// blocked until the lease expired).
+func TestResignRetriesAFailedRelease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	la := f.replica(2)
+	b := &switchedRelease{failRelease: failRelease{backend: la.store.DB, release: la.store.SQL().Release}}
+	la.store.DB = b
+	c := ctx(t)
+	e, _ := NewElection(la, "leader")
+	if _, err := e.Campaign(c); err != nil {
+		t.Fatal(err)
+	}
+	b.failing.Store(true)
+	if err := e.Resign(c); err == nil || !strings.Contains(err.Error(), "simulated") {
+		t.Fatalf("Resign with the release failing: %v; want its error", err)
+	}
+	b.failing.Store(false)
+	if err := e.Resign(c); err != nil {
+		t.Fatalf("Resign again, the server fine: %v", err)
+	}
+	if r, _ := f.row("leader"); r.Live || !r.Released {
+		t.Fatalf("the row after the second Resign: %+v; want it released", r)
+	}
+	if e.IsLeader() {
+		t.Fatal("IsLeader after Resign")
+	}
+	if err := e.Resign(c); err != nil {
+		t.Fatalf("a third Resign: %v; want nil", err)
+	}
+}
+
+// switchedRelease is failRelease while failing is set.
+type switchedRelease struct {
+	failRelease
+	failing atomic.Bool
+}
+
+func (b *switchedRelease) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	if b.failing.Load() {
+		return b.failRelease.Exec(ctx, sql, args...)
+	}
+	return b.backend.Exec(ctx, sql, args...)
+}
+
 // TestRunReportsAFailedResign: when Run's resign fails at shutdown, the
 // key stays blocked until the lease expires: Run says so (an error, not a
 // clean nil) and a WARN names the key; a Campaign whose context ends with
