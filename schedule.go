@@ -95,16 +95,31 @@ const (
 // MaxSpecLen is the longest JobSchedule.Spec accepted, in bytes.
 const MaxSpecLen = 1024
 
-func (js JobSchedule) check() error {
+// CheckSpec reports whether spec can be a JobSchedule.Spec: it returns an
+// error wrapping ErrInvalidOption if spec is empty, longer than MaxSpecLen
+// bytes, not valid UTF-8 or holds a NUL byte, and nil otherwise.
+// RegisterSchedule checks it; CheckSpec lets a scheduler adapter record a
+// text it would refuse (a custom schedule's) in another form, such as its
+// digest.
+func CheckSpec(spec string) error {
 	switch {
-	case js.Spec == "":
+	case spec == "":
 		return fmt.Errorf("%w: empty schedule spec", ErrInvalidOption)
-	case len(js.Spec) > MaxSpecLen:
-		return fmt.Errorf("%w: schedule spec is %d bytes, the limit is %d", ErrInvalidOption, len(js.Spec), MaxSpecLen)
-	case !utf8.ValidString(js.Spec):
-		return fmt.Errorf("%w: schedule spec %q is not valid UTF-8", ErrInvalidOption, js.Spec)
-	case strings.IndexByte(js.Spec, 0) >= 0:
-		return fmt.Errorf("%w: schedule spec %q contains a NUL byte", ErrInvalidOption, js.Spec)
+	case len(spec) > MaxSpecLen:
+		return fmt.Errorf("%w: schedule spec is %d bytes, the limit is %d", ErrInvalidOption, len(spec), MaxSpecLen)
+	case !utf8.ValidString(spec):
+		return fmt.Errorf("%w: schedule spec %q is not valid UTF-8", ErrInvalidOption, spec)
+	case strings.IndexByte(spec, 0) >= 0:
+		return fmt.Errorf("%w: schedule spec %q contains a NUL byte", ErrInvalidOption, spec)
+	}
+	return nil
+}
+
+func (js JobSchedule) check() error {
+	if err := CheckSpec(js.Spec); err != nil {
+		return err
+	}
+	switch {
 	case js.Schedule == nil:
 		return fmt.Errorf("%w: nil Schedule", ErrInvalidOption)
 	case js.Grace < 0 || js.Grace > MaxGrace:

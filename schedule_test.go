@@ -54,6 +54,21 @@ func TestLatestTick(t *testing.T) {
 }
 
 // TestScheduleBadInput: invalid registrations and claims fail with a clear
+
+// CheckSpec is the Spec rule RegisterSchedule applies: a text of at most
+// MaxSpecLen bytes passes, an empty, longer, invalid UTF-8 or NUL one is
+// ErrInvalidOption.
+func TestCheckSpec(t *testing.T) {
+	if err := CheckSpec(strings.Repeat("x", MaxSpecLen)); err != nil {
+		t.Fatalf("a spec of MaxSpecLen bytes: %v", err)
+	}
+	for _, bad := range []string{"", strings.Repeat("x", MaxSpecLen+1), "a\xffb", "a\x00b"} {
+		if err := CheckSpec(bad); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("CheckSpec(%q): %v; want ErrInvalidOption", bad, err)
+		}
+	}
+}
+
 // error and write nothing.
 func TestScheduleBadInput(t *testing.T) {
 	t.Parallel()

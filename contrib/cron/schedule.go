@@ -5,11 +5,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 
@@ -112,7 +110,7 @@ func specOf(sched cron.Schedule, loc *time.Location) (spec string, ok bool) {
 // byte: a custom schedule's text) its SHA-256 digest, which is the same on
 // every replica and changes with the text.
 func recordable(spec string) string {
-	if len(spec) <= pglease.MaxSpecLen && utf8.ValidString(spec) && strings.IndexByte(spec, 0) < 0 {
+	if pglease.CheckSpec(spec) == nil {
 		return spec
 	}
 	return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(spec)))

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
@@ -248,7 +247,7 @@ func (k *Locker) NewCronJob(s gocron.Scheduler, name, crontab string, withSecond
 			def = "CRON_TZ=" + k.location().String() + " " + crontab
 		}
 	}
-	if len(spec) > pglease.MaxSpecLen || !utf8.ValidString(spec) || strings.IndexByte(spec, 0) >= 0 {
+	if pglease.CheckSpec(spec) != nil {
 		// pglease refuses it as a JobSchedule.Spec (a crontab of more than
 		// MaxSpecLen bytes, a zone's odd name): its digest is the same on
 		// every replica and changes with the crontab.
