@@ -34,6 +34,9 @@ fails and changes nothing; retry when the table is quieter, or pass
 --lock-timeout 0 to wait (up to --timeout).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.lockTimeout < 0 || f.lockTimeout > maxTimeout {
+				return usagef("--lock-timeout %v: must be between 0 and 24h", f.lockTimeout)
+			}
 			ctx := cmd.Context()
 			db, err := f.open(ctx, e)
 			if err != nil {
@@ -71,12 +74,5 @@ fails and changes nothing; retry when the table is quieter, or pass
 	f.register(cmd, migrateTimeout)
 	cmd.Flags().DurationVar(&f.lockTimeout, "lock-timeout", defaultLockTimeout,
 		"give up, changing nothing, if a lock the migration needs is not granted by then (0: wait, up to --timeout)")
-	runE := cmd.RunE
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if f.lockTimeout < 0 || f.lockTimeout > maxTimeout {
-			return usagef("--lock-timeout %v: must be between 0 and 24h", f.lockTimeout)
-		}
-		return runE(c, args)
-	}
 	return cmd
 }
