@@ -156,12 +156,14 @@ func TestFailoverKillLeader(t *testing.T) {
 	if err := fencedWrite(ctx, proxyDB, stale); err != nil {
 		t.Fatalf("fenced write before the failover: %v", err)
 	}
-	// Let the standbys receive all of it (asynchronous replication).
-	time.Sleep(500 * time.Millisecond)
-
 	old, err := c.Leader(ctx)
 	if err != nil || old == "" {
 		t.Fatalf("leader: %q, %v", old, err)
+	}
+	// The standbys replay all of it (asynchronous replication): a timed
+	// sleep let a standby behind under load lose even the lease table.
+	if err := c.WaitReplayed(ctx, old); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("setup done %v after the start; fences before the failover: %v; killing %s's postgres", time.Since(t0).Round(time.Millisecond), before, old)
 	killed := time.Now()

@@ -638,6 +638,47 @@ func (c *Cluster) writable(ctx context.Context, url string) error {
 	return nil
 }
 
+// WaitReplayed waits until every node but leader has replayed all the WAL
+// that leader had written when it was called: what the leader committed
+// until then survives a failover to any of them.
+func (c *Cluster) WaitReplayed(ctx context.Context, leader string) error {
+	var lsn string
+	if err := c.query(ctx, leader, "SELECT pg_current_wal_lsn()::text", nil, &lsn); err != nil {
+		return fmt.Errorf("patroni: %s's WAL position: %w", leader, err)
+	}
+	for _, n := range c.Nodes {
+		if n.Name == leader {
+			continue
+		}
+		err := c.poll(ctx, 60*time.Second, n.Name+" replaying "+lsn, func() error {
+			var done bool
+			if err := c.query(ctx, n.Name, "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)", []any{lsn}, &done); err != nil {
+				return err
+			}
+			if !done {
+				return errors.New("behind")
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// query reads one row from one node.
+func (c *Cluster) query(ctx context.Context, name, q string, args []any, dest ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.NodeURL(name))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, q, args...).Scan(dest...)
+}
+
 // WaitNewLeader waits until a node other than old leads, accepts writes,
 // and HAProxy routes to it; it returns the new leader's name.
 func (c *Cluster) WaitNewLeader(ctx context.Context, old string) (string, error) {
