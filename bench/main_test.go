@@ -15,7 +15,6 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/pgleasetest"
 )
 
 // PoolSize is the size of the shared pools (the floors, pglease and the
@@ -39,7 +38,7 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if pgURL = os.Getenv("PGLEASE_BENCH_PG_URL"); pgURL == "" {
-		c, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
+		c, err := benchenv.StartPG(ctx)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cannot start a durable throw-away PostgreSQL: %v\n", err)
 			return 1
@@ -70,15 +69,11 @@ func run(m *testing.M) int {
 }
 
 func setupPG(ctx context.Context) error {
-	cfg, err := pgxpool.ParseConfig(pgURL)
-	if err != nil {
+	var err error
+	if pool, err = benchenv.NewPool(ctx, pgURL, PoolSize, nil); err != nil {
 		return err
 	}
-	cfg.MaxConns = PoolSize
-	if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		return err
-	}
-	sqlDB = stdlib.OpenDB(*cfg.ConnConfig.Copy())
+	sqlDB = stdlib.OpenDB(*pool.Config().ConnConfig)
 	sqlDB.SetMaxOpenConns(PoolSize)
 	sqlDB.SetMaxIdleConns(PoolSize)
 	if err := pglease.Migrate(ctx, pool); err != nil {

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
 )
@@ -71,10 +69,8 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 // capturedClaim is the text of the claim statement as the library sends it,
 // seen by a tracer while a Locker claims key (held by another).
 func capturedClaim(b *testing.B, key string) string {
-	cfg := pool.Config().Copy()
 	tr := &benchenv.Tracer{}
-	cfg.ConnConfig.Tracer, cfg.MaxConns = tr, 1
-	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	p, err := benchenv.NewPool(context.Background(), pgURL, 1, tr)
 	must(b, err)
 	defer p.Close()
 	skipOnce(b, newLocker(b, p), key)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -45,7 +44,10 @@ func BenchmarkRenew(b *testing.B) {
 			pglease.WithHolder(fmt.Sprintf("renew-bench-%d-%d", n, time.Now().UnixNano())), pglease.WithLogger(slog.New(&losses)))
 		must(b, err)
 		defer l.Close()
-		must(b, parallelLock(l, n))
+		must(b, benchenv.Parallel(n, 16, func(i int) error {
+			_, err := l.Lock(ctx, fmt.Sprintf("renew-%d-%05d", n, i))
+			return err
+		}))
 		db.SetMaxOpenConns(PoolSize)
 		// Autovacuum would analyze the table soon after the claims; without
 		// statistics the renew may be planned quadratic in n (benchrun's
@@ -119,19 +121,4 @@ func BenchmarkRenew(b *testing.B) {
 			}
 		})
 	}
-}
-
-// parallelLock has l claim n keys, 16 at a time.
-func parallelLock(l *pglease.Locker, n int) error {
-	var wg sync.WaitGroup
-	errs := make([]error, 16)
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; i < n && errs[w] == nil; i += 16 {
-				_, errs[w] = l.Lock(context.Background(), fmt.Sprintf("renew-%d-%05d", n, i))
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -65,21 +64,14 @@ var plantedFindings = []string{
 	"job-000006 overlap async-failover", "job-000004 missed",
 }
 
-// runAudit fills a journal with each number of runs in turn and times
+// audit fills a journal with each number of runs in turn and times
 // Audit over it reps times.
-func runAudit(ctx context.Context, url string, sizes []int, reps int) (*auditReport, error) {
-	pool, err := newPool(ctx, url, 2, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
+func (e *env) audit(sizes []int, reps int) (*auditReport, error) {
+	ctx, pool := e.ctx, e.admin
 	const table = "audit_bench"
 	rep := &auditReport{Reps: reps}
 	for _, n := range sizes {
-		if err := pglease.Drop(ctx, pool, pglease.WithTable(table)); err != nil {
-			return nil, err
-		}
-		if err := pglease.Migrate(ctx, pool, pglease.WithTable(table)); err != nil {
+		if err := e.freshTable(table, ""); err != nil {
 			return nil, err
 		}
 		s := auditSize{Runs: n, Keys: auditKeys(n)}

@@ -98,7 +98,7 @@ type fleet struct {
 
 func (e *env) newFleet(url string, r, pool int, opts ...pglease.Option) (*fleet, error) {
 	f := &fleet{replicas: make([]*replica, r), logs: &benchenv.Losses{}, tr: &benchenv.Tracer{}}
-	err := parallel(r, 8, func(i int) (err error) {
+	err := benchenv.Parallel(r, 8, func(i int) (err error) {
 		own := []pglease.Option{pglease.WithHolder(fmt.Sprintf("replica-%04d", i)), pglease.WithListen(pglease.ListenNever)}
 		f.replicas[i], err = newReplica(e.ctx, url, pool, f.tr, f.logs, append(own, opts...)...)
 		return err
@@ -110,7 +110,7 @@ func (e *env) newFleet(url string, r, pool int, opts ...pglease.Option) (*fleet,
 }
 
 func (f *fleet) close() {
-	_ = parallel(len(f.replicas), 32, func(i int) error {
+	_ = benchenv.Parallel(len(f.replicas), 32, func(i int) error {
 		if r := f.replicas[i]; r != nil {
 			r.close()
 		}
@@ -122,7 +122,7 @@ func (f *fleet) close() {
 // in flight at once over the whole fleet, key by key across the replicas.
 func (e *env) claim(f *fleet, prefix string, j, par int) error {
 	r := len(f.replicas)
-	return parallel(r*j, par, func(n int) error {
+	return benchenv.Parallel(r*j, par, func(n int) error {
 		_, err := f.replicas[n%r].Lock(e.ctx, fmt.Sprintf("%s-%04d-%03d", prefix, n%r, n/r))
 		return err
 	})
@@ -363,7 +363,7 @@ func (e *env) scheduled(b *benchenv.Bouncer, f *fleet, baseCPU float64) (*schedR
 	for t := range ticks {
 		tick := time.Now().Truncate(time.Millisecond)
 		cpu0, other0 := e.cpu.Seconds(), e.otherCPU(b)
-		_ = parallel(len(f.replicas), len(f.replicas), func(i int) error {
+		_ = benchenv.Parallel(len(f.replicas), len(f.replicas), func(i int) error {
 			// A scheduler runs each job in a goroutine of its own, as the
 			// adapters' schedulers do: a replica's claims of one tick are
 			// concurrent.
@@ -471,7 +471,7 @@ func (e *env) satRun(bg *fleet, w int) (satStep, error) {
 		return res, err
 	}
 	defer l.close()
-	_ = parallel(w, w, func(int) error { return l.pool.Ping(ctx) }) // every worker's connection open before timing
+	_ = benchenv.Parallel(w, w, func(int) error { return l.pool.Ping(ctx) }) // every worker's connection open before timing
 	bg.tr.Take()
 	lost0 := bg.logs.Errs.Load()
 	s0, err := e.sample(nil)
@@ -487,7 +487,7 @@ func (e *env) satRun(bg *fleet, w int) (satStep, error) {
 		firstErr.CompareAndSwap(nil, err.Error())
 	}
 	stop := time.Now().Add(e.c.satStep)
-	_ = parallel(w, w, func(i int) error {
+	_ = benchenv.Parallel(w, w, func(i int) error {
 		var mine []int64
 		for n := 0; time.Now().Before(stop); n++ {
 			t0 := time.Now()

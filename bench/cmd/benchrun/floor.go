@@ -53,7 +53,7 @@ n, 1, now(), now() + interval '1 minute' FROM generate_series(0, %[2]d) AS n ORD
 	defer func() { cancel(); wg.Wait() }()
 	beat := capLease / 3
 	for i := range r {
-		p, err := newPool(e.ctx, b.URL(), capPool, nil)
+		p, err := benchenv.NewPool(e.ctx, b.URL(), capPool, nil)
 		if err != nil {
 			return res, err
 		}

@@ -88,7 +88,7 @@ func (e *env) handoff() (*handoffReport, error) {
 		logf("handoff after Unlock, %s: %d handoffs over %d pair(s)", m.Name, e.c.handoffN, pairs)
 		r := handoffResult{Mode: m.Name, Pairs: pairs}
 		var mu sync.Mutex
-		err := parallel(pairs, pairs, func(p int) error {
+		err := benchenv.Parallel(pairs, pairs, func(p int) error {
 			return e.handoffPair(m, (e.c.handoffN+pairs-1)/pairs, p, func(call, ret, unlock time.Duration) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -216,7 +216,7 @@ func (e *env) vanish(m waitMode, n, par int, lease time.Duration) (vanishResult,
 		err = e.admin.QueryRow(ctx, `SELECT `+col+` FROM `+pglease.DefaultTable+` WHERE key = $1`, key).Scan(&t)
 		return
 	}
-	err := parallel(par, par, func(p int) error {
+	err := benchenv.Parallel(par, par, func(p int) error {
 		waiter, err := newReplica(ctx, e.url, 2, nil, nil, m.opts()...)
 		if err != nil {
 			return err

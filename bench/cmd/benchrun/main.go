@@ -31,7 +31,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/pgleasetest"
 )
 
 type config struct {
@@ -132,13 +131,13 @@ func run(c config, args []string) error {
 func measure(ctx context.Context, c config, rep *report) error {
 	logf("starting a durable throw-away PostgreSQL")
 	// pg_stat_statements: the server time of statements (BenchmarkParts, the Capacity section).
-	cl, err := pgleasetest.Start(ctx, benchenv.Durable(map[string]string{"shared_preload_libraries": "pg_stat_statements"}))
+	cl, err := benchenv.StartPG(ctx)
 	if err != nil {
 		return err
 	}
 	defer cl.Stop()
 	e := &env{ctx: ctx, url: cl.URL(), c: c, peers: map[string]*benchenv.Peer{}}
-	if e.admin, err = newPool(ctx, e.url, 2, nil); err != nil {
+	if e.admin, err = benchenv.NewPool(ctx, e.url, 2, nil); err != nil {
 		return err
 	}
 	defer e.admin.Close()
@@ -195,7 +194,7 @@ func measure(ctx context.Context, c config, rep *report) error {
 		}},
 		{"audit", func() (err error) {
 			load, started := loadAvg(), time.Now().UTC()
-			if rep.Audit, err = runAudit(ctx, e.url, ints(c.auditRuns), max(1, c.auditReps)); rep.Audit != nil {
+			if rep.Audit, err = e.audit(ints(c.auditRuns), max(1, c.auditReps)); rep.Audit != nil {
 				rep.Audit.Args, rep.Audit.Started, rep.Audit.Load = rep.Args, started, load
 			}
 			return err

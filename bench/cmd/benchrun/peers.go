@@ -161,7 +161,7 @@ func (e *env) etcdFleet(peer *benchenv.Peer, r, j int) (peerShape, error) {
 			}
 		}
 	}()
-	err := parallel(r, 16, func(i int) (err error) {
+	err := benchenv.Parallel(r, 16, func(i int) (err error) {
 		if clis[i], err = clientv3.New(clientv3.Config{Endpoints: []string{peer.Addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
 			return err
 		}

@@ -50,7 +50,7 @@ func (e *env) plannerCheck(n int) (plannerResult, error) {
 		return res, err
 	}
 	defer func() { close(release); r.close() }()
-	if err := parallel(n, 8, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("planner-%05d", i)); return err }); err != nil {
+	if err := benchenv.Parallel(n, 8, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("planner-%05d", i)); return err }); err != nil {
 		return res, err
 	}
 	if res.LibraryBeatsTimedOut, err = fullBeats(tr, benchenv.Now()); err != nil {
@@ -244,7 +244,7 @@ func (e *env) tableHealth(ffs []int, leases int, beat, dur time.Duration) ([]hea
 		}
 	}
 	for _, r := range runs {
-		err := parallel(leases, 2, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("health-%05d", i)); return err })
+		err := benchenv.Parallel(leases, 2, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("health-%05d", i)); return err })
 		if err == nil {
 			_, err = admin.Exec(ctx, `ANALYZE `+pgx.Identifier{r.table}.Sanitize()) // as autovacuum soon would
 		}

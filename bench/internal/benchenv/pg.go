@@ -9,10 +9,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/pgleasetest"
 )
 
 // Querier is what *pgxpool.Pool, *pgx.Conn and pgx.Tx share.
@@ -223,13 +228,44 @@ func MachineInfo() [][2]string {
 		{"memory", fmt.Sprintf("%.1f GiB", kb/(1<<20))}, {"kernel", strings.TrimSpace(string(kernel))}}
 }
 
-// Durable returns the server settings of a durable PostgreSQL, as users run
-// it (fsync, synchronous_commit and full_page_writes on, where a test server
-// turns them off), with extra settings added.
-func Durable(extra map[string]string) map[string]string {
-	s := map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
-	for k, v := range extra {
-		s[k] = v
+// StartPG starts a durable throw-away PostgreSQL, as users run it (fsync,
+// synchronous_commit and full_page_writes on, where a test server turns
+// them off), with pg_stat_statements loaded. Stop it when done.
+func StartPG(ctx context.Context) (*pgleasetest.Server, error) {
+	return pgleasetest.Start(ctx, map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+		"shared_preload_libraries": "pg_stat_statements"})
+}
+
+// NewPool is a pgxpool of size connections to url, its statements traced
+// by tr when set.
+func NewPool(ctx context.Context, url string, size int, tr *Tracer) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
 	}
-	return s
+	cfg.MaxConns = int32(size)
+	if tr != nil {
+		cfg.ConnConfig.Tracer = tr
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// Parallel runs fn(0) … fn(n-1) on `workers` goroutines; after the first
+// error it starts no more and returns that error.
+func Parallel(n, workers int, fn func(i int) error) error {
+	var next atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	for range min(workers, n) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n && first.Load() == nil; i = int(next.Add(1)) - 1 {
+				if err := fn(i); err != nil {
+					first.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	err, _ := first.Load().(error)
+	return err
 }

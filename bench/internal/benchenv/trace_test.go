@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -26,10 +24,7 @@ func TestClassifyTheLibrarysStatements(t *testing.T) {
 	}
 	defer cl.Stop()
 	tr := &Tracer{}
-	cfg, err := pgxpool.ParseConfig(cl.URL())
-	must(t, err)
-	cfg.ConnConfig.Tracer = tr
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	p, err := NewPool(ctx, cl.URL(), 4, tr)
 	must(t, err)
 	defer p.Close()
 	must(t, pglease.Migrate(ctx, p))
