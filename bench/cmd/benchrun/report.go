@@ -225,15 +225,6 @@ func (r *report) Setting(name string) string {
 	return "?"
 }
 
-// MaxInUse is the most connections BenchmarkRenew saw in use between beats (-1: none ran).
-func (r *report) MaxInUse() float64 {
-	m := -1.0
-	for _, n := range r.Sorted("Renew/") {
-		m = math.Max(m, r.Med(n, "conns-in-use"))
-	}
-	return m
-}
-
 // HealthBest is the table-health run's best table: a clearly better HOT
 // ratio wins; within half a point, the smaller table. Ties lists the
 // fillfactors within half a point of it.
@@ -257,11 +248,6 @@ func (r *report) HealthBest() (v struct {
 }
 
 func (h healthResult) Hot() float64 { return float64(h.HotUpd) / math.Max(1, float64(h.Upd)) * 100 }
-
-// Merged says the audit section was measured by another run than the report's (-merge).
-func (r *report) Merged() bool {
-	return r.Audit.Started.Before(r.Started) || r.Audit.Started.After(r.Started.Add(r.Took))
-}
 
 func fmtDur(ns float64) string {
 	switch {
@@ -290,14 +276,6 @@ func thousands(n any) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
-}
-
-// LastPlanner is the planner check of the most leases, nil if none ran.
-func (r *report) LastPlanner() *plannerResult {
-	if len(r.Planner) == 0 {
-		return nil
-	}
-	return &r.Planner[len(r.Planner)-1]
 }
 
 // Num prints a benchmark's unit with prec decimals: "0" for 0, "—" if missing.
