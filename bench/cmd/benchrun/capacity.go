@@ -139,7 +139,7 @@ type sample struct {
 }
 
 func (e *env) sample(b *benchenv.Bouncer) (sample, error) {
-	if err := benchenv.FlushStats(e.ctx, e.admin); err != nil {
+	if _, err := e.admin.Exec(e.ctx, `SELECT pg_stat_force_next_flush()`); err != nil { // this backend's pending statistics, flushed when it goes idle
 		return sample{}, err
 	}
 	roles, other := e.cpu.ByRole(e.adminPIDs...), e.otherCPU(b)

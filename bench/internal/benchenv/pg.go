@@ -13,31 +13,24 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pgleasetest"
 )
 
-// Querier is what *pgxpool.Pool, *pgx.Conn and pgx.Tx share.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Counters are server-wide counters read before and after a batch:
 // NextXid, the next transaction id the server will assign (reading it
 // assigns none); WALLSN, the WAL insert position in bytes; pg_stat_wal's
 // fsyncs and fsync time (ms, with track_wal_io_timing), which each backend
-// flushes at most once a second (see FlushStats).
+// flushes at most once a second (pg_stat_force_next_flush asks it to flush
+// when it next goes idle).
 type Counters struct {
 	NextXid, WALLSN, WALSync int64
 	WALSyncMs                float64
 }
 
 // ReadCounters reads Counters. It runs no write and assigns no xid.
-func ReadCounters(ctx context.Context, q Querier) (c Counters, err error) {
+func ReadCounters(ctx context.Context, q *pgxpool.Pool) (c Counters, err error) {
 	err = q.QueryRow(ctx, `
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
        wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&c.NextXid, &c.WALLSN, &c.WALSync, &c.WALSyncMs)
@@ -49,23 +42,16 @@ func (c Counters) Sub(o Counters) Counters {
 	return Counters{c.NextXid - o.NextXid, c.WALLSN - o.WALLSN, c.WALSync - o.WALSync, c.WALSyncMs - o.WALSyncMs}
 }
 
-// FlushStats asks the backend behind q to flush its pending statistics when
-// it next goes idle (PostgreSQL 15+), so that pg_stat_* reflects its work.
-func FlushStats(ctx context.Context, q Querier) error {
-	_, err := q.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
-	return err
-}
-
 // StatStatements reads statements' server execution times from
 // pg_stat_statements, when the server has it loaded (shared_preload_libraries).
 type StatStatements struct {
-	q  Querier
+	q  *pgxpool.Pool
 	ok bool
 }
 
 // NewStatStatements creates the extension if need be and resets its
 // counters; without pg_stat_statements, every read reports nothing.
-func NewStatStatements(ctx context.Context, q Querier) *StatStatements {
+func NewStatStatements(ctx context.Context, q *pgxpool.Pool) *StatStatements {
 	_, err := q.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 	if err == nil {
 		_, err = q.Exec(ctx, `SELECT pg_stat_statements_reset()`)
@@ -90,7 +76,7 @@ type ServerCPU struct{ pid int }
 
 // NewServerCPU finds the postmaster of the server q is connected to, from
 // its data directory's postmaster.pid.
-func NewServerCPU(ctx context.Context, q Querier) (*ServerCPU, error) {
+func NewServerCPU(ctx context.Context, q *pgxpool.Pool) (*ServerCPU, error) {
 	var dataDir string
 	if err := q.QueryRow(ctx, `SHOW data_directory`).Scan(&dataDir); err != nil {
 		return nil, err
@@ -200,7 +186,7 @@ func MachineCPU() (busy float64) {
 }
 
 // Settings reads the server settings that matter for the figures.
-func Settings(ctx context.Context, q Querier) (out [][2]string, err error) {
+func Settings(ctx context.Context, q *pgxpool.Pool) (out [][2]string, err error) {
 	for _, n := range []string{"server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
 		"wal_level", "shared_buffers", "max_connections", "autovacuum", "autovacuum_naptime",
 		"autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold", "default_transaction_isolation"} {
