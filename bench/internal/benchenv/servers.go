@@ -27,7 +27,7 @@ import (
 // directory, killed with the parent if the parent dies.
 type Proc struct {
 	Name, Addr string // Addr: host:port, or a URL (etcd)
-	dir        string
+	bin, dir   string
 	cmd        *exec.Cmd
 	done       chan struct{}
 	once       sync.Once
@@ -65,7 +65,7 @@ func start(ctx context.Context, name, binary, pkg string, asPostgres bool, ping 
 		return nil, err
 	}
 	addr, argv := args(port, dir)
-	p := &Proc{Name: name, Addr: addr, dir: dir, cmd: exec.Command(bin, argv...), done: make(chan struct{})}
+	p := &Proc{Name: name, Addr: addr, bin: bin, dir: dir, cmd: exec.Command(bin, argv...), done: make(chan struct{})}
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -205,26 +205,24 @@ type Peer struct {
 func Peers(ctx context.Context) []*Peer {
 	peers := []*Peer{{Name: "Redis (default persistence)", Env: "PGLEASE_BENCH_REDIS_ADDR"},
 		{Name: "Redis (appendfsync always)", Env: "PGLEASE_BENCH_REDIS_FSYNC_ADDR"}, {Name: "etcd (single member)", Env: "PGLEASE_BENCH_ETCD_URL"}}
+	starts := []func() (*Proc, error){
+		func() (*Proc, error) { return StartRedis(ctx, "redis-default") },
+		func() (*Proc, error) {
+			return StartRedis(ctx, "redis-fsync", "--appendonly", "yes", "--appendfsync", "always")
+		},
+		func() (*Proc, error) { return StartEtcd(ctx) },
+	}
 	for i, p := range peers {
 		var err error
 		switch p.Addr = os.Getenv(p.Env); p.Addr {
 		case "-":
 			p.Addr, p.Why = "", "not installed"
 		case "":
-			bin := []string{"redis-server", "redis-server", "etcd"}[i]
-			switch i {
-			case 0:
-				p.Proc, err = StartRedis(ctx, "redis-default")
-			case 1:
-				p.Proc, err = StartRedis(ctx, "redis-fsync", "--appendonly", "yes", "--appendfsync", "always")
-			default:
-				p.Proc, err = StartEtcd(ctx)
-			}
-			if err != nil {
+			if p.Proc, err = starts[i](); err != nil {
 				p.Why = err.Error()
 				continue
 			}
-			p.Addr, p.Version = p.Proc.Addr, Version(bin, "--version")
+			p.Addr, p.Version = p.Proc.Addr, Version(p.Proc.bin, "--version")
 		}
 	}
 	return peers
