@@ -194,7 +194,7 @@ func TestForceReleaseJudgesTheLeaseWhenItGetsTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := forceReleaseBehind(t, f, tx, "job", func() error {
-		_, err := tx.ExecContext(c, `UPDATE "`+f.table+`" SET expires_at = clock_timestamp() WHERE key = 'job'`)
+		_, err := tx.ExecContext(c, `UPDATE "`+f.table+`" SET expires_at = clock_timestamp(), session_id = NULL WHERE key = 'job'`)
 		return err
 	})
 	if r.WasLive || r.OldFence != 7 || r.NewFence != 7 {

@@ -114,7 +114,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "claim", key)
-	res, sent, err := l.sendClaim(ctx, deadline, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token,
+	res, sent, err := l.sendClaim(ctx, deadline, store.ClaimArgs{Claimant: l.claimant.Load(), Key: key, Token: token,
 		Tick: lc.tick, HasTick: lc.hasTick, NextTick: lc.nextTick, CatchUp: lc.catchUp})
 	end(err)
 	switch {

@@ -171,8 +171,8 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 	defer t1.Rollback()
 	var outcome string
 	var skip any
-	if err := t1.QueryRowContext(c, a.store.SQL().Claim, "free", a.holder, int64(1), int64(10e6), nil, int64(0), nil, false).
-		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "acquired" {
+	if err := t1.QueryRowContext(c, a.store.SQL().Claim, "free", a.holder, int64(1), int64(10e6), nil, int64(0), nil, false, nil).
+		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "acquired" {
 		t.Fatalf("first claim: %q %v", outcome, err)
 	}
 	other := pgleasetest.DB(t, 1)
@@ -183,8 +183,8 @@ func TestRacingClaimLosersWriteNothing(t *testing.T) {
 	defer t2.Rollback()
 	short, cancel := context.WithTimeout(c, 5*time.Second)
 	defer cancel()
-	err = t2.QueryRowContext(short, b.store.SQL().Claim, "free", b.holder, int64(2), int64(10e6), nil, int64(0), nil, false).
-		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip)
+	err = t2.QueryRowContext(short, b.store.SQL().Claim, "free", b.holder, int64(2), int64(10e6), nil, int64(0), nil, false, nil).
+		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip, &skip)
 	if err == nil || short.Err() != nil || !strings.Contains(err.Error(), "no rows") {
 		t.Fatalf("racing claim: want no row at once, got %q %v (ctx %v)", outcome, err, short.Err())
 	}
@@ -282,7 +282,7 @@ func TestClaimRetryKeepsFence(t *testing.T) {
 		var fence, freeIn, journaled int64
 		var exp time.Time
 		var tick sql.NullTime
-		err := l.store.DB.QueryRow(c, l.store.SQL().Claim, []any{"k", holder, token, int64(10e6), nil, int64(0), nil, false}, &outcome, &fence, &exp, &h, &tick, &freeIn, &journaled)
+		err := l.store.DB.QueryRow(c, l.store.SQL().Claim, []any{"k", holder, token, int64(10e6), nil, int64(0), nil, false, nil}, &outcome, &fence, &exp, &h, &tick, &freeIn, &journaled, new(any))
 		if errors.Is(err, errNoRows) {
 			return false, 0
 		}
@@ -357,7 +357,7 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 	var fence, freeIn, journaled int64
 	var exp time.Time
 	var tick sql.NullTime
-	err = tx.QueryRowContext(c, b.store.SQL().Claim, "busy", b.holder, int64(7), int64(10e6), nil, int64(0), nil, false).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn, &journaled)
+	err = tx.QueryRowContext(c, b.store.SQL().Claim, "busy", b.holder, int64(7), int64(10e6), nil, int64(0), nil, false, nil).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn, &journaled, new(any))
 	if err != nil || outcome != "held" || holder != a.Holder() || freeIn <= 0 {
 		t.Fatalf("claim on held key: outcome=%q holder=%q free in %dus err=%v", outcome, holder, freeIn, err)
 	}
@@ -369,7 +369,7 @@ func TestClaimOnHeldKeyWritesNothing(t *testing.T) {
 		t.Fatalf("the skip path was assigned transaction id %s: it wrote", *xid)
 	}
 	// Counter-check: a claim that succeeds does get one.
-	if err := tx.QueryRowContext(c, b.store.SQL().Claim, "free", b.holder, int64(7), int64(10e6), nil, int64(0), nil, false).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn, &journaled); err != nil || outcome != "acquired" {
+	if err := tx.QueryRowContext(c, b.store.SQL().Claim, "free", b.holder, int64(7), int64(10e6), nil, int64(0), nil, false, nil).Scan(&outcome, &fence, &exp, &holder, &tick, &freeIn, &journaled, new(any)); err != nil || outcome != "acquired" {
 		t.Fatalf("claim on free key: %v %v", outcome, err)
 	}
 	if err := tx.QueryRowContext(c, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil || xid == nil {

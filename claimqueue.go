@@ -260,7 +260,7 @@ func (l *Locker) claimTogether(ctx context.Context, batch []*queuedClaim) {
 	// Sent again as sendOne's: each claim of the batch keeps its token.
 	var res []store.ClaimResult
 	resent, err := againOnClosedConn(ctx, func() (err error) {
-		res, err = l.store.ClaimMany(ctx, l.claimant, args)
+		res, err = l.store.ClaimMany(ctx, l.claimant.Load(), args)
 		return err
 	})
 	if strings.HasPrefix(entry.SQLState(err), "22") { // data_exception

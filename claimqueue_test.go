@@ -278,7 +278,7 @@ func TestClaimManyOnHeldKeysWritesNothing(t *testing.T) {
 	}
 	defer tx.Rollback()
 	k.store.DB = store.FromSQLTx(tx)
-	res, err := k.store.ClaimMany(c, k.claimant, args)
+	res, err := k.store.ClaimMany(c, k.claimant.Load(), args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +587,7 @@ func TestQueuedClaimWithARefusedValueFailsNoOther(t *testing.T) {
 	var plainErr, oddErr error
 	wg.Go(func() { plainErr = lockUnlock(c, l, "plain") })
 	wg.Go(func() {
-		odd := store.ClaimArgs{Claimant: l.claimant, Key: "odd", Token: 1, Tick: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC), HasTick: true}
+		odd := store.ClaimArgs{Claimant: l.claimant.Load(), Key: "odd", Token: 1, Tick: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC), HasTick: true}
 		_, _, oddErr = l.sendClaim(c, time.Now().Add(time.Minute), odd)
 	})
 	waitQueued(t, l, 2)

@@ -28,6 +28,7 @@ import (
 // (with a single slot, for the whole release timeout), and Close would
 // wait a release timeout more per undo.
 func (l *Locker) undoClaim(key string, token int64) {
+	l.leaveSession("a claim's reply was lost")
 	again := false
 	l.retryThen("undoing a claim whose reply was lost", key, 0, 0, func(ctx context.Context) error {
 		n, err := l.abandon(ctx, key, token)
@@ -83,6 +84,7 @@ func (l *Locker) abandon(ctx context.Context, key string, token int64) (int64, e
 // meanwhile), as any claim whose caller left (store.Abandon): nothing ran
 // under it, so the journal says abandoned and a tick it took is given back.
 func (l *Locker) undoUnhanded(le *Lease) {
+	l.leaveSession("a claim was granted but not handed out")
 	l.retryInBackground("undoing a claim never handed out", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
 		_, err := l.abandon(ctx, le.key, le.token)
 		return err
@@ -96,6 +98,7 @@ func (l *Locker) undoUnhanded(le *Lease) {
 // that reached the server, and a database coming back from an outage is not
 // met by a retry loop for every lease lost during it.
 func (l *Locker) releaseInBackground(le *Lease) {
+	l.leaveSession("a lease was given up at its local deadline")
 	l.retryInBackground("releasing a lease given up at its local deadline", le.key, 0, l.cfg.duration, func(ctx context.Context) error {
 		var at time.Time
 		if !l.cfg.journalOff {

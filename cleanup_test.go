@@ -270,7 +270,7 @@ func TestUndoLooksAgainForALateClaim(t *testing.T) {
 	if _, ok := f.row(key); ok {
 		t.Fatal("the first undo left a row")
 	}
-	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant.Load(), Key: key, Token: token})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("late claim: %+v, %v", res, err)
 	}
@@ -396,7 +396,7 @@ func TestCleanUpBudgetGrowsAcrossAttempts(t *testing.T) {
 	f := newFixture(t)
 	l := f.replica(2, WithReleaseTimeout(100*time.Millisecond))
 	const key, token = "slow", 77
-	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	res, err := l.store.Claim(ctx(t), store.ClaimArgs{Claimant: l.claimant.Load(), Key: key, Token: token})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}
@@ -543,7 +543,7 @@ func TestUndoAfterARetriedClaimGivesItsTickBack(t *testing.T) {
 	}
 	const token = 4343
 	for i := range 2 { // the claim, then its retry
-		res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
+		res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant.Load(), Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
 		if err != nil || res.Outcome != store.Acquired {
 			t.Fatalf("send %d of the claim: %+v, %v", i+1, res, err)
 		}
@@ -575,7 +575,7 @@ func TestUndoAfterALaterClaimGivesNothingBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	const token = 4444
-	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant.Load(), Key: "job", Token: token, Tick: t2, HasTick: true, NextTick: t3})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("the claim to undo: %+v, %v", res, err)
 	}

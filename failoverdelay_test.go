@@ -124,8 +124,8 @@ func claimInTx(t *testing.T, c context.Context, db *sql.DB, l *Locker, key strin
 	var fence, freeUS, journaled int64
 	var exp time.Time
 	var tick sql.NullTime
-	if err := tx.QueryRowContext(c, l.store.SQL().Claim, key, l.holder, int64(7), l.cfg.duration.Microseconds(), nil, l.cfg.failoverDelay.Microseconds(), nil, false).
-		Scan(&outcome, &fence, &exp, &holder, &tick, &freeUS, &journaled); err != nil {
+	if err := tx.QueryRowContext(c, l.store.SQL().Claim, key, l.holder, int64(7), l.cfg.duration.Microseconds(), nil, l.cfg.failoverDelay.Microseconds(), nil, false, nil).
+		Scan(&outcome, &fence, &exp, &holder, &tick, &freeUS, &journaled, new(any)); err != nil {
 		t.Fatalf("claim of %q: %v", key, err)
 	}
 	var xid *string

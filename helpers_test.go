@@ -156,12 +156,26 @@ func (f *fixture) tableText(expiry string) string {
 }
 
 // expire makes a key's lease expired on the server clock, as if its holder
-// had stopped renewing long ago.
+// had stopped renewing long ago: its own expiry past, and no session.
 func (f *fixture) expire(key string) {
 	f.t.Helper()
 	_, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours',
-		expires_at = clock_timestamp() - interval '1 hour' WHERE key = $1`, key)
+		expires_at = clock_timestamp() - interval '1 hour', session_id = NULL WHERE key = $1`, key)
 	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// blockRenewals locks, in tx, key's row and every session row of the
+// table: a renewal of key, by its row or by its session, waits until tx
+// ends.
+func (f *fixture) blockRenewals(tx *sql.Tx, key string) {
+	f.t.Helper()
+	c := ctx(f.t)
+	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = $1 FOR UPDATE`, key); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`_sessions" FOR UPDATE`); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -133,8 +133,8 @@ func TestJournalEvents(t *testing.T) {
 	// An undone claim (its reply was lost) journals abandoned.
 	tok := int64(77)
 	var skip any
-	if err := a.store.DB.QueryRow(c, a.store.SQL().Claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0), nil, false},
-		&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
+	if err := a.store.DB.QueryRow(c, a.store.SQL().Claim, []any{"undo", a.holder, tok, int64(10e6), nil, int64(0), nil, false, nil},
+		&skip, &skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 		t.Fatal(err)
 	}
 	a.undoClaim("undo", tok)
@@ -166,8 +166,8 @@ func TestJournalQuietPaths(t *testing.T) {
 	}
 	var skip any
 	for range 2 { // the same claim twice: a retry after a lost reply
-		if err := b.store.DB.QueryRow(c, b.store.SQL().Claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0), nil, false},
-			&skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
+		if err := b.store.DB.QueryRow(c, b.store.SQL().Claim, []any{"retry", b.holder, int64(5), int64(10e6), nil, int64(0), nil, false, nil},
+			&skip, &skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil {
 			t.Fatal(err)
 		}
 	}

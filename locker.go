@@ -24,9 +24,9 @@ type Locker struct {
 	log    *slog.Logger
 	obs    observer
 	lis    *listener
-	// claimant is the holder, lease duration and failover delay that every
-	// claim repeats.
-	claimant *store.Claimant
+	// claimant is the holder, session, lease duration and failover delay
+	// that every claim repeats; replaced when the session is (session.go).
+	claimant atomic.Pointer[store.Claimant]
 	// delayLogged is the highest timeline whose failover delay this Locker
 	// has logged (once per timeline).
 	delayLogged atomic.Int64
@@ -85,7 +85,7 @@ func New[D DB](db D, opts ...Option) (*Locker, error) {
 		slots:  claimSlots(maxConns(db)),
 		narrow: make(chan struct{}, 1),
 	}
-	l.claimant = store.NewClaimant(l.holder, cfg.duration, cfg.failoverDelay)
+	l.claimant.Store(l.newClaimant())
 	pb, _ := entry.Backend(db) // pruning's own, apart from the claims', renews' and releases'
 	l.prune.every, l.prune.store = pruneEvery, t.Store(pb, !cfg.journalOff)
 	l.lis = newListener(l)

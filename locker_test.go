@@ -152,7 +152,7 @@ func TestStaleLeaseDoesNotKillLiveOne(t *testing.T) {
 func renewsSeen(t *testing.T, f *fixture, key string) time.Time {
 	t.Helper()
 	var e time.Time
-	if err := f.admin.QueryRowContext(ctx(t), `SELECT expires_at FROM "`+f.table+`" WHERE key = $1`, key).Scan(&e); err != nil {
+	if err := f.admin.QueryRowContext(ctx(t), `SELECT expires_at FROM "`+f.table+`_state" WHERE key = $1`, key).Scan(&e); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -399,7 +399,7 @@ func TestAddRefusesALeaseLostBeforeIt(t *testing.T) {
 	l := f.replica(3, WithLeaseDuration(time.Minute), WithListen(ListenAlways))
 	c := ctx(t)
 	const key, token = "job", 79
-	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: key, Token: token})
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant.Load(), Key: key, Token: token})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}

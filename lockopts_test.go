@@ -111,8 +111,8 @@ func TestTickRunsOncePerTick(t *testing.T) {
 	defer tx.Rollback()
 	var outcome string
 	var skip any
-	if err := tx.QueryRowContext(c, b.store.SQL().Claim, "job", b.holder, int64(9), int64(10e6), t1, int64(0), nil, false).
-		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "ran" {
+	if err := tx.QueryRowContext(c, b.store.SQL().Claim, "job", b.holder, int64(9), int64(10e6), t1, int64(0), nil, false, nil).
+		Scan(&outcome, &skip, &skip, &skip, &skip, &skip, &skip, &skip); err != nil || outcome != "ran" {
 		t.Fatalf("raw claim of a run tick: %q %v", outcome, err)
 	}
 	var xid *string

@@ -53,7 +53,14 @@ func SchemaVersion() int { return store.Version() }
 // as first due (first_due, with the known_since it belongs to), so that
 // pglease/journal's Audit reports it missed once a later tick's run
 // lands; a Locker on a table still at version 11 registers schedules as
-// before.
+// before. Schema version 13 added holder sessions (<table>_sessions, and
+// session_id on the lease table): a Locker's beat extends its session's
+// row, and its leases live while it does, so a beat writes one row however
+// many leases the Locker holds. The claim functions that replicas of
+// earlier versions call see sessions too; a Locker on a table still at
+// version 12 renews each lease by its row, as before, even after Migrate
+// has run (until it is restarted). Its ALTER TABLE waits, as version 11's,
+// for every open transaction that has used the lease table.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory
@@ -61,7 +68,7 @@ func SchemaVersion() int { return store.Version() }
 // only WithTable. The schema part of a "schema.table" name must exist.
 // Creating a table, it refuses, changing nothing, when relations already
 // exist under the names of its companions (<table>_journal, _fences,
-// _timelines, _journal_pruned, _schedules, _state) without a version
+// _timelines, _journal_pruned, _schedules, _state, _sessions) without a version
 // table: they are not pglease's, and Drop would drop them.
 //
 // Migrate also creates <table>_timelines, which the failover delay uses

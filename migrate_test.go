@@ -628,7 +628,7 @@ func TestUndoBeforeMigrateToVersion11(t *testing.T) {
 	}
 	defer l.Close()
 	const token = 4545
-	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: time.Now(), HasTick: true})
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant.Load(), Key: "job", Token: token, Tick: time.Now(), HasTick: true})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("claim on a version-10 table: %+v, %v", res, err)
 	}
@@ -709,7 +709,7 @@ func TestUndoAcrossMigrateToVersion11KeepsTheTick(t *testing.T) {
 	defer l.Close()
 	tick := time.Now().Truncate(time.Second)
 	const token = 4646
-	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant, Key: "job", Token: token, Tick: tick, HasTick: true})
+	res, err := l.store.Claim(c, store.ClaimArgs{Claimant: l.claimant.Load(), Key: "job", Token: token, Tick: tick, HasTick: true})
 	if err != nil || res.Outcome != store.Acquired {
 		t.Fatalf("claim on a version-10 table: %+v, %v", res, err)
 	}
@@ -725,5 +725,60 @@ func TestUndoAcrossMigrateToVersion11KeepsTheTick(t *testing.T) {
 	}
 	if !last.Valid || !last.Time.Equal(tick) {
 		t.Fatalf("last tick after the undo of a claim made before the upgrade: %v; want %v (kept, as version 10 did)", last, tick)
+	}
+}
+
+// A Locker of this version on a table still at schema version 12 (no
+// sessions: replicas upgraded before Migrate ran) claims and keeps its
+// leases, renewing each by its row, also after Migrate has run while it
+// holds them; a Locker started after Migrate binds its leases to a session,
+// and neither takes the other's key.
+func TestLockAcrossMigrateToVersion13(t *testing.T) {
+	t.Parallel()
+	tbl := unmigrated(t)
+	admin := pgleasetest.DB(t, 4)
+	c := ctx(t)
+	tb := migrateTo(t, admin, tbl, 12)
+	opts := []Option{WithTable(tbl), WithLeaseDuration(2 * time.Second), WithHeartbeat(200 * time.Millisecond)}
+	a, err := New(admin, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	la, err := a.Lock(c, "early")
+	if err != nil {
+		t.Fatalf("Lock on a version-12 table: %v", err)
+	}
+	renewedFor(t, la, 500*time.Millisecond)
+	if err := Migrate(c, admin, WithTable(tbl)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(admin, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	lb, err := b.Lock(c, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bound int
+	waitFor(t, 20*time.Second, func() bool {
+		if err := admin.QueryRowContext(c, `SELECT count(*) FROM `+tb.Names.Quoted+` WHERE key = 'late' AND session_id IS NOT NULL`).Scan(&bound); err != nil {
+			t.Fatal(err)
+		}
+		return bound == 1
+	})
+	renewedFor(t, la, 2*time.Second) // longer than a lease: renewed by its row after Migrate
+	if _, err := b.Lock(c, "early"); !errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("the new Locker's Lock of the old one's key: %v", err)
+	}
+	if _, err := a.Lock(c, "late"); !errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("the old Locker's Lock of the new one's key: %v", err)
+	}
+	for _, le := range []*Lease{la, lb} {
+		if err := le.Unlock(c); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -160,6 +160,7 @@ func (le *Lease) settleRelease(ctx context.Context, st leaseState, o Outcome, ca
 	switch {
 	case err != nil:
 		le.endUnlock(stateAbandoned)
+		l.leaveSession("a release failed") // so that the lease expires by itself
 		if lost := le.lostErr(); lost != nil {
 			// The deadline passed while the release was trying; the run
 			// ended when Unlock was called (the release's own journal row

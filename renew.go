@@ -160,7 +160,13 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, ref
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
-	got, err := l.store.Renew(ctx, l.holder, l.cfg.duration, leaseRefs(batch))
+	session := l.claimant.Load().Session()
+	got, expired, err := l.store.Renew(ctx, l.holder, session, l.cfg.duration, leaseRefs(batch))
+	if expired {
+		// It kept nothing; the leases still held by their own rows were
+		// renewed by them. A new session takes them at the next beat.
+		l.rotateSession(session, "the session had expired")
+	}
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
 	l.squeezeAfterRenew(time.Since(sentAt), err)

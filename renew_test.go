@@ -803,9 +803,7 @@ func TestRenewSlowerThanABeatSavesTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR UPDATE`); err != nil {
-			t.Fatal(err)
-		}
+		f.blockRenewals(tx, "job")
 		return tx
 	}
 	slowRenew := fmt.Sprintf(`now() - query_start > interval '%d ms' AND query LIKE '%%_renew%%'`, (3 * beat / 2).Milliseconds())

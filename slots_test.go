@@ -186,9 +186,7 @@ func TestClaimsBackOffWhileRenewSlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'held' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	f.blockRenewals(tx, "held")
 	waitFor(t, 2*lease, l.squeezed.Load)
 	_ = tx.Rollback()
 	waitFor(t, 2*lease, func() bool { return !l.squeezed.Load() })

@@ -74,7 +74,7 @@ func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 func (f *fixture) expire(key string) {
 	f.t.Helper()
 	_, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours',
-		expires_at = clock_timestamp() - interval '1 hour' WHERE key = $1`, key)
+		expires_at = clock_timestamp() - interval '1 hour', session_id = NULL WHERE key = $1`, key)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func (f *fixture) expire(key string) {
 // expireNow makes a key's lease expire now on the server clock.
 func (f *fixture) expireNow(key string) {
 	f.t.Helper()
-	if _, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET expires_at = clock_timestamp() WHERE key = $1`, key); err != nil {
+	if _, err := f.admin.ExecContext(ctx(f.t), `UPDATE "`+f.table+`" SET expires_at = clock_timestamp(), session_id = NULL WHERE key = $1`, key); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -61,7 +61,7 @@ r AS (
 	UPDATE "pglease_leases" AS l SET released_at = now.ts, hold_until = NULL, last_tick = l.prior_tick
 	FROM now, "pglease_leases" AS o
 	WHERE l.key = $1 AND l.holder = $2 AND l.token = $3 AND l.released_at IS NULL AND o.key = l.key
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at, o.last_tick AS taken, l.last_tick AS restored
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at, o.last_tick AS taken, l.last_tick AS restored
 ),
 due AS (
 	UPDATE "pglease_leases_schedules" AS s SET next_due = r.taken
@@ -73,7 +73,7 @@ r AS (
 	UPDATE "pglease_leases" AS l SET released_at = now.ts, hold_until = NULL
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.token = $3 AND l.released_at IS NULL
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 )`
 	abandonJournal = `,
 journal AS (
@@ -91,13 +91,13 @@ SELECT r.fence, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac0
 // tick back.
 func (s *Store) Abandon(ctx context.Context, key, holder string, token int64) (int64, error) {
 	if !s.abandonKeepTick.Load() {
-		n, err := s.abandon(ctx, s.sql.Abandon, key, holder, token)
+		n, err := s.abandon(ctx, s.q().Abandon, key, holder, token)
 		if SQLState(err) != "42703" { // undefined_column: no prior_tick yet
 			return n, err
 		}
 		s.abandonKeepTick.Store(true)
 	}
-	return s.abandon(ctx, s.sql.AbandonKeepTick, key, holder, token)
+	return s.abandon(ctx, s.q().AbandonKeepTick, key, holder, token)
 }
 
 func (s *Store) abandon(ctx context.Context, sql, key, holder string, token int64) (int64, error) {

@@ -37,7 +37,7 @@ import (
 // eviction would bring that holder back.
 const forceReleaseSQL = `
 WITH old AS (
-	SELECT l.key, l.holder, l.fence, l.token, l.expires_at, l.released_at
+	SELECT l.key, l.holder, l.fence, l.token, l.expires_at AS expires_at, l.released_at
 	FROM "pglease_leases" AS l WHERE l.key = $1 FOR UPDATE OF l
 ),
 now AS (SELECT old.*, clock_timestamp() AS ts FROM old),
@@ -79,7 +79,11 @@ func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration
 	var e Eviction
 	release := func(b Backend) error {
 		var notified any
-		return b.QueryRow(ctx, s.sql.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
+		q, err := s.qAsk(ctx, b)
+		if err != nil {
+			return err
+		}
+		return b.QueryRow(ctx, q.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
 	}
 	if wait <= 0 {
 		return e, release(s.DB)

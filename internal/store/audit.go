@@ -97,6 +97,9 @@ func (s *Store) AuditScan(ctx context.Context, since time.Time, each func(key st
 // snapshot of the database. The transaction ends when fn returns.
 func (s *Store) InSnapshot(ctx context.Context, fn func(*Store) error) error {
 	return s.DB.InSnapshot(ctx, func(tx Backend) error {
-		return fn(&Store{DB: tx, names: s.names, sql: s.sql, journal: s.journal})
+		in := &Store{DB: tx, names: s.names, sql: s.sql, ssql: s.ssql, journal: s.journal}
+		in.sessionsSeen.Store(s.sessionsSeen.Load())
+		in.noSessions.Store(s.noSessions.Load())
+		return fn(in)
 	})
 }

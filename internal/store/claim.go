@@ -10,7 +10,7 @@ import (
 )
 
 // claimSQL and claimJournaledSQL call the table's claim function (schema
-// version 8; its reasoning is in the migration), which takes the key if it
+// version 13; its reasoning is in the migration), which takes the key if it
 // is free (released, expired, never held), or re-claims it for the same
 // claim (same holder and token: a retry after a lost reply), unless the
 // failover delay is in force: one statement, which writes only when the
@@ -20,15 +20,25 @@ import (
 //	$5 tick (timestamptz, NULL for a claim not tied to a tick),
 //	$6 failover delay in microseconds (0: none),
 //	$7 the key's next tick due (NULL: not scheduled),
-//	$8 true for the catch-up of a missed tick
+//	$8 true for the catch-up of a missed tick,
+//	$9 the claimer's session
 //
 // Result: (outcome, fence, expires_at, holder, last_tick, free_in_us,
-// journaled), see ClaimResult. A 'busy' row (a concurrent claim of the key
-// is in flight: it holds the key's claim lock) is filtered out, its other
-// columns being NULL: no row at all means busy.
+// journaled, session), see ClaimResult. A 'busy' row (a concurrent claim
+// of the key is in flight: it holds the key's claim lock) is filtered out,
+// its other columns being NULL: no row at all means busy.
 const (
-	claimSQL          = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, false, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
-	claimJournaledSQL = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, true, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
+	claimSQL          = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, false, $7, $8, $9) AS c WHERE c.r_outcome <> 'busy'`
+	claimJournaledSQL = `SELECT * FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, true, $7, $8, $9) AS c WHERE c.r_outcome <> 'busy'`
+)
+
+// claimV12SQL and claimV12JournaledSQL are the claims of a table still at
+// schema version 12 (no sessions: the function's version-8 overload, nine
+// arguments, without $9), until Migrate runs: the lease is
+// then renewed by its own row. Their result has no session column.
+const (
+	claimV12SQL          = `SELECT *, NULL::bigint FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, false, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
+	claimV12JournaledSQL = `SELECT *, NULL::bigint FROM "pglease_leases_claim"($1, $2, $3, $4, $5, $6, true, $7, $8) AS c WHERE c.r_outcome <> 'busy'`
 )
 
 // claimManySQL and claimManyJournaledSQL run several claims of one holder
@@ -41,10 +51,17 @@ const (
 //	$1 keys, $2 claim tokens, $3 ticks (NULL: none), $4 next ticks due
 //	(NULL: not scheduled), $5 catch-up flags (array literals, cast by the
 //	statement), $6 holder, $7 lease duration in microseconds, $8 failover
-//	delay in microseconds
+//	delay in microseconds, $9 the claimer's session
 const (
-	claimManySQL          = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, false, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
-	claimManyJournaledSQL = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, true, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
+	claimManySQL          = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, false, a.next_tick, a.catch_up, $9) AS c WHERE c.r_outcome <> 'busy'`
+	claimManyJournaledSQL = `SELECT a.i, c.* FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, true, a.next_tick, a.catch_up, $9) AS c WHERE c.r_outcome <> 'busy'`
+)
+
+// claimManyV12SQL and claimManyV12JournaledSQL are ClaimMany's statements
+// on a table still at schema version 12 (see claimV12SQL).
+const (
+	claimManyV12SQL          = `SELECT a.i, c.*, NULL::bigint FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, false, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
+	claimManyV12JournaledSQL = `SELECT a.i, c.*, NULL::bigint FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::boolean[]) WITH ORDINALITY AS a(key, token, tick, next_tick, catch_up, i), LATERAL "pglease_leases_claim"(a.key, $6, a.token, $7, a.tick, $8, true, a.next_tick, a.catch_up) AS c WHERE c.r_outcome <> 'busy'`
 )
 
 // ClaimOutcome is what a claim did.
@@ -61,14 +78,21 @@ const (
 )
 
 // A Claimant is a holder's arguments that every claim repeats, boxed once
-// rather than at every claim.
-type Claimant struct{ holder, leaseUS, delayUS any }
-
-// NewClaimant returns the Claimant of holder, whose claims ask for lease
-// and wait out delay after a failover.
-func NewClaimant(holder string, lease, delay time.Duration) *Claimant {
-	return &Claimant{holder: holder, leaseUS: lease.Microseconds(), delayUS: delay.Microseconds()}
+// rather than at every claim: its holder, lease duration, failover delay
+// and session.
+type Claimant struct {
+	holder, leaseUS, delayUS, session any
+	id                                int64
 }
+
+// NewClaimant returns the Claimant of holder in session, whose claims ask
+// for lease and wait out delay after a failover.
+func NewClaimant(holder string, session int64, lease, delay time.Duration) *Claimant {
+	return &Claimant{holder: holder, leaseUS: lease.Microseconds(), delayUS: delay.Microseconds(), session: session, id: session}
+}
+
+// Session is the session the Claimant's claims bind their leases to.
+func (c *Claimant) Session() int64 { return c.id }
 
 // ClaimArgs are one claim's arguments.
 type ClaimArgs struct {
@@ -97,15 +121,21 @@ type ClaimResult struct {
 	LastTick  sql.NullTime // the key's last tick
 	FreeIn    time.Duration
 	Journaled int64 // journal rows the claim wrote
+	// Session is the session the new lease is bound to (Acquired): the
+	// Claimant's if it is live, else 0 (not created yet by a renewal,
+	// expired, or a table without sessions): the lease is then renewed by
+	// its own row until a renewal moves it onto a session.
+	Session int64
 }
 
 // claimCall is one claim's arguments and destinations: one allocation.
 type claimCall struct {
-	args                       [8]any
+	args                       [9]any
 	outcome, holder            string
 	fence, freeInUS, journaled int64
 	expiresAt                  time.Time
 	lastTick                   sql.NullTime
+	session                    sql.NullInt64
 }
 
 // Claim runs one claim. Busy is an outcome, not an error: the caller may
@@ -121,10 +151,16 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	if !a.NextTick.IsZero() {
 		next = a.NextTick
 	}
-	c.args = [8]any{a.Key, a.holder, a.Token, a.leaseUS, tick, a.delayUS, next, a.CatchUp}
-	err := againIfSerialization(ctx, func() error {
-		return s.DB.QueryRow(ctx, s.sql.Claim, c.args[:],
-			&c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled)
+	c.args = [9]any{a.Key, a.holder, a.Token, a.leaseUS, tick, a.delayUS, next, a.CatchUp, a.session}
+	err := s.withoutSessionsIfMissing(func(v12 bool) error {
+		sql, args := s.sql.Claim, c.args[:]
+		if v12 {
+			sql, args = s.sql.ClaimV12, c.args[:8]
+		}
+		return againIfSerialization(ctx, func() error {
+			return s.DB.QueryRow(ctx, sql, args,
+				&c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled, &c.session)
+		})
 	})
 	if errors.Is(err, ErrNoRows) {
 		return ClaimResult{Outcome: Busy}, nil
@@ -135,7 +171,8 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 // result is the ClaimResult of c's reply.
 func (c *claimCall) result() ClaimResult {
 	return ClaimResult{Outcome: ClaimOutcome(c.outcome), Fence: c.fence, ExpiresAt: c.expiresAt, Holder: c.holder,
-		LastTick: c.lastTick, FreeIn: time.Duration(c.freeInUS) * time.Microsecond, Journaled: c.journaled}
+		LastTick: c.lastTick, FreeIn: time.Duration(c.freeInUS) * time.Microsecond, Journaled: c.journaled,
+		Session: c.session.Int64}
 }
 
 // ClaimMany runs the claims of one Claimant in one statement and returns
@@ -152,24 +189,30 @@ func (s *Store) ClaimMany(ctx context.Context, c *Claimant, claims []ClaimArgs) 
 		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return appendTime(b, a.Tick, a.HasTick) }),
 		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return appendTime(b, a.NextTick, !a.NextTick.IsZero()) }),
 		arrayOf(claims, func(b []byte, a ClaimArgs) []byte { return strconv.AppendBool(b, a.CatchUp) }),
-		c.holder, c.leaseUS, c.delayUS,
+		c.holder, c.leaseUS, c.delayUS, c.session,
 	}
 	out := make([]ClaimResult, len(claims))
-	err := againIfSerialization(ctx, func() error {
-		for i := range out {
-			out[i] = ClaimResult{Outcome: Busy}
+	err := s.withoutSessionsIfMissing(func(v12 bool) error {
+		sql := s.sql.ClaimMany
+		if v12 {
+			sql, args = s.sql.ClaimManyV12, args[:8]
 		}
-		return s.claimMany(ctx, args, out)
+		return againIfSerialization(ctx, func() error {
+			for i := range out {
+				out[i] = ClaimResult{Outcome: Busy}
+			}
+			return s.claimMany(ctx, sql, args, out)
+		})
 	})
 	return out, err
 }
 
 // claimMany sends ClaimMany's statement, filling out from its rows.
-func (s *Store) claimMany(ctx context.Context, args []any, out []ClaimResult) error {
-	return s.DB.Query(ctx, s.sql.ClaimMany, args, func(scan func(...any) error) error {
+func (s *Store) claimMany(ctx context.Context, sql string, args []any, out []ClaimResult) error {
+	return s.DB.Query(ctx, sql, args, func(scan func(...any) error) error {
 		c := &claimCall{}
 		var i int64
-		if err := scan(&i, &c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled); err != nil {
+		if err := scan(&i, &c.outcome, &c.fence, &c.expiresAt, &c.holder, &c.lastTick, &c.freeInUS, &c.journaled, &c.session); err != nil {
 			return err
 		}
 		if i < 1 || int(i) > len(out) {

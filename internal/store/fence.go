@@ -17,10 +17,10 @@ import (
 //
 // Durability: part of the caller's transaction.
 const guardSQL = `
-SELECT FROM "pglease_leases"
-WHERE key = $1 AND holder = $2 AND fence = $3 AND token = $4
-  AND released_at IS NULL AND expires_at > clock_timestamp()
-FOR KEY SHARE`
+SELECT FROM "pglease_leases" AS l
+WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
+  AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
+FOR KEY SHARE OF l`
 
 // advanceFenceSQL records fence as the highest seen for resource, unless a
 // higher one was seen already: then it returns no row. The same fence may
@@ -41,7 +41,7 @@ const currentFenceSQL = `SELECT fence FROM "pglease_leases_fences" WHERE resourc
 // Guard checks in tx that the lease of key, holder, fence and token is
 // still held, and locks its row until tx ends; false if it is not held.
 func (s *Store) Guard(ctx context.Context, tx Backend, key, holder string, fence, token int64) (bool, error) {
-	n, err := tx.Exec(ctx, s.sql.Guard, key, holder, fence, token)
+	n, err := tx.Exec(ctx, s.q().Guard, key, holder, fence, token)
 	return n > 0, err
 }
 

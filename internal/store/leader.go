@@ -29,7 +29,11 @@ type Live struct {
 func (s *Store) Leader(ctx context.Context, key string) (Live, error) {
 	var l Live
 	var left int64
-	err := s.DB.QueryRow(ctx, s.sql.Leader, []any{key}, &l.Holder, &l.Fence, &l.AcquiredAt, &l.ExpiresAt, &left)
+	q, err := s.qAsk(ctx, s.DB)
+	if err != nil {
+		return l, err
+	}
+	err = s.DB.QueryRow(ctx, q.Leader, []any{key}, &l.Holder, &l.Fence, &l.AcquiredAt, &l.ExpiresAt, &left)
 	l.TimeLeft = time.Duration(left) * time.Microsecond
 	return l, err
 }

@@ -46,6 +46,7 @@ const (
 var compatibleFrom = []int{
 	11: 1, // prior_tick, the claim function that sets it: only added
 	12: 1, // the schedules' first_due and first_due_known_since: only added
+	13: 1, // sessions: the claim functions older replicas call see them too
 }
 
 // firstCompatibleVersion is the first schema version whose row records
@@ -70,7 +71,8 @@ func CompatibleFrom(v int) (int, bool) {
 // The promise a later migration keeps: it adds that column (integer) if it
 // is not there, and records with its version row the oldest schema version
 // whose code still works on the table it leaves: 1 while every migration
-// only adds objects (every one up to version 12 does), its own version when
+// only adds objects (every one up to version 13 does; 13 also replaces
+// functions and the state view, which older code reaches by name), its own version when
 // it changes what older code relies on. Migrate of an older version then
 // succeeds on the newer table (a rolled-back deploy starts) or fails with
 // ErrSchemaTooNew. Version 11 added the column; Migrate records it from
@@ -113,8 +115,10 @@ const dropSQL = `
 DROP VIEW IF EXISTS "pglease_leases_state";
 DROP FUNCTION IF EXISTS "pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean),
 	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean),
-	"pglease_leases_renew"(text[], bigint[], bigint[], text, bigint);
-DROP TABLE IF EXISTS "pglease_leases_schedules", "pglease_leases_journal_pruned", "pglease_leases_journal", "pglease_leases_timelines", "pglease_leases_fences", "pglease_leases", "pglease_leases_version"`
+	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean, bigint),
+	"pglease_leases_renew"(text[], bigint[], bigint[], text, bigint),
+	"pglease_leases_renew"(bigint, text[], bigint[], bigint[], text, bigint);
+DROP TABLE IF EXISTS "pglease_leases_sessions", "pglease_leases_schedules", "pglease_leases_journal_pruned", "pglease_leases_journal", "pglease_leases_timelines", "pglease_leases_fences", "pglease_leases", "pglease_leases_version"`
 
 // migrations are the schema's migration files, in order.
 var migrations = Migrations()
@@ -136,7 +140,7 @@ var ErrNoVersionTable = errors.New("the lease table has no version table")
 
 // companions are the suffixes of the relations Migrate creates beside the
 // lease table and its version table.
-var companions = []string{"_fences", "_timelines", "_journal", "_journal_pruned", "_schedules", "_state"}
+var companions = []string{"_fences", "_timelines", "_journal", "_journal_pruned", "_schedules", "_state", "_sessions"}
 
 // ForeignError is the error of Migrate creating a table, or of Drop on a
 // table never migrated, when relations already exist under the names of

@@ -32,8 +32,9 @@ type Names struct {
 	// the state view and the claim function are named by a suffix of it.
 	Prefix string
 	// Version is the quoted version table (<table>_version), StateView the
-	// quoted state view (<table>_state, schema version 9).
-	Version, StateView string
+	// quoted state view (<table>_state, schema version 9), Sessions the
+	// quoted sessions table (<table>_sessions, schema version 13).
+	Version, StateView, Sessions string
 	// JournalKeyIdx and NaturalKeyIdx are the two index names, quoted and
 	// unqualified (an index lives in its table's schema).
 	JournalKeyIdx, NaturalKeyIdx string
@@ -71,6 +72,7 @@ func NewNames(parts ...string) Names {
 		Prefix:        quoted[:len(quoted)-1],
 		Version:       ident("_version"),
 		StateView:     ident("_state"),
+		Sessions:      ident("_sessions"),
 		JournalKeyIdx: pgx.Identifier{last + "_journal_key"}.Sanitize(),
 		NaturalKeyIdx: pgx.Identifier{last + "_natural_key"}.Sanitize(),
 		LockClass:     int32(uint32(sum)),

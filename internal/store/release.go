@@ -37,7 +37,7 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 )
 SELECT r.fence, r.hold_until, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
@@ -60,7 +60,7 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 ),
 journal AS (
 	INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, expires_at, outcome)
@@ -90,7 +90,7 @@ r AS (
 	  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
 	  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
 	  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 )
 SELECT r.key, r.fence, pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text FROM r`
 
@@ -109,7 +109,7 @@ r AS (
 	  AND l.fence = ($1::jsonb -> l.key ->> 0)::bigint
 	  AND l.token = ($1::jsonb -> l.key ->> 1)::bigint
 	  AND l.holder = $2 AND l.released_at IS NULL AND l.expires_at > now.ts
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 ),
 journal AS (
 	INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, expires_at)
@@ -143,7 +143,7 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 )
 SELECT r.fence, (CASE WHEN r.hold_until IS NULL THEN pg_notify('pglease_c0533ac085fea582', r.fence || ' ' || r.key)::text END) IS NULL FROM r`
 
@@ -163,7 +163,7 @@ r AS (
 	FROM now
 	WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.token = $4
 	  AND l.released_at IS NULL
-	RETURNING l.key, l.fence, l.hold_until, l.expires_at
+	RETURNING l.key, l.fence, l.hold_until, l.expires_at AS expires_at
 ),
 journal AS (
 	INSERT INTO "pglease_leases_journal" (key, fence, holder, token, event, occurred_at, expires_at)
@@ -194,7 +194,7 @@ func (s *Store) Release(ctx context.Context, a ReleaseArgs) (bool, error) {
 		}
 		args = append(args, out, a.At)
 	}
-	n, err := s.DB.Exec(ctx, s.sql.Release, args...)
+	n, err := s.DB.Exec(ctx, s.q().Release, args...)
 	return n > 0, err
 }
 
@@ -217,7 +217,7 @@ func (s *Store) ReleaseMany(ctx context.Context, holder string, leases []LeaseRe
 		extra = func(r LeaseRef) []int64 { return []int64{r.MinHold.Microseconds(), r.At.UnixMicro()} }
 	}
 	released := make(map[string]int64, len(leases))
-	err := s.DB.Query(ctx, s.sql.ReleaseMany, []any{encodeLeases(leases, extra), holder},
+	err := s.DB.Query(ctx, s.q().ReleaseMany, []any{encodeLeases(leases, extra), holder},
 		func(scan func(...any) error) error {
 			var key string
 			var fence int64
@@ -239,7 +239,7 @@ func (s *Store) ReleaseLost(ctx context.Context, key, holder string, fence, toke
 	if s.journal {
 		args = append(args, at)
 	}
-	_, err := s.DB.Exec(ctx, s.sql.ReleaseLost, args...)
+	_, err := s.DB.Exec(ctx, s.q().ReleaseLost, args...)
 	return err
 }
 

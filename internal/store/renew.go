@@ -2,24 +2,36 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strconv"
 	"time"
 )
 
-// renewSQL calls the renew function (schema version 10), which extends,
-// in one statement, every listed lease that is still held under the same
-// holder, fence and claim token, and not expired.
+// renewSQL calls the renew function with a session (schema version 13),
+// which extends the session and reports, in one statement, which of the
+// listed leases are still held under the same holder, fence and claim
+// token: those bound to the session are kept by it (no row written); the
+// others still held (bound to an older session of the holder, or to none)
+// are extended by their own row and bound to the session.
 //
-//	$1 keys, $2 their fences, $3 their claim tokens (array literals, cast by
-//	the statement), $4 holder, $5 duration in µs
+//	$1 session, $2 keys, $3 their fences, $4 their claim tokens (array
+//	literals, cast by the statement), $5 holder, $6 duration in µs
 //
-// Result rows: (key, fence, expires_at) of the leases renewed. A listed
-// lease missing from the result is gone: expired, released, taken over, or
-// not on this server at all (after a failover to a standby that never
-// received it). The function plans its UPDATE once per server session: sent
-// as text through PgBouncer, this call is all the server parses and plans.
-const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1::text[], $2::bigint[], $3::bigint[], $4, $5)`
+// Result rows: first (NULL, NULL, the session's new expiry, NULL if the
+// session had expired), then (key, fence, expires_at) of the leases
+// renewed. A listed lease missing from the result is gone: expired,
+// released, taken over, or not on this server at all (after a failover to
+// a standby that never received it). The function plans its statements
+// once per server session: sent as text through PgBouncer, this call is all
+// the server parses and plans.
+const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5, $6)`
+
+// renewV12SQL calls the renew function of schema version 10, which
+// extends every listed lease by its own row: what Renew runs on a table
+// without sessions (schema versions 10 to 12). Its arguments are
+// renewSQL's but the session, its rows those of the leases renewed.
+const renewV12SQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1::text[], $2::bigint[], $3::bigint[], $4, $5)`
 
 // renewInlineSQL is the renew function's UPDATE as a statement of its own, with
 // the same arguments and result: what Renew runs on a table still at
@@ -59,35 +71,53 @@ type Renewed struct {
 	ExpiresAt time.Time
 }
 
-// Renew extends every listed lease of holder that is still held by lease,
-// in one statement, and returns those it renewed by key; a lease missing
-// is gone. It calls the renew function; on a table without it (schema
-// version 9: this replica started before Migrate upgraded the table) it
-// runs the same UPDATE as a statement, from then on for this Store.
-func (s *Store) Renew(ctx context.Context, holder string, lease time.Duration, leases []LeaseRef) (map[string]Renewed, error) {
+// Renew extends session and every listed lease of holder that is still
+// held, by lease, in one statement, and returns those it renewed by key; a
+// lease missing is gone. expired reports that the session had expired: it
+// kept nothing, and the holder must start another (the leases still held
+// by their own expiry were renewed by their rows). On a table without
+// sessions (schema versions 9 to 12: this replica started before Migrate
+// upgraded the table) it renews each lease by its row, with the renew
+// function or, on version 9, the same UPDATE as a statement.
+func (s *Store) Renew(ctx context.Context, holder string, session int64, lease time.Duration, leases []LeaseRef) (got map[string]Renewed, expired bool, err error) {
 	args := []any{arrayOf(leases, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) }),
 		holder, lease.Microseconds()}
-	if !s.renewInline.Load() {
-		got, err := s.renew(ctx, s.sql.Renew, args)
-		if !isUndefinedFunction(err) {
-			return got, err
-		}
-		s.renewInline.Store(true)
+	if s.renewInline.Load() {
+		got, err = s.renew(ctx, s.sql.RenewInline, args)
+		return got, false, err
 	}
-	return s.renew(ctx, s.sql.RenewInline, args)
-}
-
-func (s *Store) renew(ctx context.Context, sql string, args []any) (map[string]Renewed, error) {
-	got := map[string]Renewed{}
-	err := s.DB.Query(ctx, sql, args, func(scan func(...any) error) error {
-		var key string
-		var r Renewed
-		if err := scan(&key, &r.Fence, &r.ExpiresAt); err != nil {
+	err = s.withoutSessionsIfMissing(func(v12 bool) error {
+		if v12 {
+			got, err = s.renew(ctx, s.sql.RenewV12, args)
 			return err
 		}
-		got[key] = r
+		got, err = s.renew(ctx, s.sql.Renew, append([]any{session}, args...))
+		if r, ok := got[""]; err == nil && ok {
+			delete(got, "")
+			expired = r.ExpiresAt.IsZero()
+		}
+		return err
+	})
+	if !isUndefinedFunction(err) {
+		return got, expired, err
+	}
+	s.renewInline.Store(true)
+	got, err = s.renew(ctx, s.sql.RenewInline, args)
+	return got, false, err
+}
+
+func (s *Store) renew(ctx context.Context, stmt string, args []any) (map[string]Renewed, error) {
+	got := map[string]Renewed{}
+	err := s.DB.Query(ctx, stmt, args, func(scan func(...any) error) error {
+		var key sql.NullString
+		var fence sql.NullInt64
+		var at sql.NullTime
+		if err := scan(&key, &fence, &at); err != nil {
+			return err
+		}
+		got[key.String] = Renewed{Fence: fence.Int64, ExpiresAt: at.Time} // the session's row has no key: ""
 		return nil
 	})
 	return got, err

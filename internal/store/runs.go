@@ -23,6 +23,11 @@ import (
 // scan of the whole journal.
 //
 // Result rows, ordered by key, fence, time: see JournalRow.
+// runLeaseJoin joins each run's key to its lease row (l), if the key has
+// one; on a table with sessions the state view stands for the table (see
+// sessionAware).
+const runLeaseJoin = `LEFT JOIN "pglease_leases" AS l ON l.key = j.key`
+
 const (
 	journalKeyRowsSQL = `
 WITH now AS (SELECT clock_timestamp() AS ts),
@@ -35,7 +40,7 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
        l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
-FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now ` + runLeaseJoin + `
 LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
@@ -50,7 +55,7 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
        l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
-FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now ` + runLeaseJoin + `
 LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
@@ -65,7 +70,7 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
        l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
-FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now ` + runLeaseJoin + `
 LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
@@ -83,7 +88,7 @@ SELECT j.key, j.fence, j.holder, j.token, j.event, j.occurred_at, j.expires_at, 
        j.due, coalesce(j.catch_up, false),
        l.fence, coalesce(l.released_at IS NULL AND l.expires_at > now.ts, false), l.expires_at,
        l.released_at IS NOT NULL, now.ts, s.known_since, s.first_due
-FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now LEFT JOIN "pglease_leases" AS l ON l.key = j.key
+FROM "pglease_leases_journal" AS j JOIN sel USING (key, fence) CROSS JOIN now ` + runLeaseJoin + `
 LEFT JOIN (` + schedulesFirstDue + `) AS s ON s.key = j.key
 WHERE j.key IN (SELECT sel.key FROM sel)
 ORDER BY j.key, j.fence, j.occurred_at`
@@ -126,28 +131,33 @@ type JournalRow struct {
 // at or after since — of key (nil: every key), the newest limit runs per
 // read (nil: all) — ordered by key, fence and time.
 func (s *Store) JournalRows(ctx context.Context, since time.Time, key *string, limit *int, each func(JournalRow) error) error {
-	q := s.sql.JournalAllRows
-	if key != nil {
-		q = s.sql.JournalKeyRows
-	}
-	return s.journalRows(ctx, q, []any{since, key, limit}, each)
+	return s.journalRows(ctx, func(q *Statements) string {
+		if key != nil {
+			return q.JournalKeyRows
+		}
+		return q.JournalAllRows
+	}, []any{since, key, limit}, each)
 }
 
 // JournalRowsOfKeys is JournalRows for the keys of keys, a JSON array of
 // strings: every run of theirs with a row at or after since.
 func (s *Store) JournalRowsOfKeys(ctx context.Context, since time.Time, keys string, each func(JournalRow) error) error {
-	return s.journalRows(ctx, s.sql.JournalKeysRows, []any{since, keys, nil}, each)
+	return s.journalRows(ctx, func(q *Statements) string { return q.JournalKeysRows }, []any{since, keys, nil}, each)
 }
 
 // JournalLastRuns is JournalRows for the run of each key of dues, a JSON
 // object of key and time (RFC 3339), last granted at or before that time,
 // that has a row at or after since.
 func (s *Store) JournalLastRuns(ctx context.Context, since time.Time, dues string, each func(JournalRow) error) error {
-	return s.journalRows(ctx, s.sql.JournalLastRuns, []any{since, dues}, each)
+	return s.journalRows(ctx, func(q *Statements) string { return q.JournalLastRuns }, []any{since, dues}, each)
 }
 
-func (s *Store) journalRows(ctx context.Context, q string, args []any, each func(JournalRow) error) error {
-	return s.DB.Query(ctx, q, args, func(scan func(...any) error) error {
+func (s *Store) journalRows(ctx context.Context, stmt func(*Statements) string, args []any, each func(JournalRow) error) error {
+	q, err := s.qAsk(ctx, s.DB)
+	if err != nil {
+		return err
+	}
+	return s.DB.Query(ctx, stmt(q), args, func(scan func(...any) error) error {
 		var r JournalRow
 		if err := scan(&r.Key, &r.Fence, &r.Holder, &r.Token, &r.Event, &r.At, &r.Expires, &r.Tick, &r.Outcome,
 			&r.Due, &r.CatchUp, &r.LeaseFence, &r.LeaseLive, &r.LeaseExpires, &r.LeaseReleased, &r.Now, &r.KnownSince, &r.FirstDue); err != nil {

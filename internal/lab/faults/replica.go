@@ -154,8 +154,9 @@ func NewReplica(cfg ReplicaConfig, rec *Recorder) (*Replica, error) {
 	return &Replica{
 		cfg: cfg, rec: rec, db: db, locker: l, guard: g,
 		res: `"` + ResourceTable(cfg.Table) + `"`,
-		srv: `SELECT 1 FROM "` + cfg.Table + `" WHERE key = $1 AND holder = $2 AND fence = $3
-			AND released_at IS NULL AND expires_at > clock_timestamp() FOR KEY SHARE`,
+		srv: `SELECT 1 FROM "` + cfg.Table + `" AS l WHERE l.key = $1 AND l.holder = $2 AND l.fence = $3 AND l.released_at IS NULL
+			AND greatest(l.expires_at, (SELECT s.expires_at FROM "` + cfg.Table + `_sessions" AS s WHERE s.id = l.session_id)) > clock_timestamp()
+			FOR KEY SHARE OF l`,
 	}, nil
 }
 
@@ -363,7 +364,7 @@ func (r *Replica) serverView(key string, fence int64) string {
 		released, expired bool
 	)
 	err := r.db.QueryRowContext(ctx, `SELECT holder, fence, released_at IS NOT NULL, expires_at <= clock_timestamp()
-		FROM "`+r.cfg.Table+`" WHERE key = $1`, key).Scan(&holder, &f, &released, &expired)
+		FROM "`+r.cfg.Table+`_state" WHERE key = $1`, key).Scan(&holder, &f, &released, &expired)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return "missing"

@@ -1,0 +1,212 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/store"
+)
+
+// sessionOf reads the session key's row is bound to (0: none).
+func (f *fixture) sessionOf(key string) int64 {
+	f.t.Helper()
+	var id *int64
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT session_id FROM "`+f.table+`" WHERE key = $1`, key).Scan(&id); err != nil {
+		f.t.Fatal(err)
+	}
+	if id == nil {
+		return 0
+	}
+	return *id
+}
+
+// sessionExpiry reads the expiry of session id on the server.
+func (f *fixture) sessionExpiry(id int64) time.Time {
+	f.t.Helper()
+	var at time.Time
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT expires_at FROM "`+f.table+`_sessions" WHERE id = $1`, id).Scan(&at); err != nil {
+		f.t.Fatal(err)
+	}
+	return at
+}
+
+// boundToSession waits until the rows of keys are bound to l's current
+// session (its first beat after the claims moves them there) and returns
+// that session.
+func (f *fixture) boundToSession(l *Locker, keys ...string) int64 {
+	f.t.Helper()
+	var id int64
+	waitFor(f.t, 20*time.Second, func() bool {
+		id = l.claimant.Load().Session()
+		for _, k := range keys {
+			if f.sessionOf(k) != id {
+				return false
+			}
+		}
+		return true
+	})
+	return id
+}
+
+// Once its leases are on its session, a Locker's beat writes the session's
+// row alone: the lease rows keep their row version (xmin) while the
+// session's expiry, which is theirs, moves on beat after beat.
+func TestBeatWritesTheSessionRowOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, 200 * time.Millisecond
+	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat))
+	c := ctx(t)
+	keys := make([]string, 10)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("job-%d", i)
+		if _, err := l.Lock(c, keys[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := f.boundToSession(l, keys...)
+	versions := func() string {
+		var v string
+		if err := f.admin.QueryRowContext(c, `SELECT string_agg(key || ':' || xmin::text, ',' ORDER BY key) FROM "`+f.table+`"`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before, first := versions(), f.sessionExpiry(id)
+	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(first) >= 4*beat })
+	if after := versions(); after != before {
+		t.Fatalf("beats rewrote lease rows:\nbefore %s\nafter  %s", before, after)
+	}
+	var held int
+	var expiry time.Time
+	if err := f.admin.QueryRowContext(c, `SELECT count(*), max(expires_at) FROM "`+f.table+`_state" WHERE state = 'held'`).Scan(&held, &expiry); err != nil {
+		t.Fatal(err)
+	}
+	if held != len(keys) || expiry.Before(first.Add(4*beat)) {
+		t.Fatalf("state view: %d held until %v; want %d held until the session's expiry (at least %v)", held, expiry, len(keys), first.Add(4*beat))
+	}
+}
+
+// A lease whose own expiry has passed is held while its session lives:
+// neither a Locker of this version nor a replica of an older one (the
+// claim function's overloads of versions 7 and 8) can take the key. Once
+// the session expires, another Locker takes the key, the holder loses the
+// lease at its next beat and starts a new session, under which it claims
+// again.
+func TestALeaseLivesWithItsSession(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease = 3 * time.Second
+	a := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(200*time.Millisecond))
+	b := f.replica(2, WithLeaseDuration(lease))
+	c := ctx(t)
+	la, err := a.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := f.boundToSession(a, "job")
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours', expires_at = clock_timestamp() - interval '1 hour' WHERE key = 'job'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Lock(c, "job"); !errors.Is(err, ErrAlreadyLocked) {
+		t.Fatalf("Lock of a key whose session lives: %v, want ErrAlreadyLocked", err)
+	}
+	for _, older := range []string{
+		`SELECT r_outcome FROM "` + f.table + `_claim"('job', 'old-replica', 1, 1000000, NULL, 0, true, NULL, false)`,
+		`SELECT r_outcome FROM "` + f.table + `_claim"('job', 'old-replica', 2, 1000000, NULL, 0, true)`,
+	} {
+		var outcome string
+		if err := f.admin.QueryRowContext(c, older).Scan(&outcome); err != nil || outcome != "held" {
+			t.Fatalf("an older replica's claim: %q, %v; want held", outcome, err)
+		}
+	}
+	fencedWrite(t, f, a, la)
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`_sessions" SET expires_at = clock_timestamp() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.Lock(c, "job")
+	if err != nil {
+		t.Fatalf("Lock once the session expired: %v", err)
+	}
+	waitDone(t, la, 10*time.Second)
+	if !errors.Is(la.Err(), ErrLeaseLost) {
+		t.Fatalf("the holder's lease after its session expired: %v", la.Err())
+	}
+	if a.claimant.Load().Session() == id {
+		t.Fatal("the Locker kept its expired session")
+	}
+	if _, err := a.Lock(c, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if again := f.boundToSession(a, "other"); again == id {
+		t.Fatal("a lease bound to the expired session")
+	}
+	if err := lb.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fencedWrite runs a fenced transaction of le on a's pool: Guard finds the
+// lease held.
+func fencedWrite(t *testing.T, f *fixture, a *Locker, le *Lease) {
+	t.Helper()
+	c := ctx(t)
+	tx, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := le.Guard(c, tx); err != nil {
+		t.Fatalf("Guard of a lease held by its session: %v", err)
+	}
+}
+
+// refuseUndo fails every transaction: the undo of a claim runs in one.
+type refuseUndo struct{ backend }
+
+func (r *refuseUndo) InTx(context.Context, func(backend) error) error {
+	return errors.New("undo refused by the test")
+}
+
+// A Locker that may have left a row behind under its session — here a
+// claim it never heard back from, whose undo keeps failing — starts a new
+// session. The old one, no longer renewed, expires with that row about a
+// lease duration after its last renewal, and another Locker takes the key;
+// the Locker's other lease stays held, moved onto the new session. Kept
+// alive by the old session instead, the row would block its key for as
+// long as the Locker ran.
+func TestALostClaimStartsANewSession(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease = 2 * time.Second
+	a := f.replica(3, WithLeaseDuration(lease), WithHeartbeat(200*time.Millisecond))
+	b := f.replica(2, WithLeaseDuration(lease))
+	c := ctx(t)
+	kept, err := a.Lock(c, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := f.boundToSession(a, "kept")
+	res, err := a.store.Claim(c, store.ClaimArgs{Claimant: a.claimant.Load(), Key: "orphan", Token: 77})
+	if err != nil || res.Outcome != store.Acquired || res.Session != old {
+		t.Fatalf("the claim whose reply is lost: %+v, %v", res, err)
+	}
+	a.store.DB = &refuseUndo{backend: a.store.DB}
+	a.undoClaim("orphan", 77)
+	if a.claimant.Load().Session() == old {
+		t.Fatal("the Locker kept its session after a lost claim")
+	}
+	waitFor(t, 10*lease, func() bool {
+		le, err := b.Lock(c, "orphan")
+		return err == nil && le.Unlock(c) == nil
+	})
+	if err := kept.Err(); err != nil {
+		t.Fatalf("the Locker's other lease: %v", err)
+	}
+	if now := f.boundToSession(a, "kept"); now == old {
+		t.Fatal("the other lease stayed on the old session")
+	}
+}
