@@ -210,3 +210,98 @@ func TestALostClaimStartsANewSession(t *testing.T) {
 		t.Fatal("the other lease stayed on the old session")
 	}
 }
+
+// A claim that finds a key free only because its session expired cannot
+// take it while a renewal of that session, started before the expiry,
+// commits: either the renewal commits first and the claim finds the key
+// held, or the claim commits first and the renewal finds the lease gone;
+// never both a renewed lease and a granted claim. The interleaving is
+// forced: another transaction holds the session row while the renewal
+// (started before the expiry) and then the claim (after it) queue behind
+// it, and a fenced transaction holds the lease row, behind which a claim
+// that did not wait for the session would stop.
+func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease = 5 * time.Second
+	a := f.replica(2, WithLeaseDuration(lease))
+	b := f.replica(2, WithLeaseDuration(lease))
+	c := ctx(t)
+	ca := a.claimant.Load()
+	res, err := a.store.Claim(c, store.ClaimArgs{Claimant: ca, Key: "job", Token: 1})
+	if err != nil || res.Outcome != store.Acquired {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	ref := []store.LeaseRef{{Key: "job", Fence: res.Fence, Token: 1}}
+	if _, expired, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref); err != nil || expired {
+		t.Fatalf("first renewal: expired %v, %v", expired, err)
+	}
+	var end time.Time // the session expires 500 ms from now, the lease's own expiry is past
+	if err := f.admin.QueryRowContext(c, `UPDATE "`+f.table+`_sessions" SET expires_at = clock_timestamp() + interval '500 ms'
+		WHERE id = $1 RETURNING expires_at`, ca.Session()).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours',
+		expires_at = clock_timestamp() - interval '1 hour' WHERE key = 'job'`); err != nil {
+		t.Fatal(err)
+	}
+	holdSession, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holdSession.Rollback()
+	if _, err := holdSession.ExecContext(c, `SELECT 1 FROM "`+f.table+`_sessions" WHERE id = $1 FOR UPDATE`, ca.Session()); err != nil {
+		t.Fatal(err)
+	}
+	type renewal struct {
+		got map[string]store.Renewed
+		err error
+	}
+	renewed := make(chan renewal, 1)
+	go func() {
+		got, _, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref)
+		renewed <- renewal{got, err}
+	}()
+	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%_renew"(%'`) > 0 })
+	fenced, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fenced.Rollback()
+	if _, err := fenced.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR KEY SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		var past bool
+		if err := f.admin.QueryRowContext(c, `SELECT clock_timestamp() > $1`, end).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
+	claimed := make(chan store.ClaimResult, 1)
+	go func() {
+		res, err := b.store.Claim(c, store.ClaimArgs{Claimant: b.claimant.Load(), Key: "job", Token: 2})
+		if err != nil {
+			t.Error(err)
+		}
+		claimed <- res
+	}()
+	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%_claim"(%'`) > 0 })
+	_ = holdSession.Rollback()
+	var r renewal
+	select { // a claim that holds the session waits for the fenced transaction, and the renewal for it
+	case r = <-renewed:
+	case <-time.After(2 * time.Second):
+	}
+	_ = fenced.Rollback()
+	if r.got == nil {
+		r = <-renewed
+	}
+	got := <-claimed
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if _, ok := r.got["job"]; ok && got.Outcome == store.Acquired {
+		t.Fatalf("the renewal kept the lease (until %v) and the claim took the key (fence %d)", r.got["job"].ExpiresAt, got.Fence)
+	}
+}
