@@ -54,8 +54,10 @@
 //
 // # Deadline arithmetic
 //
-// A claim or renew sent at local monotonic time s makes the server set
-// expires_at = (its clock when it writes) + d, with d the lease duration. The
+// A claim or renew sent at local monotonic time s makes the server set the
+// lease's expiry to (its clock when it writes) + d, with d the lease
+// duration: a claim sets the lease row's expires_at, a renew that of the
+// Locker's session, which every lease bound to it shares. The
 // server writes after it receives, so expiry ≥ s + d on any clock that runs
 // at the server's rate. The holder trusts the lease until s + d − m, its
 // local deadline, with m the safety margin (default d/100 + 50 ms, at most

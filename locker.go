@@ -15,7 +15,7 @@ import (
 // A Locker claims leases on keys for one holder id. It is safe for
 // concurrent use. Its renewer — a single goroutine, started when the first
 // lease is held and stopped when none is — renews every lease it holds
-// with one statement per beat.
+// with one statement per beat, which extends one row: the Locker's session.
 type Locker struct {
 	store  *store.Store
 	cfg    config

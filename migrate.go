@@ -144,8 +144,8 @@ func schemaOp[D DB](ctx context.Context, db D, opts []TableOption, what string, 
 // Drop removes everything Migrate created for the table named by WithTable:
 // the lease table with its indexes, the version table, the fence-guard
 // table, the timeline table, the journal and its pruning ledger, the
-// scheduled keys' table, the state view, the claim function (both
-// overloads) and the renew function. Every lease, fence and journal row of the table is gone
+// scheduled keys' table, the sessions table, the state view, the claim
+// function (its three overloads) and the renew function (both). Every lease, fence and journal row of the table is gone
 // with them; Lockers still using the table fail their claims with
 // ErrNotMigrated until Migrate runs again, which starts the fences from 1.
 //

@@ -13,8 +13,12 @@ import (
 // goroutine per Locker (not per lease), alive while the Locker holds at
 // least one lease. At every beat (the first at a random point of the second
 // half of the heartbeat, so that replicas started together spread their
-// renewals) it sends one statement (the store's Renew) that extends all of them — the
-// newest lease of each key, scoped to its holder, fence and claim token. Per
+// renewals) it sends one statement (the store's Renew) that extends the
+// Locker's session (session.go), which keeps every lease bound to it, and
+// reads back which of the leases it lists — the newest lease of each key,
+// scoped to its holder, fence and claim token — are still held. Leases not
+// yet on the session (claimed before the session's first renewal, or under
+// an older session) are extended by their own rows and moved onto it. Per
 // lease, the outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);

@@ -86,6 +86,10 @@ type capacityReport struct {
 	PeersWhy, BouncerVer string
 	Lease, Beat, SatStep time.Duration // SatStep: duration of each saturation step
 	Pool                 int
+	// Warmup is the wait between the claims and each shape's window: one
+	// beat, after which every replica has renewed once, so every lease is
+	// on its Locker's session (0 in runs before sessions: no wait).
+	Warmup time.Duration
 }
 
 // fleet is R replicas, each a Locker on its own pool, sharing a tracer and
@@ -182,7 +186,7 @@ func (e *env) capacity() (out *capacityReport, err error) {
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond)
-	out = &capacityReport{Lease: capLease, Beat: capLease / 3, Pool: capPool, SatStep: e.c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
+	out = &capacityReport{Lease: capLease, Beat: capLease / 3, Warmup: capLease / 3, Pool: capPool, SatStep: e.c.satStep, BouncerVer: benchenv.Version("pgbouncer", "--version")}
 	var shapes [][2]int
 	for _, s := range strings.Split(e.c.shapes, ",") {
 		if n := nums(s); len(n) == 2 && n[0] > 0 && n[1] > 0 {
@@ -262,7 +266,8 @@ func (e *env) measureShape(b *benchenv.Bouncer, f *fleet, prefix string, r, j in
 		return res, fmt.Errorf("claiming %d leases: %w", r*j, err)
 	}
 	res.ClaimTook = time.Since(t0)
-	logf("capacity: %d leases claimed in %v; measuring %v", r*j, res.ClaimTook.Round(time.Millisecond), window)
+	logf("capacity: %d leases claimed in %v; a beat of warm-up, then measuring %v", r*j, res.ClaimTook.Round(time.Millisecond), window)
+	time.Sleep(capLease / 3) // every replica renews once: its leases are on its session
 	f.tr.Take()
 	s0, err := e.sample(b)
 	if err != nil {
