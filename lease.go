@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,6 +37,10 @@ type Lease struct {
 	token   int64
 	minHold time.Duration // applied by Unlock and Close
 	tick    time.Time     // zero if the claim was not tied to a tick
+	// onSession is set while the lease's row is bound to a session of its
+	// Locker (by its claim, or by a renewal since): its release is then
+	// named to the next renewal (see releasedLeases).
+	onSession atomic.Bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc

@@ -27,6 +27,10 @@ type Locker struct {
 	// claimant is the holder, session, lease duration and failover delay
 	// that every claim repeats; replaced when the session is (session.go).
 	claimant atomic.Pointer[store.Claimant]
+	// timeline is the server's timeline ID at the last renewal, released
+	// the leases released since (session.go).
+	timeline atomic.Int64
+	released releasedLeases
 	// delayLogged is the highest timeline whose failover delay this Locker
 	// has logged (once per timeline).
 	delayLogged atomic.Int64

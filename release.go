@@ -100,6 +100,9 @@ func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (rele
 		return err
 	})
 	free()
+	if released && le.onSession.Load() {
+		l.released.add(store.LeaseRef{Key: le.key, Fence: le.fence, Token: le.token})
+	}
 	if err == nil && !l.cfg.journalOff {
 		l.obs.journaled(1)
 		le.endJournaled()

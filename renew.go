@@ -165,12 +165,13 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, ref
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
 	session := l.claimant.Load().Session()
-	got, expired, err := l.store.Renew(ctx, l.holder, session, l.cfg.duration, leaseRefs(batch))
-	if expired {
-		// It kept nothing; the leases still held by their own rows were
-		// renewed by them. A new session takes them at the next beat.
-		l.rotateSession(session, "the session had expired")
+	released, upTo := l.released.since(sentAt.Add(-l.cfg.duration))
+	r, err := l.store.Renew(ctx, l.holder, session, l.cfg.duration, leaseRefs(batch), released)
+	if err == nil {
+		l.released.drop(upTo)
+		l.sessionRenewed(session, r)
 	}
+	got := r.Renewed
 	end(err)
 	l.obs.renewed(ctx, len(batch), time.Since(sentAt), err)
 	l.squeezeAfterRenew(time.Since(sentAt), err)
@@ -196,6 +197,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, ref
 	for _, le := range batch {
 		if r, ok := got[le.key]; ok && r.Fence == le.fence {
 			le.renewed(sentAt, r.ExpiresAt)
+			le.onSession.Store(l.store.Sessions())
 		} else {
 			gone = append(gone, le)
 		}

@@ -3,6 +3,8 @@ package pglease
 import (
 	"math"
 	"math/rand/v2"
+	"sync"
+	"time"
 
 	"github.com/pglease/pglease/internal/store"
 )
@@ -48,3 +50,68 @@ func (l *Locker) rotateSession(session int64, why string) {
 func (l *Locker) leaveSession(why string) {
 	l.rotateSession(l.claimant.Load().Session(), why)
 }
+
+// sessionRenewed takes in what a renewal of session found: a session that
+// had expired, or a server whose timeline changed since the last renewal
+// (a failover: the new primary may miss releases the old one flushed,
+// whose rows, unreleased again, the session would keep alive), is left for
+// a new one.
+func (l *Locker) sessionRenewed(session int64, r store.RenewResult) {
+	if r.Expired {
+		// It kept nothing; the leases still held by their own rows were
+		// renewed by them. A new session takes them at the next beat.
+		l.rotateSession(session, "the session had expired")
+	}
+	if r.Timeline != 0 {
+		if prev := l.timeline.Swap(r.Timeline); prev != 0 && prev != r.Timeline {
+			l.rotateSession(session, "the server's timeline changed (a failover)")
+		}
+	}
+}
+
+// releasedLeases are the leases of a Locker released (on its session)
+// since its last successful renewal, with when: the next renewal names
+// them, and takes any that a crash brought back unreleased off the session
+// (see the migration of schema version 13). A release older than a lease
+// duration needs no naming: a session not renewed since has expired.
+type releasedLeases struct {
+	mu   sync.Mutex
+	refs []store.LeaseRef
+	at   []time.Time
+	seq  []uint64 // each release's number, counted by next
+	next uint64
+}
+
+func (r *releasedLeases) add(ref store.LeaseRef) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next++
+	r.refs, r.at, r.seq = append(r.refs, ref), append(r.at, time.Now()), append(r.seq, r.next)
+}
+
+// since drops the releases before cutoff and returns a copy of the others,
+// with the number of the last.
+func (r *releasedLeases) since(cutoff time.Time) ([]store.LeaseRef, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := 0
+	for i < len(r.at) && r.at[i].Before(cutoff) {
+		i++
+	}
+	r.trim(i)
+	return append([]store.LeaseRef(nil), r.refs...), r.next
+}
+
+// drop forgets the releases up to number upTo: a renewal named them (a
+// concurrent one may have named fewer or more).
+func (r *releasedLeases) drop(upTo uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := 0
+	for i < len(r.seq) && r.seq[i] <= upTo {
+		i++
+	}
+	r.trim(i)
+}
+
+func (r *releasedLeases) trim(i int) { r.refs, r.at, r.seq = r.refs[i:], r.at[i:], r.seq[i:] }

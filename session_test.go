@@ -233,8 +233,8 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}
 	ref := []store.LeaseRef{{Key: "job", Fence: res.Fence, Token: 1}}
-	if _, expired, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref); err != nil || expired {
-		t.Fatalf("first renewal: expired %v, %v", expired, err)
+	if r, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref, nil); err != nil || r.Expired {
+		t.Fatalf("first renewal: %+v, %v", r, err)
 	}
 	var end time.Time // the session expires 500 ms from now, the lease's own expiry is past
 	if err := f.admin.QueryRowContext(c, `UPDATE "`+f.table+`_sessions" SET expires_at = clock_timestamp() + interval '500 ms'
@@ -259,8 +259,8 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 	}
 	renewed := make(chan renewal, 1)
 	go func() {
-		got, _, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref)
-		renewed <- renewal{got, err}
+		r, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref, nil)
+		renewed <- renewal{r.Renewed, err}
 	}()
 	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%_renew"(%'`) > 0 })
 	fenced, err := f.admin.BeginTx(c, nil)

@@ -13,19 +13,23 @@ import (
 // listed leases are still held under the same holder, fence and claim
 // token: those bound to the session are kept by it (no row written); the
 // others still held (bound to an older session of the holder, or to none)
-// are extended by their own row and bound to the session.
+// are extended by their own row and bound to the session. The leases
+// released since the last renewal that are unreleased again (a release
+// lost in a crash) leave the session.
 //
 //	$1 session, $2 keys, $3 their fences, $4 their claim tokens (array
-//	literals, cast by the statement), $5 holder, $6 duration in µs
+//	literals, cast by the statement), $5 holder, $6 duration in µs,
+//	$7 keys, $8 fences and $9 claim tokens of the leases released since
+//	the last renewal
 //
-// Result rows: first (NULL, NULL, the session's new expiry, NULL if the
-// session had expired), then (key, fence, expires_at) of the leases
-// renewed. A listed lease missing from the result is gone: expired,
-// released, taken over, or not on this server at all (after a failover to
-// a standby that never received it). The function plans its statements
-// once per server session: sent as text through PgBouncer, this call is all
-// the server parses and plans.
-const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5, $6)`
+// Result rows: first (NULL, the server's timeline ID, the session's new
+// expiry, NULL if the session had expired), then (key, fence, expires_at)
+// of the leases renewed. A listed lease missing from the result is gone:
+// expired, released, taken over, or not on this server at all (after a
+// failover to a standby that never received it). The function plans its
+// statements once per server session: sent as text through PgBouncer, this
+// call is all the server parses and plans.
+const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5, $6, $7::text[], $8::bigint[], $9::bigint[])`
 
 // renewV12SQL calls the renew function of schema version 10, which
 // extends every listed lease by its own row: what Renew runs on a table
@@ -71,41 +75,58 @@ type Renewed struct {
 	ExpiresAt time.Time
 }
 
+// RenewResult is what a renewal found.
+type RenewResult struct {
+	// Renewed holds the leases renewed, by key: a listed lease missing is
+	// gone.
+	Renewed map[string]Renewed
+	// Expired reports that the session had expired: it kept nothing, and
+	// the holder must start another (the leases still held by their own
+	// expiry were renewed by their rows).
+	Expired bool
+	// Timeline is the server's timeline ID (0 on a table without
+	// sessions).
+	Timeline int64
+}
+
 // Renew extends session and every listed lease of holder that is still
-// held, by lease, in one statement, and returns those it renewed by key; a
-// lease missing is gone. expired reports that the session had expired: it
-// kept nothing, and the holder must start another (the leases still held
-// by their own expiry were renewed by their rows). On a table without
-// sessions (schema versions 9 to 12: this replica started before Migrate
-// upgraded the table) it renews each lease by its row, with the renew
-// function or, on version 9, the same UPDATE as a statement.
-func (s *Store) Renew(ctx context.Context, holder string, session int64, lease time.Duration, leases []LeaseRef) (got map[string]Renewed, expired bool, err error) {
+// held, by lease, in one statement; the leases of gone (released since the
+// last renewal) that are unreleased again leave the session. On a table
+// without sessions (schema versions 9 to 12: this replica started before
+// Migrate upgraded the table) it renews each lease by its row, with the
+// renew function or, on version 9, the same UPDATE as a statement.
+func (s *Store) Renew(ctx context.Context, holder string, session int64, lease time.Duration, leases, gone []LeaseRef) (RenewResult, error) {
 	args := []any{arrayOf(leases, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) }),
 		holder, lease.Microseconds()}
+	var r RenewResult
+	var err error
 	if s.renewInline.Load() {
-		got, err = s.renew(ctx, s.sql.RenewInline, args)
-		return got, false, err
+		r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args)
+		return r, err
 	}
 	err = s.withoutSessionsIfMissing(func(v12 bool) error {
 		if v12 {
-			got, err = s.renew(ctx, s.sql.RenewV12, args)
+			r.Renewed, err = s.renew(ctx, s.sql.RenewV12, args)
 			return err
 		}
-		got, err = s.renew(ctx, s.sql.Renew, append([]any{session}, args...))
-		if r, ok := got[""]; err == nil && ok {
-			delete(got, "")
-			expired = r.ExpiresAt.IsZero()
+		r.Renewed, err = s.renew(ctx, s.sql.Renew, append(append([]any{session}, args...),
+			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
+			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
+			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) })))
+		if first, ok := r.Renewed[""]; err == nil && ok {
+			delete(r.Renewed, "")
+			r.Expired, r.Timeline = first.ExpiresAt.IsZero(), first.Fence
 		}
 		return err
 	})
 	if !isUndefinedFunction(err) {
-		return got, expired, err
+		return r, err
 	}
 	s.renewInline.Store(true)
-	got, err = s.renew(ctx, s.sql.RenewInline, args)
-	return got, false, err
+	r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args)
+	return r, err
 }
 
 func (s *Store) renew(ctx context.Context, stmt string, args []any) (map[string]Renewed, error) {

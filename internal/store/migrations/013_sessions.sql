@@ -45,6 +45,18 @@
 -- old one still within their own expiry are moved onto the new one by the
 -- renewal (their rows written once).
 --
+-- A release does not wait for its commit to be flushed (the holder has
+-- stopped; a release lost in a crash only delays the next claim). A crash
+-- before the flush brings the row back, unreleased and bound to the
+-- session, which would then keep it alive for as long as the Locker runs.
+-- So every renewal names the leases the Locker released since its last
+-- successful renewal, and takes any of them still unreleased off the
+-- session: it expires by its own expiry, as such a row did before
+-- sessions. The renewal's own commit is flushed, and with it every release
+-- committed before it. After a failover, the new primary may miss releases
+-- that the old one had flushed: a Locker that finds the server's timeline
+-- changed since its session started starts a new session.
+--
 -- A Locker also draws a new session whenever it may have left a lease row
 -- behind: a claim whose reply was lost, a lease given up at its local
 -- deadline, a release that failed. The old session, no longer renewed,
@@ -64,9 +76,10 @@
 -- expired; the lease is then renewed by its own row). Its overloads of versions 7
 -- and 8, which replicas of those versions call, become calls of it with no
 -- session, so that their claims see sessions too. The renew function gets
--- an overload with the session as its first argument; its first result
--- row carries the session's new expiry in r_expires_at (NULL: the session
--- had expired) and no key. Version 10's overload stays, unchanged, for the
+-- an overload with the session as its first argument and, last, the
+-- leases released since the Locker's last renewal; its first result row
+-- carries the session's new expiry in r_expires_at (NULL: the session had
+-- expired), the server's timeline ID in r_fence, and no key. Version 10's overload stays, unchanged, for the
 -- replicas of versions 10 to 12, whose leases have no session.
 --
 -- Replicas of versions 1 to 12 keep claiming, renewing and releasing
@@ -246,12 +259,15 @@ LANGUAGE sql AS $claim$
 $claim$;
 
 CREATE OR REPLACE FUNCTION "pglease_leases_renew"(
-	p_session  bigint,
-	p_keys     text[],
-	p_fences   bigint[],
-	p_tokens   bigint[],
-	p_holder   text,
-	p_lease_us bigint)
+	p_session     bigint,
+	p_keys        text[],
+	p_fences      bigint[],
+	p_tokens      bigint[],
+	p_holder      text,
+	p_lease_us    bigint,
+	p_gone_keys   text[],
+	p_gone_fences bigint[],
+	p_gone_tokens bigint[])
 RETURNS TABLE (r_key text, r_fence bigint, r_expires_at timestamptz)
 LANGUAGE plpgsql AS $renew$
 DECLARE
@@ -271,7 +287,23 @@ BEGIN
 		ON CONFLICT (id) DO NOTHING;
 		live := FOUND;
 	END IF;
-	r_key := NULL; r_fence := NULL; r_expires_at := CASE WHEN live THEN new_exp END;
+	-- Leases released since the Locker's last renewal: a release does not
+	-- wait for its commit to be flushed, and a crash of the server before
+	-- the flush brings its row back, unreleased and bound to the session,
+	-- which would keep it alive. Such a row leaves the session: it expires
+	-- by its own expiry, as it did before sessions. This statement's commit,
+	-- which is flushed, makes every release before it durable.
+	IF cardinality(p_gone_keys) > 0 THEN
+		UPDATE "pglease_leases" AS l SET session_id = NULL
+		FROM unnest(p_gone_keys, p_gone_fences, p_gone_tokens) AS g(key, fence, token)
+		WHERE l.key = g.key AND l.fence = g.fence AND l.token = g.token AND l.holder = p_holder
+		  AND l.released_at IS NULL AND l.session_id IS NOT NULL;
+	END IF;
+	-- First row: the session's new expiry (NULL: it had expired), and the
+	-- server's timeline, so that the Locker starts another session after a
+	-- failover (the new primary may miss releases the old one acknowledged).
+	r_key := NULL; r_expires_at := CASE WHEN live THEN new_exp END;
+	r_fence := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 	RETURN NEXT;
 	RETURN QUERY
 	WITH cur AS MATERIALIZED (
