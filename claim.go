@@ -151,7 +151,7 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 	l.obs.journaled(res.Journaled)
 	l.maybePrune()
 	le := newLease(l, parent, key, res.Fence, token, lc, res.ExpiresAt, sentAt)
-	le.onSession.Store(res.Session != 0)
+	le.session.Store(res.Session)
 	tooLate := func() error {
 		return fmt.Errorf("pglease: lock %q: the claim took %v, past the local safety deadline; released: %w",
 			key, time.Since(sentAt).Round(time.Millisecond), context.DeadlineExceeded)

@@ -37,10 +37,12 @@ type Lease struct {
 	token   int64
 	minHold time.Duration // applied by Unlock and Close
 	tick    time.Time     // zero if the claim was not tied to a tick
-	// onSession is set while the lease's row is bound to a session of its
-	// Locker (by its claim, or by a renewal since): its release is then
-	// named to the next renewal (see releasedLeases).
-	onSession atomic.Bool
+	// session is the session of its Locker the lease's row is bound to (by
+	// its claim, or by a renewal since), 0 if none: a renewal of that
+	// session need not read the row (see the migration of schema version
+	// 13), and the lease's release is named to the next one (see
+	// releasedLeases).
+	session atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc

@@ -31,6 +31,7 @@ type Locker struct {
 	// the leases released since (session.go).
 	timeline atomic.Int64
 	released releasedLeases
+	seen     atomic.Pointer[seenEvictions]
 	// delayLogged is the highest timeline whose failover delay this Locker
 	// has logged (once per timeline).
 	delayLogged atomic.Int64

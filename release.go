@@ -100,7 +100,7 @@ func (le *Lease) release(ctx context.Context, o Outcome, called time.Time) (rele
 		return err
 	})
 	free()
-	if released && le.onSession.Load() {
+	if released && le.session.Load() != 0 {
 		l.released.add(store.LeaseRef{Key: le.key, Fence: le.fence, Token: le.token})
 	}
 	if err == nil && !l.cfg.journalOff {

@@ -70,7 +70,7 @@ func (l *Locker) renewLoop() {
 		}
 		answered, refused := len(batch) == 0, false
 		if !answered {
-			answered, refused = l.renew(batch, lossRenew, failures == 0)
+			answered, refused = l.renew(batch, lossRenew, failures == 0, true)
 		}
 		if answered {
 			if failures > 0 {
@@ -158,18 +158,30 @@ func leaseRefs(leases []*Lease) []store.LeaseRef {
 // is lost for the reason given. It reports whether the server answered:
 // the statement ran, or a read-only server refused it (refused), which
 // ended every lease of batch. A failure is logged (WARN) if warn is set.
-func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, refused bool) {
+// all says that batch is every lease the Locker holds (a beat): only then
+// may the renewal skip reading the rows of leases on the session (see
+// seenEvictions).
+func (l *Locker) renew(batch []*Lease, why lossReason, warn, all bool) (answered, refused bool) {
 	// Close cancels a renew; so does its timeout (renewTimeout).
 	ctx, cancel := context.WithTimeout(l.ctx, l.renewTimeout(time.Until(earliestDeadline(batch))))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
 	session := l.claimant.Load().Session()
+	seen := l.seenEvictions(session, all)
 	released, upTo := l.released.since(sentAt.Add(-l.cfg.duration))
-	r, err := l.store.Renew(ctx, l.holder, session, l.cfg.duration, leaseRefs(batch), released)
+	refs := leaseRefs(batch)
+	for i, le := range batch {
+		refs[i].OnSession = le.session.Load() == session
+	}
+	r, err := l.store.Renew(ctx, l.holder, session, seen, l.cfg.duration, refs, released)
+	var bound int64 // the session the renewed leases are bound to now
 	if err == nil {
 		l.released.drop(upTo)
-		l.sessionRenewed(session, r)
+		l.sessionRenewed(session, r, all)
+		if !r.Expired && l.store.Sessions() {
+			bound = session
+		}
 	}
 	got := r.Renewed
 	end(err)
@@ -197,7 +209,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool) (answered, ref
 	for _, le := range batch {
 		if r, ok := got[le.key]; ok && r.Fence == le.fence {
 			le.renewed(sentAt, r.ExpiresAt)
-			le.onSession.Store(l.store.Sessions())
+			le.session.Store(bound)
 		} else {
 			gone = append(gone, le)
 		}
@@ -258,7 +270,7 @@ func goneReason(why lossReason, failedOver bool) (string, lossReason) {
 // also if le was no longer held.
 func (l *Locker) renewNow(le *Lease, why lossReason) bool {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		answered, _ := l.renew([]*Lease{le}, why, true)
+		answered, _ := l.renew([]*Lease{le}, why, true, false)
 		return answered
 	}
 	return false

@@ -56,7 +56,10 @@ func (l *Locker) leaveSession(why string) {
 // (a failover: the new primary may miss releases the old one flushed,
 // whose rows, unreleased again, the session would keep alive), is left for
 // a new one.
-func (l *Locker) sessionRenewed(session int64, r store.RenewResult) {
+func (l *Locker) sessionRenewed(session int64, r store.RenewResult, all bool) {
+	if all && !r.Expired {
+		l.seen.Store(&seenEvictions{session: session, evictions: r.Evictions})
+	}
 	if r.Expired {
 		// It kept nothing; the leases still held by their own rows were
 		// renewed by them. A new session takes them at the next beat.
@@ -67,6 +70,23 @@ func (l *Locker) sessionRenewed(session int64, r store.RenewResult) {
 			l.rotateSession(session, "the server's timeline changed (a failover)")
 		}
 	}
+}
+
+// seenEvictions is a session's count of force-released leases as the
+// Locker's last beat saw it, after which it had read the rows of all its
+// leases at least once since that count last changed.
+type seenEvictions struct{ session, evictions int64 }
+
+// seenEvictions returns the evictions of session that a renewal may pass
+// as seen, letting the server skip reading the rows of the leases on the
+// session if the count has not changed since: the count of the last beat,
+// or -1 (read them) for a renewal of some of the leases only (all false),
+// or in a session no beat renewed yet.
+func (l *Locker) seenEvictions(session int64, all bool) int64 {
+	if s := l.seen.Load(); all && s != nil && s.session == session {
+		return s.evictions
+	}
+	return -1
 }
 
 // releasedLeases are the leases of a Locker released (on its session)

@@ -14,7 +14,8 @@ import (
 func (f *fixture) sessionOf(key string) int64 {
 	f.t.Helper()
 	var id *int64
-	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT session_id FROM "`+f.table+`" WHERE key = $1`, key).Scan(&id); err != nil {
+	// key || '' keeps the read off the table's indexes, whose scans a test counts.
+	if err := f.admin.QueryRowContext(ctx(f.t), `SELECT session_id FROM "`+f.table+`" WHERE key || '' = $1`, key).Scan(&id); err != nil {
 		f.t.Fatal(err)
 	}
 	if id == nil {
@@ -52,8 +53,10 @@ func (f *fixture) boundToSession(l *Locker, keys ...string) int64 {
 }
 
 // Once its leases are on its session, a Locker's beat writes the session's
-// row alone: the lease rows keep their row version (xmin) while the
-// session's expiry, which is theirs, moves on beat after beat.
+// row alone, and reads none of the leases' rows while none of them was
+// force-released: the lease rows keep their row version (xmin) and the
+// lease table's indexes are not scanned, while the session's expiry, which
+// is theirs, moves on beat after beat.
 func TestBeatWritesTheSessionRowOnly(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -75,10 +78,27 @@ func TestBeatWritesTheSessionRowOnly(t *testing.T) {
 		}
 		return v
 	}
+	scans := func() int64 { // index scans of the lease table, as the server has counted them so far
+		var n int64
+		if err := f.admin.QueryRowContext(c, `SELECT coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relid = $1::regclass`,
+			`"`+f.table+`"`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 	before, first := versions(), f.sessionExpiry(id)
-	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(first) >= 4*beat })
+	// A beat has seen the evictions, and the server has counted the claims'
+	// scans (a backend flushes its counts at most once a second).
+	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(first) >= 8*beat })
+	scanned, second := scans(), f.sessionExpiry(id)
+	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(second) >= 20*beat })
 	if after := versions(); after != before {
 		t.Fatalf("beats rewrote lease rows:\nbefore %s\nafter  %s", before, after)
+	}
+	// 20 beats reading the 10 rows would be 200 index scans; the server
+	// flushes a backend's counts at least once a second while it works.
+	if n := scans() - scanned; n >= int64(len(keys)) {
+		t.Fatalf("20 beats scanned the lease table's indexes %d times: they read the lease rows", n)
 	}
 	var held int
 	var expiry time.Time
@@ -233,7 +253,7 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 		t.Fatalf("claim: %+v, %v", res, err)
 	}
 	ref := []store.LeaseRef{{Key: "job", Fence: res.Fence, Token: 1}}
-	if r, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref, nil); err != nil || r.Expired {
+	if r, err := a.store.Renew(c, a.holder, ca.Session(), -1, lease, ref, nil); err != nil || r.Expired {
 		t.Fatalf("first renewal: %+v, %v", r, err)
 	}
 	var end time.Time // the session expires 500 ms from now, the lease's own expiry is past
@@ -259,7 +279,7 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 	}
 	renewed := make(chan renewal, 1)
 	go func() {
-		r, err := a.store.Renew(c, a.holder, ca.Session(), lease, ref, nil)
+		r, err := a.store.Renew(c, a.holder, ca.Session(), -1, lease, ref, nil)
 		renewed <- renewal{r.Renewed, err}
 	}()
 	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%_renew"(%'`) > 0 })
@@ -303,5 +323,39 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 	}
 	if _, ok := r.got["job"]; ok && got.Outcome == store.Acquired {
 		t.Fatalf("the renewal kept the lease (until %v) and the claim took the key (fence %d)", r.got["job"].ExpiresAt, got.Fence)
+	}
+}
+
+// A force-release of a lease on a session counts itself in the session's
+// row, so that the session's next beat reads its leases' rows again and
+// finds the lease gone, with no notification (ListenNever); the Locker's
+// other lease stays held.
+func TestForceReleaseOfALeaseOnASession(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, 200 * time.Millisecond
+	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
+	c := ctx(t)
+	evicted, err := l.Lock(c, "evicted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := l.Lock(c, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := f.boundToSession(l, "evicted", "kept")
+	first := f.sessionExpiry(id)
+	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(first) >= 2*beat }) // beats that read nothing
+	if e, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil || !e.WasLive {
+		t.Fatalf("ForceRelease: %+v, %v", e, err)
+	}
+	waitDone(t, evicted, 10*time.Second)
+	if !errors.Is(evicted.Err(), ErrLeaseLost) {
+		t.Fatalf("the force-released lease: %v", evicted.Err())
+	}
+	renewedFor(t, kept, 3*beat)
+	if err := kept.Unlock(c); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -77,31 +77,40 @@ type Eviction struct {
 // 24.8 days) is cut to it.
 func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration) (Eviction, error) {
 	var e Eviction
-	release := func(b Backend) error {
-		var notified any
-		q, err := s.qAsk(ctx, b)
+	err := s.DB.InTx(ctx, func(tx Backend) error {
+		if wait > 0 {
+			ms := min(wait.Milliseconds(), math.MaxInt32) // lock_timeout is an int of ms
+			if _, err := tx.Exec(ctx, s.sql.LockTimeout, strconv.FormatInt(ms, 10)); err != nil {
+				return err
+			}
+		}
+		q, err := s.qAsk(ctx, tx)
 		if err != nil {
 			return err
 		}
-		return b.QueryRow(ctx, q.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
-	}
-	if wait <= 0 {
-		return e, release(s.DB)
-	}
-	err := s.DB.InTx(ctx, func(tx Backend) error {
-		ms := min(wait.Milliseconds(), math.MaxInt32) // lock_timeout is an int of ms
-		if _, err := tx.Exec(ctx, s.sql.LockTimeout, strconv.FormatInt(ms, 10)); err != nil {
-			return err
+		if q == s.ssql {
+			if _, err := tx.Exec(ctx, q.CountEviction, key); err != nil {
+				return err
+			}
 		}
-		return release(tx)
+		var notified any
+		return tx.QueryRow(ctx, q.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
 	})
 	return e, err
 }
 
-// listSQL lists every lease row with its state on the server clock, from
-// the table's state view (schema version 9). For a key inside a minimum
-// hold, the last column is the time left until hold_until, otherwise until
-// expires_at, in µs as text (scanned alike by every driver).
+// countEvictionSQL counts, before a force-release, the eviction in the
+// session row of the key's lease, if it has one and is unreleased: the
+// session's next renewal reads its leases' rows again and finds the lease
+// gone (see the migration of schema version 13). It locks the session row
+// before the lease row, in the order of claims and renewals.
+//
+//	$1 key
+const countEvictionSQL = `
+UPDATE "pglease_leases_sessions" AS s SET evictions = s.evictions + 1
+FROM "pglease_leases" AS l
+WHERE l.key = $1 AND s.id = l.session_id AND l.released_at IS NULL`
+
 const listSQL = `SELECT s.key, s.holder, s.fence, s.acquired_at, s.expires_at, s.released_at, s.hold_until, s.last_tick, s.state,
        (extract(epoch FROM s.time_left) * 1000000)::bigint::text
 FROM "pglease_leases_state" AS s ORDER BY s.key`

@@ -117,7 +117,7 @@ DROP FUNCTION IF EXISTS "pglease_leases_claim"(text, text, bigint, bigint, times
 	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean),
 	"pglease_leases_claim"(text, text, bigint, bigint, timestamptz, bigint, boolean, timestamptz, boolean, bigint),
 	"pglease_leases_renew"(text[], bigint[], bigint[], text, bigint),
-	"pglease_leases_renew"(bigint, text[], bigint[], bigint[], text, bigint, text[], bigint[], bigint[]);
+	"pglease_leases_renew"(bigint, text[], bigint[], bigint[], boolean[], text, bigint, bigint, text[], bigint[], bigint[]);
 DROP TABLE IF EXISTS "pglease_leases_sessions", "pglease_leases_schedules", "pglease_leases_journal_pruned", "pglease_leases_journal", "pglease_leases_timelines", "pglease_leases_fences", "pglease_leases", "pglease_leases_version"`
 
 // migrations are the schema's migration files, in order.

@@ -203,6 +203,7 @@ func (s *Store) Release(ctx context.Context, a ReleaseArgs) (bool, error) {
 type LeaseRef struct {
 	Key          string
 	Fence, Token int64
+	OnSession    bool // bound to the session being renewed (Renew)
 	// MinHold and At (the holder's estimate of the server's time at
 	// Close) are read by ReleaseMany only; At only with the journal on.
 	MinHold time.Duration

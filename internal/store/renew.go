@@ -17,19 +17,24 @@ import (
 // released since the last renewal that are unreleased again (a release
 // lost in a crash) leave the session.
 //
-//	$1 session, $2 keys, $3 their fences, $4 their claim tokens (array
-//	literals, cast by the statement), $5 holder, $6 duration in µs,
-//	$7 keys, $8 fences and $9 claim tokens of the leases released since
-//	the last renewal
+//	$1 session, $2 keys, $3 their fences, $4 their claim tokens, $5 whether
+//	each is on the session (array literals, cast by the statement), $6
+//	holder, $7 duration in µs, $8 the session's evictions seen at the last
+//	renewal (-1: none), $9 keys, $10 fences and $11 claim tokens of the
+//	leases released since the last renewal
+//
+// The rows of leases on the session are read only if the session's
+// evictions (force-releases of its leases) differ from $8, or the server's
+// timeline from the one they were last read on: see the migration.
 //
 // Result rows: first (NULL, the server's timeline ID, the session's new
-// expiry, NULL if the session had expired), then (key, fence, expires_at)
-// of the leases renewed. A listed lease missing from the result is gone:
+// expiry, NULL if the session had expired, the session's evictions), then
+// (key, fence, expires_at, NULL) of the leases renewed. A listed lease missing from the result is gone:
 // expired, released, taken over, or not on this server at all (after a
 // failover to a standby that never received it). The function plans its
 // statements once per server session: sent as text through PgBouncer, this
 // call is all the server parses and plans.
-const renewSQL = `SELECT r_key, r_fence, r_expires_at FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5, $6, $7::text[], $8::bigint[], $9::bigint[])`
+const renewSQL = `SELECT r_key, r_fence, r_expires_at, r_evictions FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5::boolean[], $6, $7, $8, $9::text[], $10::bigint[], $11::bigint[])`
 
 // renewV12SQL calls the renew function of schema version 10, which
 // extends every listed lease by its own row: what Renew runs on a table
@@ -73,6 +78,7 @@ const timelineBaseSQL = `SELECT ((('x' || substr(pg_walfile_name(pg_current_wal_
 type Renewed struct {
 	Fence     int64
 	ExpiresAt time.Time
+	evictions int64 // the session's row only
 }
 
 // RenewResult is what a renewal found.
@@ -84,9 +90,9 @@ type RenewResult struct {
 	// the holder must start another (the leases still held by their own
 	// expiry were renewed by their rows).
 	Expired bool
-	// Timeline is the server's timeline ID (0 on a table without
-	// sessions).
-	Timeline int64
+	// Timeline is the server's timeline ID, Evictions the session's count
+	// of force-released leases (both 0 on a table without sessions).
+	Timeline, Evictions int64
 }
 
 // Renew extends session and every listed lease of holder that is still
@@ -95,7 +101,7 @@ type RenewResult struct {
 // without sessions (schema versions 9 to 12: this replica started before
 // Migrate upgraded the table) it renews each lease by its row, with the
 // renew function or, on version 9, the same UPDATE as a statement.
-func (s *Store) Renew(ctx context.Context, holder string, session int64, lease time.Duration, leases, gone []LeaseRef) (RenewResult, error) {
+func (s *Store) Renew(ctx context.Context, holder string, session, seen int64, lease time.Duration, leases, gone []LeaseRef) (RenewResult, error) {
 	args := []any{arrayOf(leases, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) }),
@@ -103,21 +109,23 @@ func (s *Store) Renew(ctx context.Context, holder string, session int64, lease t
 	var r RenewResult
 	var err error
 	if s.renewInline.Load() {
-		r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args)
+		r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args, nil)
 		return r, err
 	}
 	err = s.withoutSessionsIfMissing(func(v12 bool) error {
 		if v12 {
-			r.Renewed, err = s.renew(ctx, s.sql.RenewV12, args)
+			r.Renewed, err = s.renew(ctx, s.sql.RenewV12, args, nil)
 			return err
 		}
-		r.Renewed, err = s.renew(ctx, s.sql.Renew, append(append([]any{session}, args...),
+		var first Renewed
+		r.Renewed, err = s.renew(ctx, s.sql.Renew, []any{session, args[0], args[1], args[2],
+			arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendBool(b, l.OnSession) }),
+			holder, lease.Microseconds(), seen,
 			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
 			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
-			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) })))
-		if first, ok := r.Renewed[""]; err == nil && ok {
-			delete(r.Renewed, "")
-			r.Expired, r.Timeline = first.ExpiresAt.IsZero(), first.Fence
+			arrayOf(gone, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) })}, &first)
+		if err == nil {
+			r.Expired, r.Timeline, r.Evictions = first.ExpiresAt.IsZero(), first.Fence, first.evictions
 		}
 		return err
 	})
@@ -125,20 +133,32 @@ func (s *Store) Renew(ctx context.Context, holder string, session int64, lease t
 		return r, err
 	}
 	s.renewInline.Store(true)
-	r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args)
+	r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args, nil)
 	return r, err
 }
 
-func (s *Store) renew(ctx context.Context, stmt string, args []any) (map[string]Renewed, error) {
+// renew runs a renew statement and returns the leases it renewed by key;
+// with first, the statement's first row is the session's (no key: see
+// renewSQL), which goes to first.
+func (s *Store) renew(ctx context.Context, stmt string, args []any, first *Renewed) (map[string]Renewed, error) {
 	got := map[string]Renewed{}
 	err := s.DB.Query(ctx, stmt, args, func(scan func(...any) error) error {
 		var key sql.NullString
-		var fence sql.NullInt64
+		var fence, evictions sql.NullInt64
 		var at sql.NullTime
-		if err := scan(&key, &fence, &at); err != nil {
+		dest := []any{&key, &fence, &at}
+		if first != nil {
+			dest = append(dest, &evictions)
+		}
+		if err := scan(dest...); err != nil {
 			return err
 		}
-		got[key.String] = Renewed{Fence: fence.Int64, ExpiresAt: at.Time} // the session's row has no key: ""
+		r := Renewed{Fence: fence.Int64, ExpiresAt: at.Time, evictions: evictions.Int64}
+		if !key.Valid && first != nil {
+			*first = r
+			return nil
+		}
+		got[key.String] = r
 		return nil
 	})
 	return got, err

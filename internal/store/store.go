@@ -60,7 +60,7 @@ func (s *Store) SQL() *Statements { return s.ssql }
 // Statements are the SQL texts bound to one table.
 type Statements struct {
 	Claim, ClaimMany, ClaimV12, ClaimManyV12, RenewV12, AbandonLock, Abandon, AbandonKeepTick, Renew, RenewInline, TimelineBase string
-	Release, ReleaseMany, ReleaseLost, ForceRelease, LockTimeout                                                                string
+	Release, ReleaseMany, ReleaseLost, ForceRelease, CountEviction, LockTimeout                                                 string
 	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                                                                string
 	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                                                            string
 	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                                                       string
@@ -102,6 +102,7 @@ func bind(n Names, journal, sessions bool) *Statements {
 		ReleaseMany:      pick(releaseManyJournaledSQL, releaseManySQL),
 		ReleaseLost:      pick(releaseLostJournaledSQL, releaseLostSQL),
 		ForceRelease:     b(forceReleaseSQL),
+		CountEviction:    b(countEvictionSQL),
 		LockTimeout:      b(lockTimeoutSQL),
 		Guard:            b(guardSQL),
 		AdvanceFence:     b(advanceFenceSQL),

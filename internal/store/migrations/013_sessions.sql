@@ -104,7 +104,9 @@ CREATE TABLE IF NOT EXISTS "pglease_leases_sessions" (
 	id         bigint      PRIMARY KEY,
 	holder     text        NOT NULL,
 	started_at timestamptz NOT NULL,
-	expires_at timestamptz NOT NULL
+	expires_at timestamptz NOT NULL,
+	evictions  bigint      NOT NULL DEFAULT 0, -- force-releases of its leases
+	timeline   bigint      NOT NULL            -- the server's timeline when its leases were last read
 ) WITH (fillfactor = 50);
 
 CREATE OR REPLACE FUNCTION "pglease_leases_claim"(
@@ -263,29 +265,51 @@ CREATE OR REPLACE FUNCTION "pglease_leases_renew"(
 	p_keys        text[],
 	p_fences      bigint[],
 	p_tokens      bigint[],
+	p_on          boolean[],
 	p_holder      text,
 	p_lease_us    bigint,
+	p_seen        bigint,
 	p_gone_keys   text[],
 	p_gone_fences bigint[],
 	p_gone_tokens bigint[])
-RETURNS TABLE (r_key text, r_fence bigint, r_expires_at timestamptz)
+RETURNS TABLE (r_key text, r_fence bigint, r_expires_at timestamptz, r_evictions bigint)
 LANGUAGE plpgsql AS $renew$
 DECLARE
 	now_ts  timestamptz := clock_timestamp();
 	new_exp timestamptz := clock_timestamp() + p_lease_us * interval '1 microsecond';
+	tl      bigint;
 	live    boolean;
+	seen    bigint;       -- the session's evictions
+	read_tl bigint;       -- the timeline its leases were last read on
+	all_of  boolean;      -- read every listed lease's row
 BEGIN
+	IF pg_is_in_recovery() THEN
+		RAISE EXCEPTION 'cannot renew on a server in recovery (a standby)' USING ERRCODE = 'read_only_sql_transaction';
+	END IF;
+	tl := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
 	UPDATE "pglease_leases_sessions" AS s SET expires_at = new_exp
-	WHERE s.id = p_session AND s.holder = p_holder AND s.expires_at > now_ts;
+	WHERE s.id = p_session AND s.holder = p_holder AND s.expires_at > now_ts
+	RETURNING s.evictions, s.timeline INTO seen, read_tl;
 	live := FOUND;
 	IF NOT live THEN -- a new session, or one that expired (which stays so)
 		DELETE FROM "pglease_leases_sessions" WHERE id IN (
 			SELECT s.id FROM "pglease_leases_sessions" AS s WHERE s.expires_at < now_ts - interval '1 day'
 			LIMIT 100 FOR UPDATE SKIP LOCKED);
-		INSERT INTO "pglease_leases_sessions" (id, holder, started_at, expires_at)
-		VALUES (p_session, p_holder, now_ts, new_exp)
-		ON CONFLICT (id) DO NOTHING;
+		INSERT INTO "pglease_leases_sessions" AS s (id, holder, started_at, expires_at, timeline)
+		VALUES (p_session, p_holder, now_ts, new_exp, tl)
+		ON CONFLICT (id) DO NOTHING
+		RETURNING s.evictions, s.timeline INTO seen, read_tl;
 		live := FOUND;
+	END IF;
+	-- Every listed lease's row is read unless the session is live, none of
+	-- its leases was force-released since the Locker's last renewal (the
+	-- evictions it saw then, p_seen) and the server is on the timeline its
+	-- leases were last read on. While its session lives, a lease can only
+	-- be ended by its Locker, or by a force-release, which counts itself in
+	-- the session's row; after a failover, the new primary may lack leases.
+	all_of := NOT live OR seen IS DISTINCT FROM p_seen OR read_tl IS DISTINCT FROM tl;
+	IF live AND read_tl IS DISTINCT FROM tl THEN
+		UPDATE "pglease_leases_sessions" AS s SET timeline = tl WHERE s.id = p_session;
 	END IF;
 	-- Leases released since the Locker's last renewal: a release does not
 	-- wait for its commit to be flushed, and a crash of the server before
@@ -299,18 +323,20 @@ BEGIN
 		WHERE l.key = g.key AND l.fence = g.fence AND l.token = g.token AND l.holder = p_holder
 		  AND l.released_at IS NULL AND l.session_id IS NOT NULL;
 	END IF;
-	-- First row: the session's new expiry (NULL: it had expired), and the
-	-- server's timeline, so that the Locker starts another session after a
-	-- failover (the new primary may miss releases the old one acknowledged).
-	r_key := NULL; r_expires_at := CASE WHEN live THEN new_exp END;
-	r_fence := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+	-- First row: the session's new expiry (NULL: it had expired), the
+	-- server's timeline and the session's evictions.
+	r_key := NULL; r_fence := tl; r_expires_at := CASE WHEN live THEN new_exp END; r_evictions := seen;
 	RETURN NEXT;
+	r_evictions := NULL;
 	RETURN QUERY
-	WITH cur AS MATERIALIZED (
+	WITH listed AS (
+		SELECT r.key, r.fence, r.token, r.on_session FROM unnest(p_keys, p_fences, p_tokens, p_on) AS r(key, fence, token, on_session)
+	), cur AS MATERIALIZED (
 		SELECT l.key, l.fence, l.session_id
-		FROM unnest(p_keys, p_fences, p_tokens) AS r(key, fence, token)
+		FROM listed AS r
 		JOIN "pglease_leases" AS l ON l.key = r.key
-		WHERE l.fence = r.fence AND l.token = r.token AND l.holder = p_holder AND l.released_at IS NULL
+		WHERE (all_of OR NOT r.on_session)
+		  AND l.fence = r.fence AND l.token = r.token AND l.holder = p_holder AND l.released_at IS NULL
 	), moved AS (
 		UPDATE "pglease_leases" AS l SET expires_at = new_exp, session_id = CASE WHEN live THEN p_session END
 		FROM cur
@@ -319,9 +345,11 @@ BEGIN
 		  AND greatest(l.expires_at, (SELECT s.expires_at FROM "pglease_leases_sessions" AS s WHERE s.id = l.session_id)) > now_ts
 		RETURNING l.key, l.fence, l.expires_at
 	)
-	SELECT cur.key, cur.fence, new_exp FROM cur WHERE live AND cur.session_id = p_session
+	SELECT r.key, r.fence, new_exp, NULL::bigint FROM listed AS r WHERE live AND NOT all_of AND r.on_session
 	UNION ALL
-	SELECT m.key, m.fence, m.expires_at FROM moved AS m;
+	SELECT cur.key, cur.fence, new_exp, NULL::bigint FROM cur WHERE live AND cur.session_id = p_session
+	UNION ALL
+	SELECT m.key, m.fence, m.expires_at, NULL::bigint FROM moved AS m;
 END
 $renew$;
 
