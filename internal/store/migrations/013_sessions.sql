@@ -328,6 +328,12 @@ BEGIN
 	r_key := NULL; r_fence := tl; r_expires_at := CASE WHEN live THEN new_exp END; r_evictions := seen;
 	RETURN NEXT;
 	r_evictions := NULL;
+	IF live AND NOT all_of AND NOT (false = ANY (p_on)) THEN
+		-- The common beat: every listed lease is on the session, and none
+		-- was force-released. Kept, without a look at the lease table.
+		RETURN QUERY SELECT r.key, r.fence, new_exp, NULL::bigint FROM unnest(p_keys, p_fences) AS r(key, fence);
+		RETURN;
+	END IF;
 	RETURN QUERY
 	WITH listed AS (
 		SELECT r.key, r.fence, r.token, r.on_session FROM unnest(p_keys, p_fences, p_tokens, p_on) AS r(key, fence, token, on_session)
