@@ -15,11 +15,12 @@ import (
 // half of the heartbeat, so that replicas started together spread their
 // renewals) it sends one statement (the store's Renew) that extends the
 // Locker's session (session.go), which keeps every lease bound to it, and
-// reads back which of the leases it lists — the newest lease of each key,
-// scoped to its holder, fence and claim token — are still held. Leases not
-// yet on the session (claimed before the session's first renewal, or under
-// an older session) are extended by their own rows and moved onto it. Per
-// lease, the outcome is:
+// answers which of the leases it lists — the newest lease of each key,
+// scoped to its holder, fence and claim token — are still held: it reads
+// their rows only if a force-release or a failover may have ended one
+// since the last beat. Leases not yet on the session (claimed before the
+// session's first renewal, or under an older session) are extended by
+// their own rows and moved onto it. Per lease, the outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);

@@ -8,8 +8,19 @@
 -- about 3.6 %). A Locker now has a session, a row of <table>_sessions (id:
 -- a random number the Locker draws, its holder, its expiry), and the
 -- leases it claims point to it (session_id). Its beat extends the session
--- row alone and reads the rows of its leases, to learn which of them are
--- still its own (a force-release, a takeover): no lease row is written.
+-- row alone: no lease row is written, and none is read while nothing can
+-- have ended a lease without the Locker.
+--
+-- What can end a lease of a live session without its Locker: no claim (a
+-- lease of a live session is held); a force-release, which counts itself
+-- in the session's row (evictions) before it releases the lease; and a
+-- failover, after which the new primary may lack leases. So a beat reads
+-- the rows of the Locker's leases on the session only if the session's
+-- evictions differ from those the Locker's last beat saw, if the server's
+-- timeline differs from the one the session's leases were last read on,
+-- or if the session is new or expired; it reads the rows of leases not on
+-- the session every time (it moves them onto it). A lease row changed by
+-- hand, not by ForceRelease, is not noticed until one of these happens.
 --
 -- A lease's expiry is now the later of its own expires_at (set by its
 -- claim to the claim's time plus the lease duration, as before) and its
