@@ -25,7 +25,7 @@ func BenchmarkParts(b *testing.B) {
 		holdKey(b, c, key)
 		l := newLocker(b, pool)
 		claim := capturedClaim(b, key)
-		const shaped = `SELECT 'held'::text, $3::bigint, clock_timestamp(), $2::text, $5::timestamptz, $4::bigint, $6::bigint
+		const shaped = `SELECT 'held'::text, $3::bigint, clock_timestamp(), $2::text, $5::timestamptz, $4::bigint, $6::bigint, NULL::bigint
 WHERE $1::text IS NOT NULL`
 		const lookup = `SELECT holder, fence, expires_at FROM ` + pglease.DefaultTable + `
 WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
@@ -34,10 +34,11 @@ WHERE key = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`
 			fence, freeIn, journaled int64
 			expires                  time.Time
 			tick                     *time.Time
+			session                  *int64
 		}
-		reply := []any{&r.outcome, &r.fence, &r.expires, &r.holder, &r.tick, &r.freeIn, &r.journaled}
-		// key, holder, claim token, lease duration (µs), tick, failover delay (µs), next due tick, catch-up.
-		args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6), nil, false}
+		reply := []any{&r.outcome, &r.fence, &r.expires, &r.holder, &r.tick, &r.freeIn, &r.journaled, &r.session}
+		// key, holder, claim token, lease duration (µs), tick, failover delay (µs), next due tick, catch-up, session.
+		args := []any{key, "parts-holder", int64(12345), int64(60e6), nil, int64(60e6), nil, false, nil}
 		interleave(b, []part{
 			{"select1", "SELECT 1", func() { c.scan(b, `SELECT 1`, nil, &one) }},
 			{"shaped", "WHERE $1::text IS NOT NULL", func() { c.scan(b, shaped, args[:6], reply...) }},
