@@ -3,9 +3,7 @@ package pglease
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/pglease/pglease/internal/entry"
 )
@@ -102,17 +100,7 @@ const MaxSpecLen = 1024
 // text it would refuse (a custom schedule's) in another form, such as its
 // digest.
 func CheckSpec(spec string) error {
-	switch {
-	case spec == "":
-		return fmt.Errorf("%w: empty schedule spec", ErrInvalidOption)
-	case len(spec) > MaxSpecLen:
-		return fmt.Errorf("%w: schedule spec is %d bytes, the limit is %d", ErrInvalidOption, len(spec), MaxSpecLen)
-	case !utf8.ValidString(spec):
-		return fmt.Errorf("%w: schedule spec %q is not valid UTF-8", ErrInvalidOption, spec)
-	case strings.IndexByte(spec, 0) >= 0:
-		return fmt.Errorf("%w: schedule spec %q contains a NUL byte", ErrInvalidOption, spec)
-	}
-	return nil
+	return entry.CheckText(ErrInvalidOption, "schedule spec", spec, MaxSpecLen)
 }
 
 func (js JobSchedule) check() error {

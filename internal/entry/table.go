@@ -91,16 +91,22 @@ func (t Table) WrapSchemaOp(op string, err error) error {
 
 // CheckKey checks a key: not empty, at most MaxKeyLen bytes, valid UTF-8,
 // no NUL byte.
-func CheckKey(key string) error {
+func CheckKey(key string) error { return CheckText(ErrInvalidKey, "key", key, MaxKeyLen) }
+
+// CheckText checks a text stored in a text column (a key, a schedule's
+// Spec): not empty, at most max bytes, valid UTF-8 (PostgreSQL refuses
+// anything else), no NUL byte (which no text column holds). Its error wraps
+// sentinel and names the text as what.
+func CheckText(sentinel error, what, s string, max int) error {
 	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidKey, key)
-	case strings.IndexByte(key, 0) >= 0:
-		return fmt.Errorf("%w: key %q contains a NUL byte", ErrInvalidKey, key)
+	case s == "":
+		return fmt.Errorf("%w: empty %s", sentinel, what)
+	case len(s) > max:
+		return fmt.Errorf("%w: %s is %d bytes, the limit is %d", sentinel, what, len(s), max)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s %q is not valid UTF-8", sentinel, what, s)
+	case strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("%w: %s %q contains a NUL byte", sentinel, what, s)
 	}
 	return nil
 }
