@@ -143,7 +143,9 @@ BEGIN
 	r_journaled := 0;
 	r_free_in_us := 0;
 	SELECT l.holder, l.token, l.fence, l.released_at, l.hold_until, l.last_tick, l.session_id,
-	       greatest(l.expires_at, (SELECT s.expires_at FROM "pglease_leases_sessions" AS s WHERE s.id = l.session_id)) AS expires_at
+	       CASE WHEN l.released_at IS NULL AND l.session_id IS NOT NULL -- a released lease's expiry no longer matters
+	            THEN greatest(l.expires_at, (SELECT s.expires_at FROM "pglease_leases_sessions" AS s WHERE s.id = l.session_id))
+	            ELSE l.expires_at END AS expires_at
 	INTO prev
 	FROM "pglease_leases" AS l WHERE l.key = p_key;
 	found_row := FOUND;
@@ -196,17 +198,15 @@ BEGIN
 			RETURN;
 		END IF;
 	END IF;
-	-- The claimer's session: the lease is bound to it if it is live. A
-	-- claim never creates a session row: it would keep that row locked
-	-- while it waits (for a fenced transaction, say), and the session's
-	-- renewals with it. The renewal creates it.
-	IF p_session IS NOT NULL THEN
-		SELECT s.id INTO bound FROM "pglease_leases_sessions" AS s
-		WHERE s.id = p_session AND s.holder = p_holder AND s.expires_at > now_ts;
-	END IF;
+	-- The lease is bound to the claimer's session if that one is live (the
+	-- subquery of the insert's last value). A claim never creates a session
+	-- row: it would keep that row locked while it waits (for a fenced
+	-- transaction, say), and the session's renewals with it. The renewal
+	-- creates it.
 	INSERT INTO "pglease_leases" AS l (key, holder, token, fence, acquired_at, expires_at, last_tick, prior_tick, session_id)
 	VALUES (p_key, p_holder, p_token, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1,
-	        now_ts, now_ts + p_lease_us * interval '1 microsecond', p_tick, NULL, bound)
+	        now_ts, now_ts + p_lease_us * interval '1 microsecond', p_tick, NULL,
+	        (SELECT s.id FROM "pglease_leases_sessions" AS s WHERE s.id = p_session AND s.holder = p_holder AND s.expires_at > now_ts))
 	ON CONFLICT (key) DO UPDATE SET
 		key         = EXCLUDED.key, -- makes the row lock FOR UPDATE
 		holder      = EXCLUDED.holder,
@@ -229,7 +229,7 @@ BEGIN
 	                 ELSE coalesce(l.hold_until > EXCLUDED.acquired_at, false) END)
 	       AND NOT coalesce(l.last_tick >= EXCLUDED.last_tick, false)
 	       AND (l.released_at IS NOT NULL OR l.session_id IS NOT DISTINCT FROM prev.session_id))
-	RETURNING l.fence, l.expires_at, l.acquired_at INTO new_fence, new_expiry, granted_at;
+	RETURNING l.fence, l.expires_at, l.acquired_at, l.session_id INTO new_fence, new_expiry, granted_at, bound;
 	IF NOT FOUND THEN
 		r_outcome := 'busy';
 		RETURN;
