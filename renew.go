@@ -215,21 +215,25 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn, all bool) (answered
 			gone = append(gone, le)
 		}
 	}
-	l.loseGone(ctx, gone, why)
+	l.loseGone(ctx, gone, why, r.Timeline)
 	return true, false
 }
 
 // loseGone ends leases a renew did not find. If the server is on a later
 // timeline than the one a lease was claimed on, the database failed over
-// since (one more read, on this path only); the reason says so, and no more
-// (see goneReason).
-func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason) {
+// since; the reason says so, and no more (see goneReason). timeline is the
+// server's, as the renew reported it (0: not reported, on a table without
+// sessions: one more read, on this path only).
+func (l *Locker) loseGone(ctx context.Context, gone []*Lease, why lossReason, timeline int64) {
 	if len(gone) == 0 {
 		return
 	}
-	base, err := l.store.TimelineBase(ctx)
-	if err != nil {
-		base = 0
+	base := (timeline - 1) << 40
+	if timeline == 0 {
+		var err error
+		if base, err = l.store.TimelineBase(ctx); err != nil {
+			base = 0
+		}
 	}
 	for _, le := range gone {
 		claimedBase := (le.fence - 1) >> 40 << 40
