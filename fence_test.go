@@ -332,7 +332,7 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 		db := pgleasetest.DB(t, 4)
 		l := f.locker(db, WithLeaseDuration(lease), WithHeartbeat(50*time.Millisecond))
 		// A pause stops the whole "process": its renewer too.
-		pb := &pausableBackend{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+		pb := &pausableBackend{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
 		l.store.DB = pb
 		for w := 0; w < workers; w++ {
 			wg.Add(1)
@@ -449,8 +449,8 @@ var _ = pgx.ErrNoRows
 // paused, as SIGSTOP would.
 type pausableBackend struct {
 	backend
-	renewSQL string
-	mu       sync.RWMutex
+	isRenew func(string) bool
+	mu      sync.RWMutex
 }
 
 func (p *pausableBackend) pause(d time.Duration) {
@@ -460,11 +460,19 @@ func (p *pausableBackend) pause(d time.Duration) {
 }
 
 func (p *pausableBackend) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	if q == p.renewSQL {
+	if p.isRenew(q) {
 		p.mu.RLock()
 		defer p.mu.RUnlock()
 	}
 	return p.backend.Query(ctx, q, args, each)
+}
+
+func (p *pausableBackend) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	if p.isRenew(q) {
+		p.mu.RLock()
+		defer p.mu.RUnlock()
+	}
+	return p.backend.QueryRow(ctx, q, args, dest...)
 }
 
 // Issue 9, defect 2: when Guard finds the lease gone on the server, the
@@ -669,14 +677,21 @@ func TestGuardWithSnapshotOlderThanAChangeOfTheRow(t *testing.T) {
 // lost would.
 type failingRenewals struct {
 	backend
-	renewSQL string
+	isRenew func(string) bool
 }
 
 func (b *failingRenewals) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	if q == b.renewSQL {
+	if b.isRenew(q) {
 		return errors.New("renew refused by the test")
 	}
 	return b.backend.Query(ctx, q, args, each)
+}
+
+func (b *failingRenewals) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	if b.isRenew(q) {
+		return errors.New("renew refused by the test")
+	}
+	return b.backend.QueryRow(ctx, q, args, dest...)
 }
 
 // When Guard does not see the lease and the check outside the transaction
@@ -693,7 +708,7 @@ func TestGuardMissWithoutAnAnswerIsNoLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.store.DB = &failingRenewals{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+	l.store.DB = &failingRenewals{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
 	err = le.Guard(c, tx)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrStaleSnapshot) {
 		t.Fatalf("Guard unseen, check unanswered: %v, want an error that is neither a loss nor a stale snapshot", err)

@@ -305,6 +305,12 @@ func noBackendWaits(t *testing.T, f *fixture) bool {
 	return n == 0
 }
 
+// isRenewSQL reports whether q is one of the renew statements of l's
+// table: the renew function's call, or a beat's UPDATE of the session row.
+func isRenewSQL(l *Locker, q string) bool {
+	return q == l.store.SQL().Renew || q == l.store.SQL().Beat
+}
+
 // waitRenewed waits for le's next successful renew, failing the test with
 // the loss if the lease ends first (or after a generous bound).
 func waitRenewed(t *testing.T, le *Lease) {

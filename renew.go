@@ -13,14 +13,18 @@ import (
 // goroutine per Locker (not per lease), alive while the Locker holds at
 // least one lease. At every beat (the first at a random point of the second
 // half of the heartbeat, so that replicas started together spread their
-// renewals) it sends one statement (the store's Renew) that extends the
-// Locker's session (session.go), which keeps every lease bound to it, and
-// answers which of the leases it lists — the newest lease of each key,
-// scoped to its holder, fence and claim token — are still held: it reads
-// their rows only if a force-release or a failover may have ended one
-// since the last beat. Leases not yet on the session (claimed before the
-// session's first renewal, or under an older session) are extended by
-// their own rows and moved onto it. Per lease, the outcome is:
+// renewals) it extends the Locker's session (session.go), which keeps
+// every lease bound to it, and learns which of the leases it lists — the
+// newest lease of each key, scoped to its holder, fence and claim token —
+// are still held. Usually that is one UPDATE of the session's row (the
+// store's Renew): while the session lives, the server's timeline has not
+// changed, no lease of it was force-released and every lease listed is on
+// it, all of them are. Otherwise (and when the UPDATE itself finds a
+// force-release or a failover since the last beat) it calls the renew
+// function, which reads the listed leases' rows, extends those not yet on
+// the session (claimed before its first renewal, or under an older
+// session) by their own rows and moves them onto it. Per lease, the
+// outcome is:
 //
 //   - renewed: the local deadline moves to (send time + duration − margin);
 //   - missing from the result: the lease is gone, it is lost (ERROR + Done);
@@ -65,13 +69,14 @@ func (l *Locker) renewLoop() {
 		if first {
 			tick.Reset(l.cfg.heartbeat)
 		}
+		mark := l.markClaims() // before the batch is listed
 		batch, ok := l.renewBatch()
 		if !ok {
 			return
 		}
 		answered, refused := len(batch) == 0, false
 		if !answered {
-			answered, refused = l.renew(batch, lossRenew, failures == 0, true)
+			answered, refused = l.renew(batch, lossRenew, failures == 0, &mark)
 		}
 		if answered {
 			if failures > 0 {
@@ -159,17 +164,17 @@ func leaseRefs(leases []*Lease) []store.LeaseRef {
 // is lost for the reason given. It reports whether the server answered:
 // the statement ran, or a read-only server refused it (refused), which
 // ended every lease of batch. A failure is logged (WARN) if warn is set.
-// all says that batch is every lease the Locker holds (a beat): only then
-// may the renewal skip reading the rows of leases on the session (see
-// seenEvictions).
-func (l *Locker) renew(batch []*Lease, why lossReason, warn, all bool) (answered, refused bool) {
+// beat is set for a beat, whose batch is every lease the Locker holds:
+// only then may the renewal skip reading the rows of leases on the session
+// (see seenEvictions); nil for a renewal of some of them.
+func (l *Locker) renew(batch []*Lease, why lossReason, warn bool, beat *claimsMark) (answered, refused bool) {
 	// Close cancels a renew; so does its timeout (renewTimeout).
 	ctx, cancel := context.WithTimeout(l.ctx, l.renewTimeout(time.Until(earliestDeadline(batch))))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
 	session := l.claimant.Load().Session()
-	seen := l.seenEvictions(session, all)
+	seen := l.seenEvictions(session, beat != nil)
 	released, upTo := l.released.since(sentAt.Add(-l.cfg.duration))
 	refs := leaseRefs(batch)
 	for i, le := range batch {
@@ -179,7 +184,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn, all bool) (answered
 	var bound int64 // the session the renewed leases are bound to now
 	if err == nil {
 		l.released.drop(upTo)
-		l.sessionRenewed(session, r, all)
+		l.sessionRenewed(session, r, beat.settled(l))
 		if !r.Expired && l.store.Sessions() {
 			bound = session
 		}
@@ -275,7 +280,7 @@ func goneReason(why lossReason, failedOver bool) (string, lossReason) {
 // also if le was no longer held.
 func (l *Locker) renewNow(le *Lease, why lossReason) bool {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		answered, _ := l.renew([]*Lease{le}, why, true, false)
+		answered, _ := l.renew([]*Lease{le}, why, true, nil)
 		return answered
 	}
 	return false

@@ -15,13 +15,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pgleasetest"
 )
 
 // countingBackend counts the statements a Locker sends, by kind.
 type countingBackend struct {
 	backend
-	renewSQL string
+	isRenew  func(string) bool
 	claimSQL string
 	mu       sync.Mutex
 	count    map[string]int
@@ -31,7 +32,7 @@ func (c *countingBackend) note(q string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
-	case q == c.renewSQL:
+	case c.isRenew(q):
 		c.count["renew"]++
 	case q == c.claimSQL:
 		c.count["claim"]++
@@ -67,7 +68,7 @@ func TestOneRenewStatementPerBeat(t *testing.T) {
 	// A lease long enough that a loaded machine loses none (a loss would add
 	// clean-up statements); the beat is what is counted.
 	l := f.replica(2, WithLeaseDuration(5*time.Second), WithHeartbeat(100*time.Millisecond))
-	cb := &countingBackend{backend: l.store.DB, renewSQL: l.store.SQL().Renew, claimSQL: l.store.SQL().Claim, count: map[string]int{}}
+	cb := &countingBackend{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }, claimSQL: l.store.SQL().Claim, count: map[string]int{}}
 	l.store.DB = cb
 	c := ctx(t)
 	var leases []*Lease
@@ -494,20 +495,27 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 // order (nil: it ran).
 type renewLog struct {
 	backend
-	renewSQL string
+	isRenew  func(string) bool
 	mu       sync.Mutex
 	outcomes []error
 }
 
 func logRenews(l *Locker) *renewLog {
-	r := &renewLog{backend: l.store.DB, renewSQL: l.store.SQL().Renew}
+	r := &renewLog{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
 	l.store.DB = r
 	return r
 }
 
 func (r *renewLog) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	err := r.backend.Query(ctx, q, args, each)
-	if q == r.renewSQL {
+	return r.note(q, r.backend.Query(ctx, q, args, each))
+}
+
+func (r *renewLog) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	return r.note(q, r.backend.QueryRow(ctx, q, args, dest...))
+}
+
+func (r *renewLog) note(q string, err error) error {
+	if r.isRenew(q) && !errors.Is(err, store.ErrNoRows) {
 		r.mu.Lock()
 		r.outcomes = append(r.outcomes, err)
 		r.mu.Unlock()

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -358,5 +361,290 @@ func TestForceReleaseOfALeaseOnASession(t *testing.T) {
 	renewedFor(t, kept, 3*beat)
 	if err := kept.Unlock(c); err != nil {
 		t.Fatal(err)
+	}
+	// A released row keeps its session: forcing it again changes nothing.
+	if e, err := ForceRelease(c, f.admin, "kept", WithTable(f.table)); err != nil || e.WasLive {
+		t.Fatalf("ForceRelease of a released lease on a session: %+v, %v", e, err)
+	}
+}
+
+// renewKinds records, in order, the renew statements a Locker sends: "beat"
+// (the session row's UPDATE) or "function" (the renew function's call).
+type renewKinds struct {
+	backend
+	l     *Locker
+	mu    sync.Mutex
+	kinds []string
+}
+
+func recordRenewKinds(l *Locker) *renewKinds {
+	r := &renewKinds{backend: l.store.DB, l: l}
+	l.store.DB = r
+	return r
+}
+
+func (r *renewKinds) note(q string) {
+	kind := map[string]string{r.l.store.SQL().Beat: "beat", r.l.store.SQL().Renew: "function"}[q]
+	if kind != "" {
+		r.mu.Lock()
+		r.kinds = append(r.kinds, kind)
+		r.mu.Unlock()
+	}
+}
+
+func (r *renewKinds) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	r.note(q)
+	return r.backend.QueryRow(ctx, q, args, dest...)
+}
+
+func (r *renewKinds) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	r.note(q)
+	return r.backend.Query(ctx, q, args, each)
+}
+
+// since returns the kinds recorded from the i-th on.
+func (r *renewKinds) since(i int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.kinds[min(i, len(r.kinds)):]...)
+}
+
+// beatsAfter waits until n beats in a row follow the i-th record, and
+// returns the records from the i-th on.
+func (r *renewKinds) beatsAfter(t *testing.T, i, n int) []string {
+	t.Helper()
+	var got []string
+	waitFor(t, 20*time.Second, func() bool {
+		got = r.since(i)
+		return len(got) >= n && !slices.Contains(got[len(got)-n:], "function")
+	})
+	return got
+}
+
+// Once its leases are on its session, a Locker's beat is one UPDATE of
+// the session's row; the renew function, which reads the leases' rows,
+// runs only when that UPDATE finds a reason to read them: here a
+// force-release, counted in the session's row. The Locker then learns of
+// the loss at that beat (it does not listen), and the beats after are
+// UPDATEs again.
+func TestABeatIsOneUpdateOfTheSessionRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, 100 * time.Millisecond
+	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
+	rec := recordRenewKinds(l)
+	c := ctx(t)
+	evicted, err := l.Lock(c, "evicted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := l.Lock(c, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.boundToSession(l, "evicted", "kept")
+	got := rec.beatsAfter(t, 0, 5)
+	if i := slices.Index(got, "beat"); i < 0 || slices.Contains(got[i:], "function") {
+		t.Fatalf("renew statements since the claims: %v; want the function (which binds the leases) then beats only", got)
+	}
+	mark := len(rec.since(0))
+	if e, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil || !e.WasLive {
+		t.Fatalf("ForceRelease: %+v, %v", e, err)
+	}
+	waitDone(t, evicted, 10*time.Second)
+	if !errors.Is(evicted.Err(), ErrLeaseLost) {
+		t.Fatalf("the force-released lease: %v", evicted.Err())
+	}
+	got = rec.beatsAfter(t, mark, 3)
+	if i := slices.Index(got, "function"); i < 1 || got[i-1] != "beat" {
+		t.Fatalf("renew statements since the force-release: %v; want a beat that finds the eviction, then the function", got)
+	}
+	renewedFor(t, kept, 3*beat)
+	if err := kept.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// After a failover, a Locker's first renewal on the new primary reads its
+// leases' rows, although its session's row is there, live and with no
+// eviction: the new primary may lack a lease the old one had not
+// replicated. Here the standby stops receiving before a claim, so the new
+// primary has the session and one lease of it but not the other; the
+// lease it lacks is lost at that renewal, never extended there.
+func TestAFailoverMakesTheBeatReadTheLeases(t *testing.T) {
+	t.Parallel()
+	x := newPromotedPair(t)
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		x.p.Port(), x.s.Port())
+	const beat = 200 * time.Millisecond
+	l := x.locker(x.open(url), "a", WithLeaseDuration(time.Minute), WithHeartbeat(beat), WithListen(ListenNever))
+	kept, err := l.Lock(x.c, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewedFor(t, kept, 2*beat) // the session's first renewal, then beats of its row alone
+	x.stopReceiving()
+	missing, err := l.Lock(x.c, "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewedFor(t, missing, 2*beat)
+	if err := x.p.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	before := missing.Deadline() // no renewal succeeds from now until the promotion
+	if err := x.s.Promote(x.c); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, missing, 60*time.Second)
+	var lost *LeaseLostError
+	if !errors.As(missing.Err(), &lost) || !strings.Contains(lost.Reason, "failed over since the claim") {
+		t.Fatalf("the lease the new primary lacks: %v; want a loss that names the failover", missing.Err())
+	}
+	if after := missing.Deadline(); after.After(before) {
+		t.Fatalf("the lease the new primary lacks was renewed there (deadline %v, then %v) before it was lost",
+			before.Format(time.StampMilli), after.Format(time.StampMilli))
+	}
+	renewedFor(t, kept, 2*beat)
+}
+
+// heldRenewals holds back a Locker's next renew statement once armed, until
+// let is called: the renewal has listed its leases, and the server has not
+// seen it yet.
+type heldRenewals struct {
+	backend
+	isRenew func(string) bool
+	mu      sync.Mutex
+	armed   bool
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func holdRenewals(l *Locker) *heldRenewals {
+	h := &heldRenewals{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
+	l.store.DB = h
+	return h
+}
+
+// arm holds the next renew statement back; the channel closes when it
+// arrives.
+func (h *heldRenewals) arm() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed, h.arrived, h.release = true, make(chan struct{}), make(chan struct{})
+	return h.arrived
+}
+
+// let sends the statement held back.
+func (h *heldRenewals) let() { close(h.release) }
+
+func (h *heldRenewals) wait(q string) {
+	if !h.isRenew(q) {
+		return
+	}
+	h.mu.Lock()
+	armed, arrived, release := h.armed, h.arrived, h.release
+	h.armed = false
+	h.mu.Unlock()
+	if armed {
+		close(arrived)
+		<-release
+	}
+}
+
+func (h *heldRenewals) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	h.wait(q)
+	return h.backend.QueryRow(ctx, q, args, dest...)
+}
+
+func (h *heldRenewals) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	h.wait(q)
+	return h.backend.Query(ctx, q, args, each)
+}
+
+// A lease claimed on the session while a beat is on its way, without it,
+// and force-released before that beat reaches the server, is found gone
+// by a later beat: the beat that did not list it reads the eviction's count
+// but not the lease's row, and must not take that count as seen.
+func TestAnEvictionOfALeaseClaimedDuringABeatIsNotMissed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, 100 * time.Millisecond
+	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
+	h := holdRenewals(l)
+	c := ctx(t)
+	x, err := l.Lock(c, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := f.boundToSession(l, "x")
+	renewedFor(t, x, 2*beat) // beats with the evictions seen
+	arrived := h.arm()
+	<-arrived // a beat listing x alone
+	job, err := l.Lock(c, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.sessionOf("job"); got != id {
+		t.Fatalf("job is on session %d, not the Locker's %d", got, id)
+	}
+	if e, err := ForceRelease(c, f.admin, "job", WithTable(f.table)); err != nil || !e.WasLive {
+		t.Fatalf("ForceRelease: %+v, %v", e, err)
+	}
+	h.let()
+	waitDone(t, job, 5*time.Second)
+	if !errors.Is(job.Err(), ErrLeaseLost) {
+		t.Fatalf("the force-released lease: %v", job.Err())
+	}
+	renewedFor(t, x, 2*beat)
+}
+
+// A force-release that runs while the lease's first beat moves it onto the
+// session (the claim came before the session's first renewal) counts its
+// eviction in that session, although the lease was on none when the
+// force-release began: the beat that moved it answered that it is held,
+// and only the count makes a later beat read its row. A transaction
+// holding the row FOR SHARE makes the beat's move wait for it, and the
+// force-release queue behind the move.
+func TestForceReleaseDuringTheMoveOntoTheSession(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const lease, beat = 3 * time.Second, time.Second
+	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
+	c := ctx(t)
+	job, err := l.Lock(c, "job") // the Locker's first claim: no session yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := f.admin.BeginTx(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(c, `SELECT 1 FROM "`+f.table+`" WHERE key = 'job' FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	if f.sessionOf("job") != 0 {
+		t.Fatal("the first claim is on a session already")
+	}
+	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, `query LIKE '%\_renew"(%'`) == 1 })
+	forced := make(chan error, 1)
+	go func() {
+		e, err := ForceRelease(c, f.admin, "job", WithTable(f.table))
+		if err == nil && !e.WasLive {
+			err = fmt.Errorf("ForceRelease found the lease not live: %+v", e)
+		}
+		forced <- err
+	}()
+	waitFor(t, 10*time.Second, func() bool { return countWaiters(t, f, "true") == 2 })
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-forced; err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, job, 4*beat)
+	if !errors.Is(job.Err(), ErrLeaseLost) {
+		t.Fatalf("the force-released lease: %v", job.Err())
 	}
 }

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -75,7 +77,28 @@ type Eviction struct {
 // row's lock after wait (a fenced transaction holds it) and the
 // transaction changes nothing; a wait beyond lock_timeout's range (about
 // 24.8 days) is cut to it.
-func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration) (Eviction, error) {
+func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration) (e Eviction, err error) {
+	for try := 0; try < 5; try++ {
+		if e, err = s.forceRelease(ctx, key, wait); !errors.Is(err, errMovedMeanwhile) {
+			return e, err
+		}
+	}
+	return e, fmt.Errorf("%w (5 tries)", err)
+}
+
+// errMovedMeanwhile is forceRelease's rollback when the lease was moved to
+// another session between the count of its eviction and its release.
+var errMovedMeanwhile = errors.New("the lease moved to another session during the force-release")
+
+// forceRelease is one try of ForceRelease. On a table with sessions, the
+// eviction is counted in the session the lease is on, before the lease row
+// is locked (the order of claims and renewals); a renewal that moves the
+// lease onto its session meanwhile commits before the release, which
+// waits for it. Then the live lease is on a session whose count missed it:
+// the try rolls back (errMovedMeanwhile) and ForceRelease tries again. (A
+// lease released or expired already needs no count: its holder no longer
+// holds it, or learns so from its expired session.)
+func (s *Store) forceRelease(ctx context.Context, key string, wait time.Duration) (Eviction, error) {
 	var e Eviction
 	err := s.DB.InTx(ctx, func(tx Backend) error {
 		if wait > 0 {
@@ -88,19 +111,32 @@ func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration
 		if err != nil {
 			return err
 		}
+		var counted, bound sql.NullInt64
 		if q == s.ssql {
-			if _, err := tx.Exec(ctx, q.CountEviction, key); err != nil {
+			if err := tx.QueryRow(ctx, q.CountEviction, []any{key}, &counted); err != nil && !errors.Is(err, ErrNoRows) {
 				return err
 			}
 		}
 		var notified any
-		return tx.QueryRow(ctx, q.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified)
+		if err := tx.QueryRow(ctx, q.ForceRelease, []any{key}, &e.Holder, &e.OldFence, &e.NewFence, &e.WasLive, &notified); err != nil {
+			return err
+		}
+		if q == s.ssql {
+			if err := tx.QueryRow(ctx, q.LeaseSession, []any{key}, &bound); err != nil {
+				return err
+			}
+			if e.WasLive && bound.Valid && bound != counted {
+				return errMovedMeanwhile
+			}
+		}
+		return nil
 	})
 	return e, err
 }
 
 // countEvictionSQL counts, before a force-release, the eviction in the
-// session row of the key's lease, if it has one and is unreleased: the
+// session row of the key's lease, if it has one and is unreleased, and
+// returns that session: the
 // session's next renewal reads its leases' rows again and finds the lease
 // gone (see the migration of schema version 13). It locks the session row
 // before the lease row, in the order of claims and renewals.
@@ -109,7 +145,13 @@ func (s *Store) ForceRelease(ctx context.Context, key string, wait time.Duration
 const countEvictionSQL = `
 UPDATE "pglease_leases_sessions" AS s SET evictions = s.evictions + 1
 FROM "pglease_leases" AS l
-WHERE l.key = $1 AND s.id = l.session_id AND l.released_at IS NULL`
+WHERE l.key = $1 AND s.id = l.session_id AND l.released_at IS NULL
+RETURNING s.id`
+
+// leaseSessionSQL reads the session a lease row is bound to (NULL: none).
+//
+//	$1 key
+const leaseSessionSQL = `SELECT l.session_id FROM "pglease_leases" AS l WHERE l.key = $1`
 
 const listSQL = `SELECT s.key, s.holder, s.fence, s.acquired_at, s.expires_at, s.released_at, s.hold_until, s.last_tick, s.state,
        (extract(epoch FROM s.time_left) * 1000000)::bigint::text

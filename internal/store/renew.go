@@ -36,6 +36,29 @@ import (
 // call is all the server parses and plans.
 const renewSQL = `SELECT r_key, r_fence, r_expires_at, r_evictions FROM "pglease_leases_renew"($1, $2::text[], $3::bigint[], $4::bigint[], $5::boolean[], $6, $7, $8, $9::text[], $10::bigint[], $11::bigint[])`
 
+// beatSQL extends a live session by its row alone: the common beat, in
+// which every lease renewed is on the session, none was released since the
+// last renewal and the session's evictions are those the holder last saw.
+// It is renewSQL's fast path as a statement of its own: one UPDATE of one
+// row, which the server plans at once, without the renew function's call,
+// its eleven arguments and its result rows.
+//
+//	$1 session, $2 holder, $3 duration in µs
+//
+// Result: one row (the session's new expiry, its evictions, the timeline
+// its leases were last read on, the server's timeline), or none if the
+// session is unknown or expired. Only if the row comes back with the
+// evictions the holder saw and both timelines equal are the leases on the
+// session kept without a look at their rows; otherwise Renew calls the
+// renew function, which reads them. The session's expiry is compared with
+// the clock when the row is updated, after any wait for its lock (a claim
+// that found it expired holds it FOR SHARE until it commits).
+//
+// Durability: durable, as every renewal (see renewInlineSQL).
+const beatSQL = `UPDATE "pglease_leases_sessions" AS s SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE s.id = $1 AND s.holder = $2 AND s.expires_at > clock_timestamp()
+RETURNING s.expires_at, s.evictions, s.timeline, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
+
 // renewV12SQL calls the renew function of schema version 10, which
 // extends every listed lease by its own row: what Renew runs on a table
 // without sessions (schema versions 10 to 12). Its arguments are
@@ -97,7 +120,11 @@ type RenewResult struct {
 
 // Renew extends session and every listed lease of holder that is still
 // held, by lease, in one statement; the leases of gone (released since the
-// last renewal) that are unreleased again leave the session. On a table
+// last renewal) that are unreleased again leave the session. A beat whose
+// leases are all on the session, with nothing released since the last
+// renewal and the session's evictions seen (seen >= 0), first tries to
+// extend the session by its row alone (beatSQL), and calls the renew
+// function only if that finds a reason to read the leases' rows. On a table
 // without sessions (schema versions 9 to 12: this replica started before
 // Migrate upgraded the table) it renews each lease by its row, with the
 // renew function or, on version 9, the same UPDATE as a statement.
@@ -108,6 +135,11 @@ func (s *Store) Renew(ctx context.Context, holder string, session, seen int64, l
 		holder, lease.Microseconds()}
 	var r RenewResult
 	var err error
+	if seen >= 0 && len(gone) == 0 && allOnSession(leases) && s.sessionsSeen.Load() && !s.noSessions.Load() {
+		if r, ok, err := s.beat(ctx, holder, session, seen, lease, leases); ok || err != nil {
+			return r, err
+		}
+	}
 	if s.renewInline.Load() {
 		r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args, nil)
 		return r, err
@@ -135,6 +167,36 @@ func (s *Store) Renew(ctx context.Context, holder string, session, seen int64, l
 	s.renewInline.Store(true)
 	r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args, nil)
 	return r, err
+}
+
+// beat renews leases, all on session, with beatSQL: ok reports that it
+// did, and false that the renew function must run (the session expired, or
+// a lease of it may have ended without its holder: see beatSQL).
+func (s *Store) beat(ctx context.Context, holder string, session, seen int64, lease time.Duration, leases []LeaseRef) (r RenewResult, ok bool, err error) {
+	var exp time.Time
+	var readOn int64
+	err = s.DB.QueryRow(ctx, s.ssql.Beat, []any{session, holder, lease.Microseconds()}, &exp, &r.Evictions, &readOn, &r.Timeline)
+	if errors.Is(err, ErrNoRows) || SQLState(err) == "42P01" || err == nil && (r.Evictions != seen || readOn != r.Timeline) {
+		return RenewResult{}, false, nil
+	}
+	if err != nil {
+		return RenewResult{}, false, err
+	}
+	r.Renewed = make(map[string]Renewed, len(leases))
+	for _, l := range leases {
+		r.Renewed[l.Key] = Renewed{Fence: l.Fence, ExpiresAt: exp}
+	}
+	return r, true, nil
+}
+
+// allOnSession reports whether every lease is on the renewing session.
+func allOnSession(leases []LeaseRef) bool {
+	for _, l := range leases {
+		if !l.OnSession {
+			return false
+		}
+	}
+	return true
 }
 
 // renew runs a renew statement and returns the leases it renewed by key;

@@ -59,15 +59,15 @@ func (s *Store) SQL() *Statements { return s.ssql }
 
 // Statements are the SQL texts bound to one table.
 type Statements struct {
-	Claim, ClaimMany, ClaimV12, ClaimManyV12, RenewV12, AbandonLock, Abandon, AbandonKeepTick, Renew, RenewInline, TimelineBase string
-	Release, ReleaseMany, ReleaseLost, ForceRelease, CountEviction, LockTimeout                                                 string
-	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                                                                string
-	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                                                            string
-	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                                                       string
-	JournalLastRuns, RegisterV11, ForgetFirstDue                                                                                string
-	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated                                              string
-	CompatibleFrom, LastClaim, ForceReleased                                                                                    string
-	TableExists, MigrateLock, Drop                                                                                              string
+	Claim, ClaimMany, ClaimV12, ClaimManyV12, RenewV12, Beat, AbandonLock, Abandon, AbandonKeepTick, Renew, RenewInline, TimelineBase string
+	Release, ReleaseMany, ReleaseLost, ForceRelease, CountEviction, LeaseSession, LockTimeout                                         string
+	Guard, AdvanceFence, CurrentFence, List, Leader, NotifyProbe                                                                      string
+	JournalLost, ClaimPruning, Prune, JournalKeyRows, JournalAllRows                                                                  string
+	RegisterSchedule, ForgetSchedule, Overdue, AuditScan, JournalKeysRows                                                             string
+	JournalLastRuns, RegisterV11, ForgetFirstDue                                                                                      string
+	VersionTable, CurrentVersion, RecordVersion, RecordCompatible, TimelineCreated                                                    string
+	CompatibleFrom, LastClaim, ForceReleased                                                                                          string
+	TableExists, MigrateLock, Drop                                                                                                    string
 }
 
 // bind binds every statement for the table named by n, the writing ones
@@ -96,6 +96,7 @@ func bind(n Names, journal, sessions bool) *Statements {
 		Abandon:          pick(abandonJournaledSQL, abandonSQL),
 		AbandonKeepTick:  pick(abandonKeepTickJournaledSQL, abandonKeepTickSQL),
 		Renew:            b(renewSQL),
+		Beat:             b(beatSQL),
 		RenewInline:      n.Bind(renewInlineSQL), // never on a table with sessions
 		TimelineBase:     b(timelineBaseSQL),
 		Release:          pick(releaseJournaledSQL, releaseSQL),
@@ -103,6 +104,7 @@ func bind(n Names, journal, sessions bool) *Statements {
 		ReleaseLost:      pick(releaseLostJournaledSQL, releaseLostSQL),
 		ForceRelease:     b(forceReleaseSQL),
 		CountEviction:    b(countEvictionSQL),
+		LeaseSession:     b(leaseSessionSQL),
 		LockTimeout:      b(lockTimeoutSQL),
 		Guard:            b(guardSQL),
 		AdvanceFence:     b(advanceFenceSQL),

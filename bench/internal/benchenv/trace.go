@@ -21,7 +21,7 @@ func Now() int64 { return int64(time.Since(epoch)) }
 // sends (see the root package's queries.go).
 const (
 	KindClaim   = "claim"   // the call of the table's claim function: Lock, Acquire, Campaign
-	KindRenew   = "renew"   // the call of the table's renew function (or its UPDATE, on a table at schema version 9)
+	KindRenew   = "renew"   // a beat's UPDATE of the session row, the call of the table's renew function (or its UPDATE, on a table at schema version 9)
 	KindRelease = "release" // UPDATE … SET released_at (Unlock, Close, abandon)
 	KindProbe   = "probe"   // the listener's self-test notification
 	KindOther   = "other"
@@ -37,7 +37,7 @@ func Classify(sql string) string {
 		return KindClaim
 	case has("SET released_at"):
 		return KindRelease
-	case has(`_renew"(`) || has("SET expires_at") && has("unnest"):
+	case has(`_renew"(`) || has("SET expires_at") && (has("unnest") || has(`_sessions" AS s`)):
 		return KindRenew
 	case has("pg_notify") && !has("UPDATE"):
 		return KindProbe
