@@ -108,8 +108,6 @@ func (l *Locker) claim(ctx context.Context, key string, lc lockConfig) (*Lease, 
 		return nil, store.ClaimResult{}, fmt.Errorf("pglease: lock %q: %w", key, ErrClosed)
 	}
 	defer l.wg.Done()
-	l.claimsBegun.Add(1)
-	defer l.claimsEnded.Add(1) // after add, or after the lease was given up
 	token := rand.Int64()
 	sentAt := time.Now()
 	parent, deadline := ctx, sentAt.Add(l.cfg.duration-l.cfg.margin)

@@ -38,11 +38,15 @@ type Lease struct {
 	minHold time.Duration // applied by Unlock and Close
 	tick    time.Time     // zero if the claim was not tied to a tick
 	// session is the session of its Locker the lease's row is bound to (by
-	// its claim, or by a renewal since), 0 if none: a renewal of that
-	// session need not read the row (see the migration of schema version
-	// 13), and the lease's release is named to the next one (see
-	// releasedLeases).
+	// its claim, or by a renewal since), 0 if none: the lease's release is
+	// named to the next renewal (see releasedLeases).
 	session atomic.Int64
+	// checked is the session under which a renewal last found the lease
+	// held, reading its row or moving it onto the session (0: none yet): a
+	// renewal of that session need not read the row again (see the
+	// migration of schema version 13). A claim does not set it: see
+	// seenEvictions.
+	checked atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc

@@ -32,9 +32,6 @@ type Locker struct {
 	timeline atomic.Int64
 	released releasedLeases
 	seen     atomic.Pointer[seenEvictions]
-	// claimsBegun and claimsEnded count the claims sent and those done
-	// (their lease added, or given up): see claimsMark.
-	claimsBegun, claimsEnded atomic.Int64
 	// delayLogged is the highest timeline whose failover delay this Locker
 	// has logged (once per timeline).
 	delayLogged atomic.Int64

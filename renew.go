@@ -69,14 +69,13 @@ func (l *Locker) renewLoop() {
 		if first {
 			tick.Reset(l.cfg.heartbeat)
 		}
-		mark := l.markClaims() // before the batch is listed
 		batch, ok := l.renewBatch()
 		if !ok {
 			return
 		}
 		answered, refused := len(batch) == 0, false
 		if !answered {
-			answered, refused = l.renew(batch, lossRenew, failures == 0, &mark)
+			answered, refused = l.renew(batch, lossRenew, failures == 0, true)
 		}
 		if answered {
 			if failures > 0 {
@@ -164,27 +163,27 @@ func leaseRefs(leases []*Lease) []store.LeaseRef {
 // is lost for the reason given. It reports whether the server answered:
 // the statement ran, or a read-only server refused it (refused), which
 // ended every lease of batch. A failure is logged (WARN) if warn is set.
-// beat is set for a beat, whose batch is every lease the Locker holds:
-// only then may the renewal skip reading the rows of leases on the session
-// (see seenEvictions); nil for a renewal of some of them.
-func (l *Locker) renew(batch []*Lease, why lossReason, warn bool, beat *claimsMark) (answered, refused bool) {
+// all says that batch is every lease the Locker holds (a beat): only then
+// may the renewal skip reading the rows of leases on the session (see
+// seenEvictions).
+func (l *Locker) renew(batch []*Lease, why lossReason, warn, all bool) (answered, refused bool) {
 	// Close cancels a renew; so does its timeout (renewTimeout).
 	ctx, cancel := context.WithTimeout(l.ctx, l.renewTimeout(time.Until(earliestDeadline(batch))))
 	defer cancel()
 	ctx, end := l.obs.span(ctx, "renew", "")
 	sentAt := time.Now()
 	session := l.claimant.Load().Session()
-	seen := l.seenEvictions(session, beat != nil)
+	seen := l.seenEvictions(session, all)
 	released, upTo := l.released.since(sentAt.Add(-l.cfg.duration))
 	refs := leaseRefs(batch)
 	for i, le := range batch {
-		refs[i].OnSession = le.session.Load() == session
+		refs[i].OnSession = le.checked.Load() == session
 	}
 	r, err := l.store.Renew(ctx, l.holder, session, seen, l.cfg.duration, refs, released)
 	var bound int64 // the session the renewed leases are bound to now
 	if err == nil {
 		l.released.drop(upTo)
-		l.sessionRenewed(session, r, beat.settled(l))
+		l.sessionRenewed(session, r, all)
 		if !r.Expired && l.store.Sessions() {
 			bound = session
 		}
@@ -216,6 +215,7 @@ func (l *Locker) renew(batch []*Lease, why lossReason, warn bool, beat *claimsMa
 		if r, ok := got[le.key]; ok && r.Fence == le.fence {
 			le.renewed(sentAt, r.ExpiresAt)
 			le.session.Store(bound)
+			le.checked.Store(bound)
 		} else {
 			gone = append(gone, le)
 		}
@@ -280,7 +280,7 @@ func goneReason(why lossReason, failedOver bool) (string, lossReason) {
 // also if le was no longer held.
 func (l *Locker) renewNow(le *Lease, why lossReason) bool {
 	if st, _ := le.snapshotState(); st == stateHeld {
-		answered, _ := l.renew([]*Lease{le}, why, true, nil)
+		answered, _ := l.renew([]*Lease{le}, why, true, false)
 		return answered
 	}
 	return false

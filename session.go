@@ -51,8 +51,7 @@ func (l *Locker) leaveSession(why string) {
 	l.rotateSession(l.claimant.Load().Session(), why)
 }
 
-// sessionRenewed takes in what a renewal of session found (all: a beat,
-// settled, whose evictions count may be recorded as seen): a session that
+// sessionRenewed takes in what a renewal of session found: a session that
 // had expired, or a server whose timeline changed since the last renewal
 // (a failover: the new primary may miss releases the old one flushed,
 // whose rows, unreleased again, the session would keep alive), is left for
@@ -76,6 +75,14 @@ func (l *Locker) sessionRenewed(session int64, r store.RenewResult, all bool) {
 // seenEvictions is a session's count of force-released leases as the
 // Locker's last beat saw it, after which it had read the rows of all its
 // leases at least once since that count last changed.
+//
+// A lease is trusted to be on the session (its row not read at a beat)
+// only once a renewal has read it there (Lease.checked), not on its
+// claim's word: a beat on its way while the lease was claimed does not
+// list it, and if the lease is force-released before that beat reaches
+// the server, the beat takes the new count as seen without reading the
+// lease's row. The next beat, which lists the lease as not yet checked,
+// reads it, and finds it gone.
 type seenEvictions struct{ session, evictions int64 }
 
 // seenEvictions returns the evictions of session that a renewal may pass
@@ -88,33 +95,6 @@ func (l *Locker) seenEvictions(session int64, all bool) int64 {
 		return s.evictions
 	}
 	return -1
-}
-
-// claimsMark is the Locker's count of claims when a beat is about to list
-// its leases, if none was in flight then (settled): a beat may record the
-// session's evictions as seen only if it listed every lease on the
-// session, so only if no claim was in flight from before it listed them
-// until it was answered. A lease claimed meanwhile is on the session but
-// not listed; were it force-released before the beat reached the server,
-// the beat would count its eviction without reading its row, and the beats
-// after would keep it.
-type claimsMark struct {
-	begun int64
-	quiet bool // no claim in flight
-}
-
-// markClaims reads the claims' counts before a beat lists its leases: the
-// ended count first, so that equal counts mean that none was in flight.
-func (l *Locker) markClaims() claimsMark {
-	ended := l.claimsEnded.Load()
-	begun := l.claimsBegun.Load()
-	return claimsMark{begun: begun, quiet: begun == ended}
-}
-
-// settled reports whether m is a beat's mark (not nil), with no claim in
-// flight when it was taken and none begun since.
-func (m *claimsMark) settled(l *Locker) bool {
-	return m != nil && m.quiet && l.claimsBegun.Load() == m.begun
 }
 
 // releasedLeases are the leases of a Locker released (on its session)

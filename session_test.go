@@ -564,8 +564,9 @@ func (h *heldRenewals) Query(ctx context.Context, q string, args []any, each fun
 
 // A lease claimed on the session while a beat is on its way, without it,
 // and force-released before that beat reaches the server, is found gone
-// by a later beat: the beat that did not list it reads the eviction's count
-// but not the lease's row, and must not take that count as seen.
+// by a later beat: the beat that did not list it takes the eviction's
+// count as seen without reading the lease's row, so the lease is trusted
+// to be on the session only once a renewal has read its row there.
 func TestAnEvictionOfALeaseClaimedDuringABeatIsNotMissed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
