@@ -82,6 +82,7 @@ type capacityReport struct {
 	Sched                *schedResult
 	Sat                  []satStep
 	Floor                *floorResult // the last shape's renew floor (through PgBouncer only)
+	SessionFloor         *floorResult // the same with one row per replica: the floor of a beat that writes one row
 	Peers                []peerShape
 	PeersWhy, BouncerVer string
 	Lease, Beat, SatStep time.Duration // SatStep: duration of each saturation step
@@ -232,6 +233,11 @@ func (e *env) capacity() (out *capacityReport, err error) {
 			return nil, fmt.Errorf("renew floor: %w", err)
 		}
 		out.Floor = &fl
+		sf, err := e.renewFloor(bouncer, last[0], 1)
+		if err != nil {
+			return nil, fmt.Errorf("session floor: %w", err)
+		}
+		out.SessionFloor = &sf
 	}
 	if steps := ints(e.c.satSteps); len(steps) > 0 {
 		if out.Sat, err = e.saturation(steps); err != nil {
