@@ -136,10 +136,10 @@ func (s *Store) forceRelease(ctx context.Context, key string, wait time.Duration
 
 // countEvictionSQL counts, before a force-release, the eviction in the
 // session row of the key's lease, if it has one and is unreleased, and
-// returns that session: the
-// session's next renewal reads its leases' rows again and finds the lease
-// gone (see the migration of schema version 13). It locks the session row
-// before the lease row, in the order of claims and renewals.
+// returns that session: the session's next renewal reads its leases' rows
+// again and finds the lease gone (see the migration of schema version 13).
+// It locks the session row before the lease row, in the order of claims
+// and renewals.
 //
 //	$1 key
 const countEvictionSQL = `
