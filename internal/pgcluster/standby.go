@@ -213,12 +213,25 @@ func (c *Cluster) ResumeReceiving(ctx context.Context) error {
 }
 
 // WaitReplayedReceived waits until a standby has replayed all the WAL it
-// has received (its primary may be gone).
+// has received (its primary may be gone), or all of it that it can: a
+// primary that died while sending a record leaves its first part received
+// and never replayable, and the startup process then waits for more WAL
+// with the same replay position (for half a second here: a startup
+// process just woken by more WAL may not have moved yet).
 func (c *Cluster) WaitReplayedReceived(ctx context.Context) error {
+	last, since := "", time.Time{}
 	return poll(ctx, 60*time.Second, func(ctx context.Context) (bool, error) {
-		var done bool
-		err := c.queryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true)`, nil, &done)
-		return done, err
+		var done, waiting bool
+		var replayed string
+		err := c.queryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true),
+       coalesce(pg_last_wal_replay_lsn()::text, ''),
+       EXISTS (SELECT FROM pg_stat_activity WHERE backend_type = 'startup'
+               AND wait_event IN ('RecoveryWalStream', 'RecoveryRetrieveRetryInterval'))`, nil, &done, &replayed, &waiting)
+		if !waiting || replayed == "" || replayed != last {
+			since = time.Now()
+		}
+		last = replayed
+		return done || time.Since(since) > 500*time.Millisecond, err
 	})
 }
 
