@@ -333,12 +333,16 @@ func TestClaimOfAnExpiredSessionWaitsForItsRenewal(t *testing.T) {
 // A force-release of a lease on a session counts itself in the session's
 // row, so that the session's next beat reads its leases' rows again and
 // finds the lease gone, with no notification (ListenNever); the Locker's
-// other lease stays held.
+// other lease stays held. Once its leases are on its session, a beat is
+// one UPDATE of the session's row; the renew function, which reads the
+// leases' rows, runs only after an UPDATE that finds the count changed,
+// and the beats after are UPDATEs again.
 func TestForceReleaseOfALeaseOnASession(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	const lease, beat = 3 * time.Second, 200 * time.Millisecond
 	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
+	rec := recordRenewKinds(l)
 	c := ctx(t)
 	evicted, err := l.Lock(c, "evicted")
 	if err != nil {
@@ -351,12 +355,21 @@ func TestForceReleaseOfALeaseOnASession(t *testing.T) {
 	id := f.boundToSession(l, "evicted", "kept")
 	first := f.sessionExpiry(id)
 	waitFor(t, 20*time.Second, func() bool { return f.sessionExpiry(id).Sub(first) >= 2*beat }) // beats that read nothing
+	got := rec.beatsAfter(t, 0, 2)
+	if i := slices.Index(got, "beat"); i < 0 || slices.Contains(got[i:], "function") {
+		t.Fatalf("renew statements since the claims: %v; want the function (which binds the leases) then beats only", got)
+	}
+	mark := len(rec.since(0))
 	if e, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil || !e.WasLive {
 		t.Fatalf("ForceRelease: %+v, %v", e, err)
 	}
 	waitDone(t, evicted, 10*time.Second)
 	if !errors.Is(evicted.Err(), ErrLeaseLost) {
 		t.Fatalf("the force-released lease: %v", evicted.Err())
+	}
+	got = rec.beatsAfter(t, mark, 3)
+	if i := slices.Index(got, "function"); i < 1 || got[i-1] != "beat" {
+		t.Fatalf("renew statements since the force-release: %v; want a beat that finds the eviction, then the function", got)
 	}
 	renewedFor(t, kept, 3*beat)
 	if err := kept.Unlock(c); err != nil {
@@ -419,50 +432,6 @@ func (r *renewKinds) beatsAfter(t *testing.T, i, n int) []string {
 		return len(got) >= n && !slices.Contains(got[len(got)-n:], "function")
 	})
 	return got
-}
-
-// Once its leases are on its session, a Locker's beat is one UPDATE of
-// the session's row; the renew function, which reads the leases' rows,
-// runs only when that UPDATE finds a reason to read them: here a
-// force-release, counted in the session's row. The Locker then learns of
-// the loss at that beat (it does not listen), and the beats after are
-// UPDATEs again.
-func TestABeatIsOneUpdateOfTheSessionRow(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	const lease, beat = 3 * time.Second, 100 * time.Millisecond
-	l := f.replica(2, WithLeaseDuration(lease), WithHeartbeat(beat), WithListen(ListenNever))
-	rec := recordRenewKinds(l)
-	c := ctx(t)
-	evicted, err := l.Lock(c, "evicted")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, err := l.Lock(c, "kept")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.boundToSession(l, "evicted", "kept")
-	got := rec.beatsAfter(t, 0, 5)
-	if i := slices.Index(got, "beat"); i < 0 || slices.Contains(got[i:], "function") {
-		t.Fatalf("renew statements since the claims: %v; want the function (which binds the leases) then beats only", got)
-	}
-	mark := len(rec.since(0))
-	if e, err := ForceRelease(c, f.admin, "evicted", WithTable(f.table)); err != nil || !e.WasLive {
-		t.Fatalf("ForceRelease: %+v, %v", e, err)
-	}
-	waitDone(t, evicted, 10*time.Second)
-	if !errors.Is(evicted.Err(), ErrLeaseLost) {
-		t.Fatalf("the force-released lease: %v", evicted.Err())
-	}
-	got = rec.beatsAfter(t, mark, 3)
-	if i := slices.Index(got, "function"); i < 1 || got[i-1] != "beat" {
-		t.Fatalf("renew statements since the force-release: %v; want a beat that finds the eviction, then the function", got)
-	}
-	renewedFor(t, kept, 3*beat)
-	if err := kept.Unlock(c); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // After a failover, a Locker's first renewal on the new primary reads its
