@@ -129,17 +129,18 @@ type RenewResult struct {
 // Migrate upgraded the table) it renews each lease by its row, with the
 // renew function or, on version 9, the same UPDATE as a statement.
 func (s *Store) Renew(ctx context.Context, holder string, session, seen int64, lease time.Duration, leases, gone []LeaseRef) (RenewResult, error) {
+	if seen >= 0 && len(gone) == 0 && allOnSession(leases) && s.sessionsSeen.Load() && !s.noSessions.Load() {
+		if r, ok, err := s.beat(ctx, holder, session, seen, lease, leases); ok || err != nil {
+			return r, err
+		}
+	}
+	// Not a beat of the session's row alone: the leases are listed.
 	args := []any{arrayOf(leases, func(b []byte, l LeaseRef) []byte { return quoteElem(b, l.Key) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Fence, 10) }),
 		arrayOf(leases, func(b []byte, l LeaseRef) []byte { return strconv.AppendInt(b, l.Token, 10) }),
 		holder, lease.Microseconds()}
 	var r RenewResult
 	var err error
-	if seen >= 0 && len(gone) == 0 && allOnSession(leases) && s.sessionsSeen.Load() && !s.noSessions.Load() {
-		if r, ok, err := s.beat(ctx, holder, session, seen, lease, leases); ok || err != nil {
-			return r, err
-		}
-	}
 	if s.renewInline.Load() {
 		r.Renewed, err = s.renew(ctx, s.sql.RenewInline, args, nil)
 		return r, err
