@@ -39,8 +39,9 @@ func SchemaVersion() int { return store.Version() }
 // state view (<table>_state: each lease row with its state and time left on
 // the server clock), which List and `pglease serve` read. Schema version 10
 // added the renew function (<table>_renew), which every beat of a Locker
-// called until version 13: its UPDATE is planned once per server session, not at every beat
-// (through PgBouncer, statements are sent as text and planned each time). A
+// called until version 13: its UPDATE is planned once per server session,
+// not at every beat (through PgBouncer, statements are sent as text and
+// planned each time). A
 // Locker on a table still at version 9 renews with the same UPDATE sent as
 // a statement, and keeps its leases until Migrate has run. Schema version 11
 // added prior_tick to the lease table, which the claim function (replaced,
@@ -57,8 +58,9 @@ func SchemaVersion() int { return store.Version() }
 // session_id on the lease table): a Locker's beat is one UPDATE of its
 // session's row, and its leases live while it does, so a beat writes one
 // row however many leases the Locker holds (the renew function runs when
-// that UPDATE finds a force-release, a failover or an expired session). The claim functions that replicas of
-// earlier versions call see sessions too; a Locker on a table still at
+// that UPDATE finds a force-release, a failover or an expired session).
+// The claim functions that replicas of earlier versions call see sessions
+// too; a Locker on a table still at
 // version 12 renews each lease by its row, as before, even after Migrate
 // has run (until it is restarted). Its ALTER TABLE waits, as version 11's,
 // for every open transaction that has used the lease table.
