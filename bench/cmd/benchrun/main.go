@@ -39,7 +39,7 @@ type config struct {
 	shapes, satSteps, auditRuns              string
 	count, rounds, roundN                    int // go test -count; rounds and iterations of BenchmarkInterleaved
 	handoffN, vanishN, schedTicks, auditReps int
-	health, window, satStep                  time.Duration
+	window, satStep                          time.Duration
 	capPeers                                 bool
 }
 
@@ -50,13 +50,12 @@ func main() {
 	i(&c.count, "count", 3, "go test -count: runs of each separate benchmark; the table shows the median")
 	i(&c.rounds, "rounds", 9, "rounds of BenchmarkInterleaved, the source of the target ratios")
 	i(&c.roundN, "round-n", 400, "iterations of BenchmarkInterleaved per round")
-	s(&c.sections, "sections", "all", "comma list of bench, planner, health, handoff, capacity, audit; or all")
+	s(&c.sections, "sections", "all", "comma list of bench, planner, handoff, capacity, audit; or all")
 	s(&c.out, "out", "BENCHMARKS.md", "the report to write")
 	s(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	s(&c.json, "json", "results/latest.json", "where to keep the report's data (-render input)")
 	s(&c.render, "render", "", "write the report from this JSON file of an earlier run, measuring nothing")
 	s(&c.merge, "merge", "", "with -sections of bench, audit and capacity: put this run's sections into this JSON file of an earlier run and write the report from the result")
-	d(&c.health, "health", 2*time.Minute, "duration of the table-health run (0: skip it)")
 	i(&c.handoffN, "handoff-n", 200, "handoffs after Unlock per waiting mode")
 	i(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder per waiting mode")
 	s(&c.shapes, "capacity-shapes", "10x10,100x10,1000x10,1000x100", "fleet shapes RxJ: R replicas × J leases each")
@@ -175,12 +174,6 @@ func measure(ctx context.Context, c config, rep *report) error {
 				rep.Planner = append(rep.Planner, pc)
 			}
 			return nil
-		}},
-		{"health", func() (err error) {
-			if c.health > 0 {
-				rep.Health, err = e.tableHealth([]int{100, 70, 50}, 1000, 250*time.Millisecond, c.health)
-			}
-			return err
 		}},
 		{"handoff", func() (err error) {
 			rep.LoadBefore["handoff"] = loadAvg()

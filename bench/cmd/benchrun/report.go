@@ -29,7 +29,6 @@ type report struct {
 	Skipped           []string
 	Results           map[string]*result
 	Planner           []plannerResult
-	Health            []healthResult
 	Handoff           *handoffReport
 	Capacity          *capacityReport
 	Audit             *auditReport      // measured by this run, or by the run that -merge put into it
@@ -224,30 +223,6 @@ func (r *report) Setting(name string) string {
 	}
 	return "?"
 }
-
-// HealthBest is the table-health run's best table: a clearly better HOT
-// ratio wins; within half a point, the smaller table. Ties lists the
-// fillfactors within half a point of it.
-func (r *report) HealthBest() (v struct {
-	healthResult
-	Ties string
-}) {
-	for i, h := range r.Health {
-		if d := h.Hot() - v.Hot(); i == 0 || d > 0.5 || (d > -0.5 && h.Total < v.Total) {
-			v.healthResult = h
-		}
-	}
-	var ties []string
-	for _, h := range r.Health {
-		if h.Fillfactor != v.Fillfactor && math.Abs(h.Hot()-v.Hot()) <= 0.5 {
-			ties = append(ties, strconv.Itoa(h.Fillfactor))
-		}
-	}
-	v.Ties = strings.Join(ties, ", ")
-	return v
-}
-
-func (h healthResult) Hot() float64 { return float64(h.HotUpd) / math.Max(1, float64(h.Upd)) * 100 }
 
 func fmtDur(ns float64) string {
 	switch {
