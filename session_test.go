@@ -148,6 +148,7 @@ func TestALeaseLivesWithItsSession(t *testing.T) {
 		}
 	}
 	fencedWrite(t, f, a, la)
+	ownExpiryPassed(t, f, a, b)
 	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`_sessions" SET expires_at = clock_timestamp() - interval '1 second' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +168,39 @@ func TestALeaseLivesWithItsSession(t *testing.T) {
 	}
 	if again := f.boundToSession(a, "other"); again == id {
 		t.Fatal("a lease bound to the expired session")
+	}
+	if err := lb.Unlock(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ownExpiryPassed checks, on a lease of a whose row's own expiry has
+// passed while its session lives, that b's Election sees a's lease as the
+// leader's and that a's Unlock releases it: b then takes the key.
+func ownExpiryPassed(t *testing.T, f *fixture, a, b *Locker) {
+	t.Helper()
+	c := ctx(t)
+	le, err := a.Lock(c, "own-expiry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.boundToSession(a, "own-expiry")
+	if _, err := f.admin.ExecContext(c, `UPDATE "`+f.table+`" SET acquired_at = clock_timestamp() - interval '2 hours', expires_at = clock_timestamp() - interval '1 hour' WHERE key = 'own-expiry'`); err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewElection(b, "own-expiry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if li, err := e.Leader(c); err != nil || li.Holder != a.Holder() || li.Fence != le.Fence() {
+		t.Fatalf("Leader of a lease its session keeps: %+v, %v; want %s's", li, err, a.Holder())
+	}
+	if err := le.Unlock(c); err != nil {
+		t.Fatalf("Unlock of a lease its session keeps: %v", err)
+	}
+	lb, err := b.Lock(c, "own-expiry")
+	if err != nil {
+		t.Fatalf("Lock after that Unlock: %v", err)
 	}
 	if err := lb.Unlock(c); err != nil {
 		t.Fatal(err)
