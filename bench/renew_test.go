@@ -54,7 +54,7 @@ func BenchmarkRenew(b *testing.B) {
 		db.SetMaxOpenConns(PoolSize)
 		// Autovacuum would analyze the table soon after the claims; without
 		// statistics the renew may be planned quadratic in n (benchrun's
-		// planner check).
+		// first-renewal check).
 		_, err = pool.Exec(ctx, `ANALYZE `+pglease.DefaultTable)
 		must(b, err)
 		// The library's first beat renewing all n leases opens the window;

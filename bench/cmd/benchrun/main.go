@@ -55,7 +55,7 @@ func main() {
 	s(&c.raw, "raw", "results/latest.txt", "where to keep the raw go test output (benchstat input)")
 	s(&c.json, "json", "results/latest.json", "where to keep the report's data (-render input)")
 	s(&c.render, "render", "", "write the report from this JSON file of an earlier run, measuring nothing")
-	s(&c.merge, "merge", "", "with -sections of bench, audit and capacity: put this run's sections into this JSON file of an earlier run and write the report from the result")
+	s(&c.merge, "merge", "", "with -sections of bench, planner, audit and capacity: put this run's sections into this JSON file of an earlier run and write the report from the result")
 	i(&c.handoffN, "handoff-n", 200, "handoffs after Unlock per waiting mode")
 	i(&c.vanishN, "vanish-n", 40, "takeovers after a vanished holder per waiting mode")
 	s(&c.shapes, "capacity-shapes", "10x10,100x10,1000x10,1000x100", "fleet shapes RxJ: R replicas × J leases each")
@@ -82,8 +82,8 @@ func run(c config, args []string) error {
 	if b, _ := os.ReadFile("go.mod"); !strings.Contains(string(b), "module github.com/pglease/pglease/bench") {
 		return errors.New("run me from the bench/ directory: cd bench && go run ./cmd/benchrun")
 	}
-	if c.merge != "" && slices.ContainsFunc(strings.Split(c.sections, ","), func(s string) bool { return s != "audit" && s != "capacity" && s != "bench" }) {
-		return errors.New("-merge takes the bench, audit and capacity sections only (-sections bench,audit,capacity)")
+	if c.merge != "" && slices.ContainsFunc(strings.Split(c.sections, ","), func(s string) bool { return s != "audit" && s != "capacity" && s != "bench" && s != "planner" }) {
+		return errors.New("-merge takes the bench, planner, audit and capacity sections only (-sections bench,planner,audit,capacity)")
 	}
 	rep := &report{Args: args, Started: time.Now().UTC(), LoadBefore: map[string]string{"start": loadAvg()}}
 	if c.render != "" || c.merge != "" {
@@ -97,6 +97,9 @@ func run(c config, args []string) error {
 			}
 			if c.has("audit") {
 				old.Audit = rep.Audit
+			}
+			if c.has("planner") {
+				old.Planner = rep.Planner
 			}
 			if c.has("capacity") {
 				old.Capacity, old.LoadBefore["capacity"] = rep.Capacity, rep.LoadBefore["capacity"]

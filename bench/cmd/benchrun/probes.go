@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -12,113 +10,78 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/bench/internal/benchenv"
-	"github.com/pglease/pglease/internal/store"
 )
 
-// plannerResult is the renew statement's cost before and after the lease
-// table has statistics.
+// plannerResult is the library's first renewal of N freshly claimed
+// leases, before and after the lease table has statistics.
 type plannerResult struct {
-	N                    int
-	Cold, Warm           time.Duration
-	ColdPlan, WarmPlan   string
-	ColdTimedOut         bool
+	N          int
+	Cold, Warm time.Duration
+	// LibraryBeatsTimedOut counts the renewals that failed before the
+	// first renewal of all N leases, on the table without statistics.
 	LibraryBeatsTimedOut int
 }
 
 // plannerCheck claims n leases on a fresh table whose statistics autovacuum
-// has not gathered yet (autovacuum off on it), waits for the library's
-// first renew of them all (counting those that failed), holds its renewer
-// back, and times the renew function's UPDATE on the table's leases before
-// and after ANALYZE.
+// has not gathered yet (autovacuum off on it) and times the library's
+// first renewal of them all; then, after ANALYZE, the same with another
+// Locker on the same n keys.
 func (e *env) plannerCheck(n int) (plannerResult, error) {
-	ctx, admin, res := e.ctx, e.admin, plannerResult{N: n}
-	logf("renew planner check with %d leases", n)
+	res := plannerResult{N: n}
+	logf("first renewal of %d leases on a fresh table", n)
 	table := fmt.Sprintf("bench_planner_%d", n)
 	if err := e.freshTable(table, `ALTER TABLE `+pgx.Identifier{table}.Sanitize()+` SET (autovacuum_enabled = false)`); err != nil {
 		return res, err
 	}
-	defer pglease.Drop(ctx, admin, pglease.WithTable(table))
+	defer pglease.Drop(e.ctx, e.admin, pglease.WithTable(table))
+	var err error
+	if res.Cold, res.LibraryBeatsTimedOut, err = e.firstRenewal(table, n); err != nil {
+		return res, err
+	}
+	if _, err := e.admin.Exec(e.ctx, `ANALYZE `+pgx.Identifier{table}.Sanitize()); err != nil {
+		return res, err
+	}
+	res.Warm, _, err = e.firstRenewal(table, n)
+	return res, err
+}
+
+// firstRenewal claims n keys of table with a new Locker whose renewals are
+// held back meanwhile, lets them go, and returns the duration of the first
+// renewal that read all n leases (the renew function moving them onto the
+// Locker's session) and how many renewals failed before it. The Locker
+// releases the keys when it closes.
+func (e *env) firstRenewal(table string, n int) (took time.Duration, failed int, err error) {
 	var hold atomic.Bool
+	hold.Store(true)
 	release := make(chan struct{})
 	tr := &benchenv.Tracer{Hook: func(q string) {
 		if hold.Load() && benchenv.Classify(q) == benchenv.KindRenew {
 			<-release
 		}
 	}}
-	r, err := newReplica(ctx, e.url, 8, tr, nil, pglease.WithTable(table), pglease.WithLeaseDuration(10*time.Minute), pglease.WithHeartbeat(time.Second))
+	r, err := newReplica(e.ctx, e.url, 8, tr, nil, pglease.WithTable(table), pglease.WithLeaseDuration(10*time.Minute), pglease.WithHeartbeat(time.Second))
 	if err != nil {
-		return res, err
+		return 0, 0, err
 	}
-	defer func() { close(release); r.close() }()
-	if err := benchenv.Parallel(n, 8, func(i int) error { _, err := r.Lock(ctx, fmt.Sprintf("planner-%05d", i)); return err }); err != nil {
-		return res, err
-	}
-	if res.LibraryBeatsTimedOut, err = fullBeats(tr, benchenv.Now()); err != nil {
-		return res, err
-	}
-	hold.Store(true) // hold the library's renewer back from now on
-	// The renew function's plan is not shown by EXPLAIN of its call: time
-	// and explain its UPDATE, the same statement, on every lease of the table.
-	q := store.New(nil, store.NewNames(table), false).SQL().RenewInline
-	args, err := e.renewArgs(table)
+	defer r.close()
+	err = benchenv.Parallel(n, 8, func(i int) error { _, err := r.Lock(e.ctx, fmt.Sprintf("planner-%05d", i)); return err })
+	hold.Store(false)
+	close(release)
 	if err != nil {
-		return res, err
+		return 0, 0, err
 	}
-	if res.ColdPlan, err = e.joins(q, args); err != nil {
-		return res, err
-	}
-	if res.Cold, res.ColdTimedOut, err = e.timeStmt(q, args, n); err != nil {
-		return res, err
-	}
-	if _, err := admin.Exec(ctx, `ANALYZE `+pgx.Identifier{table}.Sanitize()); err != nil {
-		return res, err
-	}
-	if res.WarmPlan, err = e.joins(q, args); err != nil {
-		return res, err
-	}
-	var warm []time.Duration
-	for range 5 {
-		d, _, err := e.timeStmt(q, args, n)
-		if err != nil {
-			return res, err
-		}
-		warm = append(warm, d)
-	}
-	slices.Sort(warm)
-	res.Warm = warm[len(warm)/2]
-	return res, nil
-}
-
-// fullBeats waits (30 s at most) for the library's renew statements sent
-// after `after` (each lists every lease claimed before it) and returns how
-// many of those seen failed, once one has been seen.
-func fullBeats(tr *benchenv.Tracer, after int64) (failed int, err error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for seen := false; !seen; {
-		if time.Now().After(deadline) {
-			return failed, errors.New("no renew statement of all the leases seen in 30s")
-		}
-		time.Sleep(50 * time.Millisecond)
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		for _, t := range tr.Take() {
-			if t.Kind == benchenv.KindRenew && t.Start > after {
-				if seen = true; t.Err != nil {
-					failed++
-				}
+			switch {
+			case t.Kind != benchenv.KindRenew:
+			case t.Err != nil:
+				failed++
+			case t.Rows >= int64(n):
+				return time.Duration(t.Duration), failed, nil
 			}
 		}
 	}
-	return failed, nil
-}
-
-// renewArgs are the renew statement's arguments for every lease of table,
-// read from it: keys, fences, claim tokens, holder (one), and a lease of
-// ten minutes (µs).
-func (e *env) renewArgs(table string) ([]any, error) {
-	var keys []string
-	var fences, tokens []int64
-	var holder string
-	err := e.admin.QueryRow(e.ctx, `SELECT array_agg(key), array_agg(fence), array_agg(token), max(holder) FROM `+pgx.Identifier{table}.Sanitize()).Scan(&keys, &fences, &tokens, &holder)
-	return []any{keys, fences, tokens, holder, (10 * time.Minute).Microseconds()}, err
+	return 0, failed, errors.New("no renewal of all the leases seen in 1m")
 }
 
 // freshTable (re)creates a lease table (Drop, then Migrate) and runs alter
@@ -132,59 +95,4 @@ func (e *env) freshTable(table, alter string) error {
 		_, err = e.admin.Exec(e.ctx, alter)
 	}
 	return err
-}
-
-// timeStmt executes q (statement timeout 120 s) and checks it returned n
-// rows.
-func (e *env) timeStmt(q string, args []any, n int) (took time.Duration, timedOut bool, err error) {
-	c, err := e.admin.Acquire(e.ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	defer c.Release()
-	if _, err := c.Exec(e.ctx, `SET statement_timeout = '120s'`); err != nil {
-		return 0, false, err
-	}
-	defer c.Exec(e.ctx, `RESET statement_timeout`)
-	t0 := time.Now()
-	rows, err := c.Query(e.ctx, q, args...)
-	if err != nil {
-		return 0, false, err
-	}
-	got := 0
-	for ; rows.Next(); got++ {
-	}
-	rows.Close()
-	took = time.Since(t0)
-	if err := rows.Err(); err != nil {
-		if strings.Contains(err.Error(), "statement timeout") {
-			return took, true, nil
-		}
-		return 0, false, err
-	}
-	if got != n {
-		return 0, false, fmt.Errorf("the renew statement returned %d rows for %d leases", got, n)
-	}
-	return took, false, nil
-}
-
-// joins are the join nodes of q's plan.
-func (e *env) joins(q string, args []any) (string, error) {
-	rows, err := e.admin.Query(e.ctx, `EXPLAIN `+q, args...)
-	if err != nil {
-		return "", err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			return "", err
-		}
-		s := strings.TrimLeft(strings.TrimSpace(line), "-> ")
-		if strings.HasPrefix(s, "Nested Loop") || strings.HasPrefix(s, "Hash Join") || strings.HasPrefix(s, "Merge Join") {
-			out = append(out, strings.SplitN(s, "  (", 2)[0])
-		}
-	}
-	return strings.Join(out, " → "), rows.Err()
 }
