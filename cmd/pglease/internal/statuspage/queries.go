@@ -12,8 +12,9 @@ import (
 // be read and reviewed in one place. Each is one round trip, reads with no
 // row lock, and writes nothing. {T} is the quoted lease table, {V} its state
 // view (<table>_state, schema version 9: each row with its state and time
-// left, as pglease.List reads them) and {S} its scheduled keys
-// (<table>_schedules, schema version 8), substituted once by newStatements;
+// left, as pglease.List reads them), {S} its scheduled keys
+// (<table>_schedules, schema version 8) and {SS} its holder sessions
+// (<table>_sessions, schema version 13), substituted once by newStatements;
 // no value from a request is ever spliced in (ORDER BY clauses come from a
 // fixed list). On a table at schema version 8 or older, which has no view,
 // {V} is the view's query as pglease's migration defines it, as a subquery;
@@ -77,13 +78,16 @@ const columnsFrag = `l.key, l.holder, l.fence, l.acquired_at, l.expires_at, l.re
 // how many are overdue, and the ones overdue longest.
 //
 //	$1 how many holders (and overdue keys) to return
-//	$2 the quoted name of {S}, $3 that of the view, to find whether they exist
+//	$2 the quoted name of {S}, $3 that of the view, $4 that of {SS}, to
+//	find whether they exist
 //
 // Result: one row per returned holder, or one row with NULL holder columns
 // for a table with none: (scheduled keys, overdue keys, the overdue keys
 // due earliest as a JSON array of {key, due}, at most $1, whether {S}
-// exists, whether the view exists, total rows, held, expired, min-hold, number of holders with an
-// unreleased lease, holder, its held, its expired). Holders with no
+// exists, whether the view exists, whether {SS} exists, total rows, held,
+// expired, min-hold, number of holders with an unreleased lease, holder,
+// its held, its expired). {H} counts the rows of each holder by state
+// (holdersFromView, or holdersBySession). Holders with no
 // unreleased lease come last; the caller drops them. Cost: one scan of
 // the table and a hash aggregate per holder, one scan of {S} with a
 // primary-key lookup of the lease row per scheduled key; the result is $1
@@ -100,21 +104,14 @@ o AS (
 		 FROM (SELECT sk.key, sk.next_due FROM sk WHERE sk.overdue ORDER BY sk.next_due, sk.key COLLATE "C" LIMIT $1) AS k) AS keys
 	FROM sk
 ),
-h AS (
-	SELECT l.holder,
-		count(*) FILTER (WHERE l.state = 'held') AS held,
-		count(*) FILTER (WHERE l.state = 'expired') AS expired,
-		count(*) FILTER (WHERE l.state = 'min-hold') AS min_hold,
-		count(*) AS total
-	FROM {V} AS l GROUP BY l.holder
-),
+h AS ({H}),
 t AS (
 	SELECT h.*, sum(h.total) OVER () AS all_total, sum(h.held) OVER () AS all_held,
 		sum(h.expired) OVER () AS all_expired, sum(h.min_hold) OVER () AS all_min_hold,
 		count(*) FILTER (WHERE h.held + h.expired > 0) OVER () AS holders
 	FROM h
 )
-SELECT o.scheduled, o.overdue, o.keys::text, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL,
+SELECT o.scheduled, o.overdue, o.keys::text, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL,
 	t.all_total::bigint, t.all_held::bigint, t.all_expired::bigint, t.all_min_hold::bigint, t.holders,
 	t.holder, t.held, t.expired
 FROM o LEFT JOIN LATERAL (
@@ -124,6 +121,47 @@ FROM o LEFT JOIN LATERAL (
 ) AS t ON true
 ORDER BY t.held + t.expired DESC,
 	rtrim(t.holder, '0123456789') COLLATE "C", length(t.holder) - length(rtrim(t.holder, '0123456789')), t.holder COLLATE "C"`
+
+// holdersFromView is {H} of summarySQL: each holder's rows counted by
+// their state in {V}.
+const holdersFromView = `
+	SELECT l.holder,
+		count(*) FILTER (WHERE l.state = 'held') AS held,
+		count(*) FILTER (WHERE l.state = 'expired') AS expired,
+		count(*) FILTER (WHERE l.state = 'min-hold') AS min_hold,
+		count(*) AS total
+	FROM {V} AS l GROUP BY l.holder`
+
+// holdersBySession is {H} on a table with holder sessions (schema version
+// 13, {SS} its sessions table), where a row's expiry is the later of its
+// own and its session's: the same counts, with each row's state as {V}
+// defines it, but the rows are grouped first by holder, session and what
+// the state needs of the row itself, and each group, not each row, looks
+// its session up. {SS} comes first in its join so that on an older table,
+// which has neither {SS} nor the rows' session_id, the statement fails for
+// the missing table (undefined_table: the page falls back to schema9's
+// statements), not for the missing column. Measured on 100,000 rows of 1,000 sessions (psql, 12
+// runs of each, three times): 35-41 ms median against 43-44 ms from {V},
+// which joins every row with its session (36.5 ms from {V} on the same
+// rows without sessions).
+const holdersBySession = `
+	SELECT g.holder,
+		coalesce(sum(g.n) FILTER (WHERE g.state = 'held'), 0)::bigint AS held,
+		coalesce(sum(g.n) FILTER (WHERE g.state = 'expired'), 0)::bigint AS expired,
+		coalesce(sum(g.n) FILTER (WHERE g.state = 'min-hold'), 0)::bigint AS min_hold,
+		sum(g.n)::bigint AS total
+	FROM (
+		SELECT a.holder, a.n,
+			CASE WHEN a.unreleased AND (a.own_live OR ss.expires_at > a.ts) THEN 'held'
+			     WHEN a.unreleased THEN 'expired'
+			     WHEN a.in_hold THEN 'min-hold'
+			     ELSE 'released' END AS state
+		FROM {SS} AS ss RIGHT JOIN (
+			SELECT l.holder, l.session_id, l.released_at IS NULL AS unreleased, l.expires_at > now.ts AS own_live,
+				coalesce(l.hold_until > now.ts, false) AS in_hold, now.ts, count(*) AS n
+			FROM {T} AS l, now GROUP BY 1, 2, 3, 4, 5, 6
+		) AS a ON ss.id = a.session_id
+	) AS g GROUP BY g.holder`
 
 // pageSQL reads one page of a view, and how many rows match its filters,
 // in one statement (one snapshot). {ORDER} is one of orders.
@@ -214,6 +252,7 @@ type statements struct {
 	health    string
 	schedules string // the quoted name of {S} ($2 of summary)
 	view      string // the quoted name of the state view ($3 of summary)
+	sessions  string // the quoted name of {SS} ($4 of summary)
 }
 
 // OldestSchemaVersion is the oldest schema version of a lease table that
@@ -225,14 +264,15 @@ const OldestSchemaVersion = 3
 // The schema versions the statements are bound for: a table's newest
 // objects decide which statements can read it.
 const (
-	schema9 = iota // the state view and the scheduled keys
-	schema8        // no state view: its query as a subquery
-	schema7        // no state view, no scheduled keys (noSchedules)
-	schemas        // how many
+	schema13 = iota // holder sessions: the summary counts holders by session (holdersBySession)
+	schema9         // the state view and the scheduled keys
+	schema8         // no state view: its query as a subquery
+	schema7         // no state view, no scheduled keys (noSchedules)
+	schemas         // how many
 )
 
-// newStatements binds the statements to table as it is at schema (schema9,
-// schema8 or schema7).
+// newStatements binds the statements to table as it is at schema
+// (schema13, schema9, schema8 or schema7).
 func newStatements(table string, schema int) statements {
 	parts := strings.Split(table, ".")
 	names := store.NewNames(parts...)
@@ -244,9 +284,14 @@ func newStatements(table string, schema int) statements {
 	if schema >= schema7 {
 		s = noSchedules
 	}
-	bind := func(q string) string { return strings.NewReplacer("{T}", t, "{S}", s, "{V}", v).Replace(q) }
+	h := holdersFromView
+	if schema == schema13 {
+		h = holdersBySession
+	}
+	r := strings.NewReplacer("{T}", t, "{SS}", names.Sessions, "{S}", s, "{V}", v)
+	bind := func(q string) string { return r.Replace(strings.ReplaceAll(q, "{H}", h)) }
 	st := statements{summary: bind(summarySQL), key: bind(keySQL), health: healthSQL, schedules: sched, view: names.StateView,
-		page: make(map[string][2]string, len(orders))}
+		sessions: names.Sessions, page: make(map[string][2]string, len(orders))}
 	for name, order := range orders {
 		q := bind(pageSQL)
 		st.page[name] = [2]string{

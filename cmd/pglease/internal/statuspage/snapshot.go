@@ -135,11 +135,11 @@ func (s *Server) readSummary(ctx context.Context) (Summary, error) {
 
 func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, error) {
 	sum := Summary{States: map[string]int64{}, Holders: []HolderCount{}, OverdueKeys: []OverdueKey{}}
-	var view bool // the state view exists
+	var view, sessions bool // the state view, the sessions table exist
 	for _, st := range States {
 		sum.States[st] = 0
 	}
-	rows, err := s.cfg.DB.QueryContext(ctx, st.summary, TopHolders, st.schedules, st.view)
+	rows, err := s.cfg.DB.QueryContext(ctx, st.summary, TopHolders, st.schedules, st.view, st.sessions)
 	if err != nil {
 		return sum, err
 	}
@@ -150,7 +150,7 @@ func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, 
 		var h HolderCount
 		var hHeld, hExpired sql.NullInt64
 		var keys string
-		if err := rows.Scan(&sum.Scheduled, &sum.Overdue, &keys, &sum.Schedules, &view,
+		if err := rows.Scan(&sum.Scheduled, &sum.Overdue, &keys, &sum.Schedules, &view, &sessions,
 			&total, &held, &expired, &minHold, &holders, &holder, &hHeld, &hExpired); err != nil {
 			return sum, err
 		}
@@ -171,17 +171,19 @@ func (s *Server) readSummaryWith(ctx context.Context, st *statements) (Summary, 
 	if err := rows.Err(); err != nil {
 		return sum, err
 	}
-	s.seeSchema(st, view, &sum)
+	s.seeSchema(st, view, sessions, &sum)
 	return sum, nil
 }
 
 // seeSchema moves the statements on to a newer schema when the summary
-// read with st found that the table has been migrated since: it has the
-// state view, or the scheduled keys. A summary read without the scheduled
+// read with st found that the table has been migrated since: it has
+// sessions, the state view, or the scheduled keys. A summary read without the scheduled
 // keys reports none, even if they exist now.
-func (s *Server) seeSchema(st *statements, view bool, sum *Summary) {
+func (s *Server) seeSchema(st *statements, view, sessions bool, sum *Summary) {
 	v := int32(schema7)
 	switch {
+	case sessions && view:
+		v = schema13
 	case view:
 		v = schema9
 	case sum.Schedules:
