@@ -332,8 +332,7 @@ func runCounterStress(t *testing.T, f *fixture, mode string) counterStats {
 		db := pgleasetest.DB(t, 4)
 		l := f.locker(db, WithLeaseDuration(lease), WithHeartbeat(50*time.Millisecond))
 		// A pause stops the whole "process": its renewer too.
-		pb := &pausableBackend{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
-		l.store.DB = pb
+		pb := pauseRenewals(l)
 		for w := 0; w < workers; w++ {
 			wg.Add(1)
 			go func(seed uint64) {
@@ -445,34 +444,24 @@ func increment(c context.Context, db *sql.DB, le *Lease, g *FenceTable, mode, ta
 
 var _ = pgx.ErrNoRows
 
-// pausableBackend holds back a Locker's renewals while its "process" is
+// pausableRenewals holds back a Locker's renewals while its "process" is
 // paused, as SIGSTOP would.
-type pausableBackend struct {
-	backend
-	isRenew func(string) bool
-	mu      sync.RWMutex
+type pausableRenewals struct{ mu sync.RWMutex }
+
+func pauseRenewals(l *Locker) *pausableRenewals {
+	p := &pausableRenewals{}
+	hookRenewals(l, func(_ string, send func() error) error {
+		p.mu.RLock()
+		defer p.mu.RUnlock()
+		return send()
+	})
+	return p
 }
 
-func (p *pausableBackend) pause(d time.Duration) {
+func (p *pausableRenewals) pause(d time.Duration) {
 	p.mu.Lock()
 	time.Sleep(d)
 	p.mu.Unlock()
-}
-
-func (p *pausableBackend) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	if p.isRenew(q) {
-		p.mu.RLock()
-		defer p.mu.RUnlock()
-	}
-	return p.backend.Query(ctx, q, args, each)
-}
-
-func (p *pausableBackend) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	if p.isRenew(q) {
-		p.mu.RLock()
-		defer p.mu.RUnlock()
-	}
-	return p.backend.QueryRow(ctx, q, args, dest...)
 }
 
 // Issue 9, defect 2: when Guard finds the lease gone on the server, the
@@ -673,27 +662,6 @@ func TestGuardWithSnapshotOlderThanAChangeOfTheRow(t *testing.T) {
 	}
 }
 
-// failingRenewals refuses a Locker's renew statements, as a connection
-// lost would.
-type failingRenewals struct {
-	backend
-	isRenew func(string) bool
-}
-
-func (b *failingRenewals) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	if b.isRenew(q) {
-		return errors.New("renew refused by the test")
-	}
-	return b.backend.Query(ctx, q, args, each)
-}
-
-func (b *failingRenewals) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	if b.isRenew(q) {
-		return errors.New("renew refused by the test")
-	}
-	return b.backend.QueryRow(ctx, q, args, dest...)
-}
-
 // When Guard does not see the lease and the check outside the transaction
 // gets no answer, Guard fails without claiming a loss it does not know of:
 // the lease stays held.
@@ -708,7 +676,7 @@ func TestGuardMissWithoutAnAnswerIsNoLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.store.DB = &failingRenewals{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
+	hookRenewals(l, func(string, func() error) error { return errors.New("renew refused by the test") }) // as a connection lost would
 	err = le.Guard(c, tx)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrStaleSnapshot) {
 		t.Fatalf("Guard unseen, check unanswered: %v, want an error that is neither a loss nor a stale snapshot", err)

@@ -494,33 +494,22 @@ func TestPoolOfOneHoldsAThousandLeases(t *testing.T) {
 // renewLog records the outcome of every renew statement a Locker sends, in
 // order (nil: it ran).
 type renewLog struct {
-	backend
-	isRenew  func(string) bool
 	mu       sync.Mutex
 	outcomes []error
 }
 
 func logRenews(l *Locker) *renewLog {
-	r := &renewLog{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
-	l.store.DB = r
+	r := &renewLog{}
+	hookRenewals(l, func(_ string, send func() error) error {
+		err := send()
+		if !errors.Is(err, store.ErrNoRows) {
+			r.mu.Lock()
+			r.outcomes = append(r.outcomes, err)
+			r.mu.Unlock()
+		}
+		return err
+	})
 	return r
-}
-
-func (r *renewLog) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	return r.note(q, r.backend.Query(ctx, q, args, each))
-}
-
-func (r *renewLog) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	return r.note(q, r.backend.QueryRow(ctx, q, args, dest...))
-}
-
-func (r *renewLog) note(q string, err error) error {
-	if r.isRenew(q) && !errors.Is(err, store.ErrNoRows) {
-		r.mu.Lock()
-		r.outcomes = append(r.outcomes, err)
-		r.mu.Unlock()
-	}
-	return err
 }
 
 // since returns the outcomes from the i-th on, and how many there are in all.

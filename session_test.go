@@ -418,35 +418,22 @@ func TestForceReleaseOfALeaseOnASession(t *testing.T) {
 // renewKinds records, in order, the renew statements a Locker sends: "beat"
 // (the session row's UPDATE) or "function" (the renew function's call).
 type renewKinds struct {
-	backend
-	l     *Locker
 	mu    sync.Mutex
 	kinds []string
 }
 
 func recordRenewKinds(l *Locker) *renewKinds {
-	r := &renewKinds{backend: l.store.DB, l: l}
-	l.store.DB = r
+	r := &renewKinds{}
+	hookRenewals(l, func(q string, send func() error) error {
+		kind := map[string]string{l.store.SQL().Beat: "beat", l.store.SQL().Renew: "function"}[q]
+		if kind != "" {
+			r.mu.Lock()
+			r.kinds = append(r.kinds, kind)
+			r.mu.Unlock()
+		}
+		return send()
+	})
 	return r
-}
-
-func (r *renewKinds) note(q string) {
-	kind := map[string]string{r.l.store.SQL().Beat: "beat", r.l.store.SQL().Renew: "function"}[q]
-	if kind != "" {
-		r.mu.Lock()
-		r.kinds = append(r.kinds, kind)
-		r.mu.Unlock()
-	}
-}
-
-func (r *renewKinds) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	r.note(q)
-	return r.backend.QueryRow(ctx, q, args, dest...)
-}
-
-func (r *renewKinds) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	r.note(q)
-	return r.backend.Query(ctx, q, args, each)
 }
 
 // since returns the kinds recorded from the i-th on.
@@ -515,8 +502,6 @@ func TestAFailoverMakesTheBeatReadTheLeases(t *testing.T) {
 // let is called: the renewal has listed its leases, and the server has not
 // seen it yet.
 type heldRenewals struct {
-	backend
-	isRenew func(string) bool
 	mu      sync.Mutex
 	armed   bool
 	arrived chan struct{}
@@ -524,8 +509,18 @@ type heldRenewals struct {
 }
 
 func holdRenewals(l *Locker) *heldRenewals {
-	h := &heldRenewals{backend: l.store.DB, isRenew: func(q string) bool { return isRenewSQL(l, q) }}
-	l.store.DB = h
+	h := &heldRenewals{}
+	hookRenewals(l, func(_ string, send func() error) error {
+		h.mu.Lock()
+		armed, arrived, release := h.armed, h.arrived, h.release
+		h.armed = false
+		h.mu.Unlock()
+		if armed {
+			close(arrived)
+			<-release
+		}
+		return send()
+	})
 	return h
 }
 
@@ -540,30 +535,6 @@ func (h *heldRenewals) arm() <-chan struct{} {
 
 // let sends the statement held back.
 func (h *heldRenewals) let() { close(h.release) }
-
-func (h *heldRenewals) wait(q string) {
-	if !h.isRenew(q) {
-		return
-	}
-	h.mu.Lock()
-	armed, arrived, release := h.armed, h.arrived, h.release
-	h.armed = false
-	h.mu.Unlock()
-	if armed {
-		close(arrived)
-		<-release
-	}
-}
-
-func (h *heldRenewals) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	h.wait(q)
-	return h.backend.QueryRow(ctx, q, args, dest...)
-}
-
-func (h *heldRenewals) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
-	h.wait(q)
-	return h.backend.Query(ctx, q, args, each)
-}
 
 // A lease claimed on the session while a beat is on its way, without it,
 // and force-released before that beat reaches the server, is found gone
@@ -584,7 +555,11 @@ func TestAnEvictionOfALeaseClaimedDuringABeatIsNotMissed(t *testing.T) {
 	id := f.boundToSession(l, "x")
 	renewedFor(t, x, 2*beat) // beats with the evictions seen
 	arrived := h.arm()
-	<-arrived // a beat listing x alone
+	select { // a beat listing x alone
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no renewal reached the server in 20s")
+	}
 	job, err := l.Lock(c, "job")
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package pglease
 
 import (
+	"context"
 	"encoding/json"
 
 	"github.com/pglease/pglease/internal/store"
@@ -19,4 +20,35 @@ func leasesJSON(leases []*Lease) string {
 	}
 	b, _ := json.Marshal(m)
 	return string(b)
+}
+
+// renewHook passes a Locker's renew statements (the beat's UPDATE of its
+// session row, or the renew function's call) through around, which may
+// send the statement (send), hold it back first, or refuse it, and returns
+// its error; every other statement goes straight through.
+type renewHook struct {
+	backend
+	l      *Locker
+	around func(q string, send func() error) error
+}
+
+// hookRenewals installs around on l's renew statements.
+func hookRenewals(l *Locker, around func(q string, send func() error) error) {
+	l.store.DB = &renewHook{backend: l.store.DB, l: l, around: around}
+}
+
+func (h *renewHook) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	send := func() error { return h.backend.QueryRow(ctx, q, args, dest...) }
+	if !isRenewSQL(h.l, q) {
+		return send()
+	}
+	return h.around(q, send)
+}
+
+func (h *renewHook) Query(ctx context.Context, q string, args []any, each func(func(...any) error) error) error {
+	send := func() error { return h.backend.Query(ctx, q, args, each) }
+	if !isRenewSQL(h.l, q) {
+		return send()
+	}
+	return h.around(q, send)
 }
