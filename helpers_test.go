@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq" // the "postgres" driver: the tests cover lib/pq too
 
 	"github.com/pglease/pglease/pgleasetest"
@@ -345,7 +347,11 @@ func (le *Lease) currentState() leaseState {
 
 // lockerThroughProxy returns a Locker of f's table (30 s leases) on a pool
 // of 4 connections of driver ("database/sql" or "pgxpool") through a proxy
-// that the test can cut, and the proxy (closed at the test's end).
+// that the test can cut, and the proxy (closed at the test's end). Neither
+// pool pings a connection before reusing it: by default both ping one that
+// was idle for more than a second, which finds it closed before the Locker
+// sends anything, so that whether a statement meets a connection the proxy
+// cut would depend on the machine's speed.
 func (f *fixture) lockerThroughProxy(driver string) (*Locker, *pgleasetest.Proxy) {
 	t := f.t
 	proxy, err := pgleasetest.NewProxy(pgleasetest.URL())
@@ -354,9 +360,22 @@ func (f *fixture) lockerThroughProxy(driver string) (*Locker, *pgleasetest.Proxy
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
 	if driver != "pgxpool" {
-		return f.locker(proxy.DB(t, 4), WithLeaseDuration(30*time.Second)), proxy
+		cfg, err := pgx.ParseConfig(proxy.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnectTimeout = 2 * time.Second
+		db := stdlib.OpenDB(*cfg, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
+		db.SetMaxOpenConns(4)
+		t.Cleanup(func() { db.Close() })
+		return f.locker(db, WithLeaseDuration(30*time.Second)), proxy
 	}
-	p, err := pgxpool.New(context.Background(), proxy.URL()+"&pool_max_conns=4")
+	cfg, err := pgxpool.ParseConfig(proxy.URL() + "&pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
