@@ -188,9 +188,40 @@ func lockUnlock(b *testing.B, l *pglease.Locker, key string) {
 	must(b, le.Unlock(context.Background()))
 }
 
-// holdKey has another replica hold key until the benchmark ends.
+// holdKey has another replica hold key until the benchmark ends. The
+// holder writes nothing while a loop of a few seconds runs: its lease is
+// ten minutes (its first beat comes minutes later) and it keeps no journal
+// (it does not prune one).
 func holdKey(b *testing.B, c conn, key string) {
-	le, err := c.locker(b, pglease.WithHolder("other-replica-"+key)).Lock(context.Background(), key)
+	l := c.locker(b, pglease.WithHolder("other-replica-"+key), pglease.WithLeaseDuration(10*time.Minute), pglease.WithJournal(false))
+	le, err := l.Lock(context.Background(), key)
 	must(b, err)
 	b.Cleanup(func() { _ = le.Unlock(context.Background()) })
+}
+
+// quietServer turns autovacuum off until the benchmark ends and waits (a
+// minute at most) until none of its workers runs: the server-wide
+// transaction ids and WAL counted around the loop are then the loop's own
+// and the checkpointer's (an ANALYZE of the journal by autovacuum takes a
+// transaction id and writes kilobytes of WAL).
+func quietServer(b *testing.B) {
+	ctx := context.Background()
+	set := func(q string) {
+		_, err := pool.Exec(ctx, q)
+		must(b, err)
+		_, err = pool.Exec(ctx, `SELECT pg_reload_conf()`)
+		must(b, err)
+	}
+	set(`ALTER SYSTEM SET autovacuum = off`)
+	b.Cleanup(func() { set(`ALTER SYSTEM RESET autovacuum`) })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var n int
+		must(b, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&n))
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d autovacuum workers still running after a minute", n)
+		}
+	}
 }
