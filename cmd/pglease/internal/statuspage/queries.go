@@ -140,10 +140,10 @@ const holdersFromView = `
 // its session up. {SS} comes first in its join so that on an older table,
 // which has neither {SS} nor the rows' session_id, the statement fails for
 // the missing table (undefined_table: the page falls back to schema9's
-// statements), not for the missing column. Measured on 100,000 rows of 1,000 sessions (psql, 12
-// runs of each, three times): 35-41 ms median against 43-44 ms from {V},
-// which joins every row with its session (36.5 ms from {V} on the same
-// rows without sessions).
+// statements), not for the missing column. Measured on 100,000 rows of
+// 1,000 sessions (psql, 12 runs of each, three times): 35-41 ms median
+// against 43-44 ms from {V}, which joins every row with its session
+// (36.5 ms from {V} on the same rows without sessions).
 const holdersBySession = `
 	SELECT g.holder,
 		coalesce(sum(g.n) FILTER (WHERE g.state = 'held'), 0)::bigint AS held,
