@@ -61,23 +61,27 @@ INSERT INTO %[1]s (key, holder, token, fence, acquired_at, expires_at, released_
 	}
 	checkSummary("with sessions")
 
-	// Back to schema version 12: the sessions' objects gone, k1 and k5
-	// now expire by their own expiry, k3 and k7 lose their session.
+	// Back to schema version 12: the sessions' objects gone, every lease
+	// lives by its own expiry, so k1 has expired. The counts differ from
+	// the last ones: only a summary read since (with an older schema's
+	// statements) matches.
 	if _, err := f.db.ExecContext(c, fmt.Sprintf(`DROP VIEW %s; DROP TABLE %s; ALTER TABLE %s DROP COLUMN session_id;
-DELETE FROM %s WHERE version >= 13; UPDATE %[3]s SET expires_at = now() + interval '1 hour' WHERE key = 'k1'`,
-		q("_state"), q("_sessions"), q(""), q("_version"))); err != nil {
+DELETE FROM %s WHERE version >= 13`, q("_state"), q("_sessions"), q(""), q("_version"))); err != nil {
 		t.Fatal(err)
 	}
-	want.States, want.Holders = map[string]int64{"held": 3, "expired": 2, "min-hold": 1, "released": 1},
-		[]statuspage.HolderCount{{Holder: "a", Held: 2}, {Holder: "b", Expired: 2}, {Holder: "c", Held: 1}}
+	withSessions := want
+	want.States = map[string]int64{"held": 2, "expired": 3, "min-hold": 1, "released": 1}
+	want.Holders = []statuspage.HolderCount{{Holder: "a", Held: 1, Expired: 1}, {Holder: "b", Expired: 2}, {Holder: "c", Held: 1}}
 	checkSummary("without sessions")
+	// Migrated again, k1 bound to a live session: held again.
 	if err := pglease.Migrate(c, f.db, pglease.WithTable(f.table)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.db.ExecContext(c, fmt.Sprintf(`INSERT INTO %s (id, holder, started_at, expires_at, timeline) VALUES (1, 'a', now(), now() + interval '1 hour', 1);
-UPDATE %s SET session_id = 1, expires_at = acquired_at + interval '1 minute' WHERE key = 'k1'`, q("_sessions"), q(""))); err != nil {
+UPDATE %s SET session_id = 1 WHERE key = 'k1'`, q("_sessions"), q(""))); err != nil {
 		t.Fatal(err)
 	}
+	want = withSessions
 	checkSummary("migrated again")
 	checkSummary("migrated again, the next read")
 }
