@@ -29,41 +29,39 @@ func SchemaVersion() int { return store.Version() }
 // Migrate also creates the table's claim function (<table>_claim, in the
 // table's schema; PL/pgSQL, which PostgreSQL installs in every database),
 // which every Lock calls: it reads the key's row first and writes only when
-// the key looks free. A Locker on a table not yet upgraded to this
-// version fails its claims with ErrNotMigrated: run Migrate (or `pglease
-// migrate`) before starting replicas of a new pglease version. Schema
-// version 8 added the scheduled keys' table (<table>_schedules, see
-// Locker.RegisterSchedule) and an overload of the claim function with
-// two more arguments; the older overload stays for replicas of the
-// previous version during a rolling upgrade. Schema version 9 added the
-// state view (<table>_state: each lease row with its state and time left on
-// the server clock), which List and `pglease serve` read. Schema version 10
-// added the renew function (<table>_renew), which every beat of a Locker
-// called until version 13: its UPDATE is planned once per server session,
-// not at every beat (through PgBouncer, statements are sent as text and
-// planned each time). A
-// Locker on a table still at version 9 renews with the same UPDATE sent as
-// a statement, and keeps its leases until Migrate has run. Schema version 11
+// the key looks free. A Locker on a table not yet upgraded to this version
+// fails its claims with ErrNotMigrated: run Migrate (or `pglease migrate`)
+// before starting replicas of a new pglease version. Schema version 8 added
+// the scheduled keys' table (<table>_schedules, see Locker.RegisterSchedule)
+// and an overload of the claim function with two more arguments; the older
+// overload stays for replicas of the previous version during a rolling
+// upgrade. Schema version 9 added the state view (<table>_state: each lease
+// row with its state and time left on the server clock), which List and
+// `pglease serve` read. Schema version 10 added the renew function
+// (<table>_renew), which every beat of a Locker called until version 13: its
+// UPDATE is planned once per server session, not at every beat (through
+// PgBouncer, statements are sent as text and planned each time). A Locker on
+// a table still at version 9 renews with the same UPDATE sent as a
+// statement, and keeps its leases until Migrate has run. Schema version 11
 // added prior_tick to the lease table, which the claim function (replaced,
-// same signature) sets, so that the undo of a claim whose caller left
-// gives back the tick it took; a Locker on a table still at version 10
-// undoes such claims without giving their ticks back until Migrate has
-// run. Its ALTER TABLE waits, as version 3's, for every open transaction
-// that has used the lease table, fenced transactions included. Schema
-// version 12 added to <table>_schedules the tick a registration recorded
-// as first due (first_due, with the known_since it belongs to), so that
-// pglease/journal's Audit reports it missed once a later tick's run
-// lands; a Locker on a table still at version 11 registers schedules as
-// before. Schema version 13 added holder sessions (<table>_sessions, and
-// session_id on the lease table): a Locker's beat is one UPDATE of its
-// session's row, and its leases live while it does, so a beat writes one
-// row however many leases the Locker holds (the renew function runs when
-// that UPDATE finds a force-release, a failover or an expired session).
-// The claim functions that replicas of earlier versions call see sessions
-// too; a Locker on a table still at
-// version 12 renews each lease by its row, as before, even after Migrate
-// has run (until it is restarted). Its ALTER TABLE waits, as version 11's,
-// for every open transaction that has used the lease table.
+// same signature) sets, so that the undo of a claim whose caller left gives
+// back the tick it took; a Locker on a table still at version 10 undoes such
+// claims without giving their ticks back until Migrate has run. Its ALTER
+// TABLE waits, as version 3's, for every open transaction that has used the
+// lease table, fenced transactions included. Schema version 12 added to
+// <table>_schedules the tick a registration recorded as first due
+// (first_due, with the known_since it belongs to), so that pglease/journal's
+// Audit reports it missed once a later tick's run lands; a Locker on a table
+// still at version 11 registers schedules as before. Schema version 13 added
+// holder sessions (<table>_sessions, and session_id on the lease table): a
+// Locker's beat is one UPDATE of its session's row, and its leases live
+// while it does, so a beat writes one row however many leases the Locker
+// holds (the renew function runs when that UPDATE finds a force-release, a
+// failover or an expired session). The claim functions that replicas of
+// earlier versions call see sessions too; a Locker on a table still at
+// version 12 renews each lease by its row, as before, even after Migrate has
+// run (until it is restarted). Its ALTER TABLE waits, as version 11's, for
+// every open transaction that has used the lease table.
 //
 // Migrate is idempotent and safe to run from every replica at start-up:
 // concurrent runs are serialised by a transaction-scoped advisory
